@@ -1,0 +1,256 @@
+"""The contract every Isthmus backend implements.
+
+The gateway talks to a pool (a Slurm cluster, a Kueue-enabled Kubernetes cluster) only
+through :class:`Backend`. Adapters import nothing from the HTTP layer (``gateway``); the
+gateway hands them a :class:`SubmitRequest` and gets back plain dataclasses.
+
+Rules every adapter follows:
+
+* ``submit`` is idempotent by ``SubmitRequest.gateway_job_id``: the gateway id is stored
+  on the backend job (Slurm comment/name, Kubernetes label) and ``submit`` first looks
+  it up with ``find_by_gateway_id``; a job that already exists is returned, never
+  created twice.
+* Library exceptions (httpx, kubernetes, subprocess) never escape: they become one of
+  the typed errors below, raised ``from`` the original.
+* A gang is all-or-nothing: ``BackendState.RUNNING`` is reported only when every worker
+  of the gang holds its allocation.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import ClassVar
+
+# --------------------------------------------------------------------------- errors
+
+
+class BackendError(Exception):
+    """Base of every error an adapter raises. ``message`` is safe to show to users."""
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, backend: str = "", detail: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.backend = backend
+        self.detail = detail
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return f"{self.backend + ': ' if self.backend else ''}{self.message}"
+
+
+class BackendUnavailable(BackendError):
+    """The backend cannot be reached or did not answer in time. Try again later."""
+
+    retryable = True
+
+
+class SubmissionRejected(BackendError):
+    """The backend refused the job as it is (bad partition, too many nodes, 422...).
+
+    Retrying the same submission will fail the same way.
+    """
+
+
+class BackendForbidden(BackendError):
+    """The backend refused the gateway's credentials or the mapped user (403)."""
+
+
+class JobNotFound(BackendError):
+    """The backend does not know this job (it may have been purged)."""
+
+
+class Unsupported(BackendError):
+    """The backend cannot do this at all; ``message`` says why (reaches the user)."""
+
+
+# ---------------------------------------------------------------------- data types
+
+
+class BackendState(str, enum.Enum):
+    """A backend job's state, already mapped to the gateway's vocabulary."""
+
+    QUEUED = "queued"  # accepted, waiting; holds no GPU
+    STARTING = "starting"  # whole gang admitted/allocated, workers not all running yet
+    RUNNING = "running"  # every worker of the gang is running
+    REQUEUED = "requeued"  # preempted / evicted / requeued by the backend
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (BackendState.SUCCEEDED, BackendState.FAILED, BackendState.CANCELLED)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitRequest:
+    """What the gateway asks a backend to run. Units are explicit in the names."""
+
+    gateway_job_id: str
+    name: str
+    account: str  # gateway account; the adapter maps it (Slurm account, namespace)
+    user: str  # POSIX user the job runs as (Slurm) / recorded on the Job (Kubernetes)
+    command: Sequence[str]  # argv, never a shell string
+    workers: int
+    gpus_per_worker: int
+    cpus_per_worker: int
+    memory_mib_per_worker: int
+    time_limit_s: int
+    image: str | None = None
+    gpu_type: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    priority: int = 0
+
+    @property
+    def total_gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitResult:
+    backend_job_id: str
+    adopted: bool = False  # True when the job already existed (idempotent re-submit)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """A backend job as the backend sees it now."""
+
+    backend_job_id: str
+    gateway_job_id: str | None
+    state: BackendState
+    reason: str = ""  # backend's words: Slurm pending reason, Kueue condition message
+    exit_code: int | None = None
+    started_at: datetime | None = None  # when the whole gang started (UTC)
+    ended_at: datetime | None = None
+    nodes: tuple[str, ...] = ()
+    allocated_gpus: int = 0  # GPUs held now (0 unless the whole gang holds them)
+    raw_state: str = ""  # the backend's own state name(s), e.g. "PENDING" or "Admitted"
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolCapacity:
+    """Free and total capacity of one partition / ClusterQueue, for routing."""
+
+    pool: str  # partition or ClusterQueue name
+    total_nodes: int
+    idle_nodes: int
+    total_gpus: int
+    free_gpus: int
+    gpus_per_node: int = 0
+    gpu_types: tuple[str, ...] = ()
+    detail: str = ""  # human-readable, shown in routing reasons
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    backend: str
+    pools: tuple[PoolCapacity, ...]
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(p.free_gpus for p in self.pools)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(p.total_gpus for p in self.pools)
+
+
+class Feature(str, enum.Enum):
+    """Optional capabilities. A backend lists what it cannot do, with the reason."""
+
+    CONTAINER_IMAGE = "container_image"
+    GPU_TYPE = "gpu_type"
+    PRIORITY = "priority"
+    WATCH = "watch"
+
+
+# ------------------------------------------------------------------------ interface
+
+
+class Backend(abc.ABC):
+    """One pool behind the gateway.
+
+    Subclasses set ``name`` (``"slurm"`` or ``"kubernetes"``) and implement the abstract
+    methods. Blocking calls are fine: the gateway calls adapters from worker threads.
+    """
+
+    name: ClassVar[str] = ""
+    # Feature -> why this backend cannot do it (SkyPilot's _CLOUD_UNSUPPORTED_FEATURES).
+    unsupported_features: ClassVar[Mapping[Feature, str]] = {}
+
+    @abc.abstractmethod
+    def submit(self, request: SubmitRequest) -> SubmitResult:
+        """Submit one gang, idempotently.
+
+        Raises:
+            SubmissionRejected: the backend refuses the job as specified.
+            BackendForbidden: credentials or user mapping refused.
+            BackendUnavailable: backend down or timed out; safe to retry.
+        """
+
+    @abc.abstractmethod
+    def status(self, backend_job_id: str) -> JobStatus:
+        """Current state of one job.
+
+        Raises:
+            JobNotFound: the backend does not know the job.
+            BackendUnavailable: backend down or timed out.
+        """
+
+    @abc.abstractmethod
+    def cancel(self, backend_job_id: str) -> None:
+        """Cancel a job; cancelling a finished or unknown job is not an error."""
+
+    @abc.abstractmethod
+    def capacity(self) -> Capacity:
+        """Idle/allocated nodes and GPUs per pool."""
+
+    @abc.abstractmethod
+    def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
+        """The backend job carrying this gateway id, or None (crash recovery)."""
+
+    def list_gateway_jobs(self) -> Iterable[JobStatus]:
+        """Every backend job carrying a gateway id (for orphan reports).
+
+        Optional: the default says it is unsupported.
+        """
+        raise Unsupported("listing jobs is not supported", backend=self.name)
+
+    def check_supported(self, request: SubmitRequest) -> None:
+        """Raise Unsupported when the request needs a feature this backend lacks."""
+        if request.image and Feature.CONTAINER_IMAGE in self.unsupported_features:
+            raise Unsupported(self.unsupported_features[Feature.CONTAINER_IMAGE], backend=self.name)
+        if request.gpu_type and Feature.GPU_TYPE in self.unsupported_features:
+            raise Unsupported(self.unsupported_features[Feature.GPU_TYPE], backend=self.name)
+
+    def close(self) -> None:
+        """Release connections. Optional."""
+
+
+# ------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Backend]] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: register a backend; refuses duplicates and incomplete classes."""
+    if not cls.name:
+        raise TypeError(f"{cls.__qualname__} has no backend name")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise TypeError(f"backend {cls.name!r} does not implement: {', '.join(missing)}")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"a backend named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def registered() -> dict[str, type[Backend]]:
+    return dict(_REGISTRY)
