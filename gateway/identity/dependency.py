@@ -1,0 +1,28 @@
+"""The one FastAPI dependency that tells every route who the caller is."""
+
+from __future__ import annotations
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from gateway.identity.authn import InvalidToken
+from gateway.identity.principal import Principal
+from gateway.kit.errors import Forbidden, Unauthorized
+
+bearer = HTTPBearer(auto_error=False, description="OIDC access token (or a dev token in dev mode)")
+
+
+def get_principal(request: Request,
+                  credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise Unauthorized("missing bearer token", error="")
+    try:
+        return request.app.state.authenticator.authenticate(credentials.credentials)
+    except InvalidToken as exc:
+        raise Unauthorized(str(exc)) from None
+
+
+def require_admin(principal: Principal = Depends(get_principal)) -> Principal:
+    if not principal.is_admin:
+        raise Forbidden("this operation needs the admin role")
+    return principal

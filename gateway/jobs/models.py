@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, validates
+
+from gateway.jobs.states import JobState, check_transition
+from gateway.kit.db import Base, BigIntPK
+from gateway.kit.timeutil import utcnow
+
+STATE_LEN = 16
+
+
+class Job(Base):
+    __tablename__ = "job"
+    __table_args__ = (
+        Index("ix_job_state_priority", "state", "priority", "id"),
+        Index("ix_job_account_id", "account_name", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    account_name: Mapped[str] = mapped_column(String(63), ForeignKey("account.name", ondelete="RESTRICT"))
+    submitted_by: Mapped[str] = mapped_column(String(255))  # principal subject
+    username: Mapped[str] = mapped_column(String(32))  # POSIX user the job runs as
+    requested_backend: Mapped[str] = mapped_column(String(16))  # auto | slurm | kubernetes
+    backend: Mapped[str | None] = mapped_column(String(16))  # where it was routed
+    state: Mapped[str] = mapped_column(String(STATE_LEN))
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the normalised JobSpec
+    workers: Mapped[int] = mapped_column(Integer)
+    gpus_per_worker: Mapped[int] = mapped_column(Integer)
+    total_gpus: Mapped[int] = mapped_column(Integer)
+    time_limit_s: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    backend_job_id: Mapped[str | None] = mapped_column(String(128))
+    routing_reason: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    nodes: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    dispatch_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    @validates("state")
+    def _validate_state(self, _key: str, value: str) -> str:
+        target = JobState(value)
+        current = JobState(self.state) if self.state is not None else None
+        if current is not target:
+            check_transition(current, target)
+        return target.value
+
+    @property
+    def job_state(self) -> JobState:
+        return JobState(self.state)
+
+
+class JobEvent(Base):
+    """Append-only history of a job: every state change and notable decision."""
+
+    __tablename__ = "job_event"
+    __table_args__ = (Index("ix_job_event_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(255))  # principal subject or "system:<component>"
+    kind: Mapped[str] = mapped_column(String(32))  # "state" or an info kind ("routing", ...)
+    from_state: Mapped[str | None] = mapped_column(String(STATE_LEN))
+    to_state: Mapped[str | None] = mapped_column(String(STATE_LEN))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class IdempotencyKey(Base):
+    """``Idempotency-Key`` of a submission, scoped to the caller."""
+
+    __tablename__ = "idempotency_key"
+    __table_args__ = (UniqueConstraint("subject", "key", name="uq_idempotency_key_subject_key"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    subject: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(255))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,53 @@
+"""Queries over jobs. Tenancy is enforced here, once: ``readable_jobs``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.orm import Session
+
+from gateway.identity.principal import Principal
+from gateway.jobs.models import IdempotencyKey, Job, JobEvent
+
+
+def readable_jobs(principal: Principal) -> Select[tuple[Job]]:
+    """Every job this caller may see: admins all, others their accounts' jobs."""
+    stmt = select(Job)
+    if not principal.is_admin:
+        stmt = stmt.where(Job.account_name.in_(sorted(principal.accounts)))
+    return stmt
+
+
+def get_readable(session: Session, principal: Principal, job_id: str, *, for_update: bool = False) -> Job | None:
+    stmt = readable_jobs(principal).where(Job.id == job_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).first()
+
+
+def list_readable(session: Session, principal: Principal, *, states: Sequence[str] = (),
+                  account: str | None = None, backend: str | None = None,
+                  after_id: str | None = None, limit: int = 50) -> list[Job]:
+    stmt = readable_jobs(principal)
+    if states:
+        stmt = stmt.where(Job.state.in_(list(states)))
+    if account:
+        stmt = stmt.where(Job.account_name == account)
+    if backend:
+        stmt = stmt.where(or_(Job.backend == backend,
+                              and_(Job.backend.is_(None), Job.requested_backend == backend)))
+    if after_id:
+        stmt = stmt.where(Job.id < after_id)
+    return list(session.scalars(stmt.order_by(Job.id.desc()).limit(limit)))
+
+
+def list_events(session: Session, job_id: str, *, after_id: int = 0, limit: int = 500) -> list[JobEvent]:
+    stmt = (select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after_id)
+            .order_by(JobEvent.id).limit(limit))
+    return list(session.scalars(stmt))
+
+
+def get_idempotency(session: Session, subject: str, key: str) -> IdempotencyKey | None:
+    return session.scalars(select(IdempotencyKey).where(
+        IdempotencyKey.subject == subject, IdempotencyKey.key == key)).first()

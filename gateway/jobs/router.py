@@ -1,0 +1,150 @@
+"""HTTP only: /v1/jobs. Routes validate, call the service, shape the answer."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from sqlalchemy.orm import Session
+
+from gateway.identity.dependency import get_principal
+from gateway.identity.principal import Principal
+from gateway.jobs import repository, service
+from gateway.jobs.models import Job
+from gateway.jobs.schemas import (
+    EXAMPLE_SPEC, BackendChoice, JobEventOut, JobEventPage, JobOut, JobPage, JobSpec, format_duration,
+)
+from gateway.jobs.states import JobState
+from gateway.kit.db import get_session
+from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.timeutil import as_utc
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+def to_out(job: Job) -> JobOut:
+    spec = job.spec
+    return JobOut(
+        id=job.id, name=job.name, account=job.account_name, user=job.username, submitted_by=job.submitted_by,
+        backend=BackendChoice(job.requested_backend), assigned_backend=job.backend, state=JobState(job.state),
+        state_reason=job.state_reason or "", routing_reason=job.routing_reason or "",
+        command=spec["command"], image=spec.get("image"), workers=job.workers,
+        gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
+        cpus_per_worker=spec["cpus_per_worker"], memory_per_worker=spec["memory_per_worker"],
+        gpu_type=spec.get("gpu_type"), time_limit=format_duration(job.time_limit_s), time_limit_s=job.time_limit_s,
+        env=spec.get("env") or {}, labels=spec.get("labels") or {}, priority=job.priority,
+        backend_job_id=job.backend_job_id, exit_code=job.exit_code, nodes=job.nodes,
+        created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
+        ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
+    )
+
+
+def _encode_cursor(job_id: str) -> str:
+    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise Invalid("query.cursor", "not a cursor returned by this API") from None
+    if not re.fullmatch(r"[0-9a-f-]{36}", raw):
+        raise Invalid("query.cursor", "not a cursor returned by this API")
+    return raw
+
+
+@router.post(
+    "", status_code=202, response_model=JobOut, operation_id="submitJob",
+    summary="Submit a job",
+    description="Record a gang job. It starts in `pending`; the dispatcher routes it to a pool. "
+                "With an `Idempotency-Key`, repeating the same request returns the same job (200 on replay), "
+                "and reusing the key with a different body is a 409.",
+    responses={200: {"model": JobOut, "description": "Replay of an earlier request with the same Idempotency-Key"},
+               **problem_responses(401, 403, 409, 422)},
+)
+def submit_job(
+    request: Request,
+    response: Response,
+    spec: Annotated[JobSpec, Body(openapi_examples={"four-node gang": {"summary": "4 x 8 GPUs",
+                                                                        "value": EXAMPLE_SPEC}})],
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
+                                                  description="Client-chosen key making the submission safe to retry.")] = None,
+    principal: Principal = Depends(get_principal),
+    session: Session = Depends(get_session),
+) -> JobOut:
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+        raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
+    settings = request.app.state.settings
+    job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
+                                  default_time_limit_s=settings.default_time_limit_s,
+                                  max_time_limit_s=settings.max_time_limit_s)
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return to_out(job)
+
+
+@router.get(
+    "", response_model=JobPage, operation_id="listJobs", summary="List jobs",
+    description="Jobs of the caller's accounts (all jobs for admins), newest first. "
+                "Filters combine; `state` may repeat. Follow `next_cursor` for more.",
+    responses=problem_responses(401, 422),
+)
+def list_jobs(
+    state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
+    account: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
+    backend: Annotated[BackendChoice | None, Query(description="Pool asked for or routed to.")] = None,
+    cursor: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    principal: Principal = Depends(get_principal),
+    session: Session = Depends(get_session),
+) -> JobPage:
+    after = _decode_cursor(cursor) if cursor else None
+    jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
+                                    account=account, backend=backend.value if backend else None,
+                                    after_id=after, limit=limit + 1)
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return JobPage(items=[to_out(j) for j in jobs], next_cursor=_encode_cursor(jobs[-1].id) if more else None)
+
+
+JobId = Annotated[str, "job id"]
+
+
+@router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
+            responses=problem_responses(401, 404))
+def get_job(job_id: str, principal: Principal = Depends(get_principal),
+            session: Session = Depends(get_session)) -> JobOut:
+    return to_out(service.get_or_raise(session, principal=principal, job_id=job_id))
+
+
+@router.post(
+    "/{job_id}/cancel", status_code=202, response_model=JobOut, operation_id="cancelJob", summary="Cancel a job",
+    description="A pending job is cancelled at once; a submitted job goes to `cancelling` until its "
+                "backend confirms. Cancelling a job that is already cancelling is a no-op.",
+    responses=problem_responses(401, 404, 409),
+)
+def cancel_job(job_id: str, principal: Principal = Depends(get_principal),
+               session: Session = Depends(get_session)) -> JobOut:
+    return to_out(service.cancel(session, principal=principal, job_id=job_id))
+
+
+@router.get("/{job_id}/events", response_model=JobEventPage, operation_id="listJobEvents",
+            summary="A job's history", description="Every state change and decision, oldest first.",
+            responses=problem_responses(401, 404, 422))
+def list_job_events(job_id: str, after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+                    principal: Principal = Depends(get_principal),
+                    session: Session = Depends(get_session)) -> JobEventPage:
+    job = service.get_or_raise(session, principal=principal, job_id=job_id)
+    events = repository.list_events(session, job.id, after_id=after, limit=limit)
+    return JobEventPage(items=[JobEventOut(
+        id=e.id, job_id=e.job_id, at=as_utc(e.at), actor=e.actor, kind=e.kind,
+        from_state=JobState(e.from_state) if e.from_state else None,
+        to_state=JobState(e.to_state) if e.to_state else None, reason=e.reason or "", data=e.data,
+    ) for e in events])

@@ -1,0 +1,270 @@
+"""The job spec on the wire (pydantic v2), with limits a user can understand."""
+
+from __future__ import annotations
+
+import enum
+import re
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gateway.jobs.states import JobState
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+ACCOUNT_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+IMAGE_RE = r"^[a-z0-9][a-z0-9._/:@-]{0,254}$"
+GPU_TYPE_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"
+# Variables the backends set themselves; a job may not override them.
+RESERVED_ENV_PREFIXES = ("SLURM_", "ISTHMUS_", "KUBERNETES_")
+
+MAX_WORKERS = 1024
+MAX_GPUS_PER_WORKER = 16
+MAX_CPUS_PER_WORKER = 1024
+MIN_MEMORY_MIB, MAX_MEMORY_MIB = 16, 16 * 1024 * 1024  # 16 MiB .. 16 TiB per worker
+MAX_ARGV_ITEMS, MAX_ARG_LEN, MAX_ARGV_BYTES = 256, 4096, 64 * 1024
+MAX_ENV, MAX_ENV_VALUE = 128, 4096
+MAX_LABELS = 32
+
+_MEM_RE = re.compile(r"^\s*(\d{1,12})\s*([KMGT]i?)?B?\s*$", re.IGNORECASE)
+_MEM_UNITS = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+_TIME_HMS = re.compile(r"^(?:(\d{1,3})-)?(\d{1,3}):(\d{2}):(\d{2})$")
+_TIME_UNITS = re.compile(r"^(\d{1,7})\s*([smhd])$")
+
+
+class BackendChoice(str, enum.Enum):
+    AUTO = "auto"
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+
+
+def parse_memory_mib(value: Any) -> int:
+    """``"64Gi"``, ``"64G"``, ``"512Mi"`` or an integer number of MiB. Slurm's units are binary."""
+    if isinstance(value, bool):
+        raise ValueError("must be a size such as '64Gi' or an integer number of MiB")
+    if isinstance(value, int):
+        mib = value
+    elif isinstance(value, str):
+        m = _MEM_RE.match(value)
+        if not m:
+            raise ValueError("must be a size such as '64Gi', '512Mi' or an integer number of MiB")
+        number, unit = int(m.group(1)), (m.group(2) or "M")[0].lower()
+        mib_f = number * _MEM_UNITS[unit]
+        if mib_f != int(mib_f):
+            raise ValueError("must be a whole number of MiB")
+        mib = int(mib_f)
+    else:
+        raise ValueError("must be a size such as '64Gi' or an integer number of MiB")
+    if not MIN_MEMORY_MIB <= mib <= MAX_MEMORY_MIB:
+        raise ValueError(f"must be between {MIN_MEMORY_MIB}Mi and 16Ti per worker")
+    return mib
+
+
+def format_memory(mib: int) -> str:
+    for unit, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
+        if mib % size == 0:
+            return f"{mib // size}{unit}"
+    return f"{mib}Mi"
+
+
+def parse_duration_s(value: Any) -> int:
+    """Seconds, ``"90m"``, ``"2h"``, ``"1d"``, ``"HH:MM:SS"`` or Slurm's ``"D-HH:MM:SS"``."""
+    if isinstance(value, bool):
+        raise ValueError("must be seconds or a duration such as '2h' or '1-00:00:00'")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        v = value.strip()
+        if v.isdigit():
+            return int(v)
+        m = _TIME_UNITS.match(v)
+        if m:
+            return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+        m = _TIME_HMS.match(v)
+        if m:
+            days, h, mi, s = (int(x) if x else 0 for x in m.groups())
+            if mi >= 60 or s >= 60:
+                raise ValueError("minutes and seconds must be below 60")
+            return days * 86400 + h * 3600 + mi * 60 + s
+    raise ValueError("must be seconds or a duration such as '2h', '90m' or '1-00:00:00'")
+
+
+def format_duration(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return (f"{days}-" if days else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+EXAMPLE_SPEC = {
+    "name": "llama-finetune",
+    "account": "team-a",
+    "backend": "auto",
+    "command": ["python", "train.py", "--epochs", "3"],
+    "image": "ghcr.io/example/trainer:1.4",
+    "workers": 4,
+    "gpus_per_worker": 8,
+    "cpus_per_worker": 32,
+    "memory_per_worker": "256Gi",
+    "gpu_type": None,
+    "time_limit": "12h",
+    "env": {"WANDB_PROJECT": "finetune"},
+    "labels": {"project": "llama"},
+    "priority": 0,
+}
+
+
+class JobSpec(BaseModel):
+    """What a user asks to run: one gang of ``workers`` identical workers."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE_SPEC]})
+
+    name: Annotated[str, Field(pattern=NAME_RE, description="1-63 letters, digits, `.`, `_`, `-`.")]
+    account: Annotated[str, Field(pattern=ACCOUNT_RE, description="Gateway account charged for the job.")]
+    backend: BackendChoice = Field(default=BackendChoice.AUTO, description="Pool: `auto` lets the gateway route.")
+    command: Annotated[list[str], Field(min_length=1, max_length=MAX_ARGV_ITEMS,
+                                        description="argv list, run without a shell.")]
+    image: Annotated[str | None, Field(default=None, pattern=IMAGE_RE,
+                                       description="Container image (Kubernetes; Slurm sites with containers).")]
+    workers: Annotated[int, Field(default=1, ge=1, le=MAX_WORKERS, description="Gang size: nodes / pods.")]
+    gpus_per_worker: Annotated[int, Field(default=0, ge=0, le=MAX_GPUS_PER_WORKER)]
+    cpus_per_worker: Annotated[int, Field(default=1, ge=1, le=MAX_CPUS_PER_WORKER)]
+    memory_per_worker: Annotated[str, Field(default="4Gi", description="e.g. `64Gi`, `512Mi`; integer = MiB.")]
+    gpu_type: Annotated[str | None, Field(default=None, pattern=GPU_TYPE_RE, description="e.g. `h100`, `a100`.")]
+    time_limit: Annotated[str | None, Field(
+        default=None, description="Wall-clock limit: seconds, `90m`, `12h`, `2d`, `HH:MM:SS` or `D-HH:MM:SS`. "
+                                  "Default: the gateway's default (1h unless configured).")]
+    env: Annotated[dict[str, str], Field(default_factory=dict, max_length=MAX_ENV)]
+    labels: Annotated[dict[str, str], Field(default_factory=dict, max_length=MAX_LABELS)]
+    priority: Annotated[int, Field(default=0, ge=-1000, le=1000, description="Higher first within the account.")]
+
+    @field_validator("memory_per_worker", mode="before")
+    @classmethod
+    def _memory(cls, v: Any) -> str:
+        return format_memory(parse_memory_mib(v))
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit(cls, v: Any) -> str | None:
+        if v is None:
+            return None
+        seconds = parse_duration_s(v)
+        if not 60 <= seconds <= 366 * 86400:
+            raise ValueError("must be between 1 minute and 366 days")
+        return format_duration(seconds)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("the program (first element) must not be empty")
+        total = 0
+        for i, arg in enumerate(v):
+            if "\x00" in arg:
+                raise ValueError(f"argument {i} contains a NUL byte")
+            if len(arg) > MAX_ARG_LEN:
+                raise ValueError(f"argument {i} is longer than {MAX_ARG_LEN} characters")
+            total += len(arg.encode())
+        if total > MAX_ARGV_BYTES:
+            raise ValueError(f"the command is larger than {MAX_ARGV_BYTES} bytes")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not ENV_KEY_RE.match(key):
+                raise ValueError(f"variable name {key[:64]!r} must match [A-Za-z_][A-Za-z0-9_]*")
+            if key.upper().startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"variable {key!r} is reserved for the backends")
+            if "\x00" in value or len(value) > MAX_ENV_VALUE:
+                raise ValueError(f"value of {key!r} is too long or contains a NUL byte")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if len(key) > 253 or not LABEL_KEY_RE.match(key):
+                raise ValueError(f"label key {key[:64]!r} is not a valid label name")
+            if not LABEL_VALUE_RE.match(value):
+                raise ValueError(f"label {key!r}: value must be up to 63 letters, digits, '-', '_', '.'")
+        return v
+
+    @model_validator(mode="after")
+    def _gpu_type_needs_gpus(self) -> "JobSpec":
+        if self.gpu_type and self.gpus_per_worker == 0:
+            raise ValueError("gpu_type is set but gpus_per_worker is 0")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+    @property
+    def memory_mib_per_worker(self) -> int:
+        return parse_memory_mib(self.memory_per_worker)
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "id": "0192f0c4-7d3e-7a51-8c3e-5b1f0d9a2c44", "state": "pending", "state_reason": "waiting for dispatch",
+        **{k: EXAMPLE_SPEC[k] for k in ("name", "account", "command", "workers", "gpus_per_worker")},
+        "total_gpus": 32,
+    }]})
+
+    id: str
+    name: str
+    account: str
+    user: str = Field(description="POSIX user the job runs as.")
+    submitted_by: str
+    backend: BackendChoice = Field(description="The pool asked for.")
+    assigned_backend: str | None = Field(description="The pool the job was routed to (null until dispatched).")
+    state: JobState
+    state_reason: str
+    routing_reason: str
+    command: list[str]
+    image: str | None
+    workers: int
+    gpus_per_worker: int
+    total_gpus: int
+    cpus_per_worker: int
+    memory_per_worker: str
+    gpu_type: str | None
+    time_limit: str
+    time_limit_s: int
+    env: dict[str, str]
+    labels: dict[str, str]
+    priority: int
+    backend_job_id: str | None
+    exit_code: int | None
+    nodes: list[str] | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    cancel_requested_at: datetime | None
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` to get the next page; null on the last page.")
+
+
+class JobEventOut(BaseModel):
+    id: int
+    job_id: str
+    at: datetime
+    actor: str
+    kind: str
+    from_state: JobState | None
+    to_state: JobState | None
+    reason: str
+    data: dict[str, Any] | None
+
+
+class JobEventPage(BaseModel):
+    items: list[JobEventOut]

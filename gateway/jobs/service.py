@@ -1,0 +1,143 @@
+"""Job domain logic: create (idempotently), read, list, cancel, and state changes.
+
+``set_state`` is the only way a job's state changes; it writes the event in the same
+transaction, so the history is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from gateway.accounts.models import Account
+from gateway.identity.principal import Principal
+from gateway.jobs import repository
+from gateway.jobs.models import IdempotencyKey, Job, JobEvent
+from gateway.jobs.schemas import JobSpec, parse_duration_s
+from gateway.jobs.states import JobState
+from gateway.kit.errors import Conflict, Forbidden, Invalid, NotFound
+from gateway.kit.timeutil import new_id, utcnow
+
+
+def record_event(session: Session, job: Job, *, actor: str, kind: str, reason: str = "",
+                 data: dict[str, Any] | None = None, from_state: str | None = None,
+                 to_state: str | None = None) -> JobEvent:
+    ev = JobEvent(job_id=job.id, at=utcnow(), actor=actor, kind=kind, reason=reason, data=data,
+                  from_state=from_state, to_state=to_state)
+    session.add(ev)
+    return ev
+
+
+def set_state(session: Session, job: Job, target: JobState, *, actor: str, reason: str = "",
+              data: dict[str, Any] | None = None) -> bool:
+    """Move ``job`` to ``target`` and record why. Returns False when already there.
+
+    Raises IllegalTransition (from the model's validator) for a move the state machine
+    forbids; nothing is written then.
+    """
+    current = job.state
+    if current == target.value:
+        if reason and reason != job.state_reason:
+            job.state_reason = reason
+        return False
+    job.state = target.value  # validated against the transition table
+    job.state_reason = reason
+    job.updated_at = utcnow()
+    record_event(session, job, actor=actor, kind="state", reason=reason, data=data,
+                 from_state=current, to_state=target.value)
+    return True
+
+
+def spec_hash(spec: JobSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
+           max_time_limit_s: int, idempotency_key: str | None = None) -> tuple[Job, bool]:
+    """Record a new job in state ``pending``. Returns (job, created)."""
+    if not principal.may_use(spec.account):
+        raise Forbidden(f"you are not a member of account {spec.account!r}")
+    if not principal.username:
+        raise Forbidden("this caller has no POSIX user mapped; jobs cannot run as it")
+    digest = spec_hash(spec)
+    if idempotency_key is not None:
+        existing = repository.get_idempotency(session, principal.subject, idempotency_key)
+        if existing is not None:
+            return _replay(session, existing, digest), False
+    if session.get(Account, spec.account) is None:
+        raise Invalid("body.account", f"unknown account {spec.account!r}")
+    time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else default_time_limit_s
+    if time_limit_s > max_time_limit_s:
+        raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_time_limit_s} s")
+    normalised = spec.model_dump(mode="json")
+    job = Job(
+        id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
+        username=principal.username, requested_backend=spec.backend.value, backend=None,
+        state=JobState.PENDING.value, state_reason="waiting for dispatch", spec=normalised,
+        workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
+        time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
+        created_at=utcnow(), updated_at=utcnow(),
+    )
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+            if idempotency_key is not None:
+                session.add(IdempotencyKey(subject=principal.subject, key=idempotency_key,
+                                           request_hash=digest, job_id=job.id, created_at=utcnow()))
+                session.flush()
+    except IntegrityError:
+        # A concurrent request with the same key won the race; answer as it did.
+        if idempotency_key is None:
+            raise
+        existing = repository.get_idempotency(session, principal.subject, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(session, existing, digest), False
+    record_event(session, job, actor=principal.subject, kind="state", to_state=JobState.PENDING.value,
+                 reason="submitted", data={"idempotency_key": idempotency_key} if idempotency_key else None)
+    return job, True
+
+
+def _replay(session: Session, existing: IdempotencyKey, digest: str) -> Job:
+    if existing.request_hash != digest:
+        raise Conflict("this Idempotency-Key was already used with a different request body")
+    job = session.get(Job, existing.job_id)
+    assert job is not None
+    return job
+
+
+def get_or_raise(session: Session, *, principal: Principal, job_id: str, for_update: bool = False) -> Job:
+    job = repository.get_readable(session, principal, job_id, for_update=for_update)
+    if job is None:
+        raise NotFound(f"no job {job_id!r} visible to you")
+    return job
+
+
+def cancel(session: Session, *, principal: Principal, job_id: str, reason: str = "") -> Job:
+    job = get_or_raise(session, principal=principal, job_id=job_id, for_update=True)
+    state = job.job_state
+    why = reason or f"cancelled by {principal.username or principal.subject}"
+    if state.final:
+        raise Conflict(f"job already {state.value}")
+    if state is JobState.CANCELLING:
+        return job
+    if job.cancel_requested_at is None:
+        job.cancel_requested_at = utcnow()
+    if state is JobState.PENDING:
+        set_state(session, job, JobState.CANCELLED, actor=principal.subject, reason=why)
+    else:
+        # Submitted (or being submitted): the control loop cancels it on the backend and
+        # moves it to cancelled when the backend confirms.
+        set_state(session, job, JobState.CANCELLING, actor=principal.subject, reason=why)
+    return job
+
+
+def account_names(session: Session) -> set[str]:
+    return set(session.scalars(select(Account.name)))

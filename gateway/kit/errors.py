@@ -1,0 +1,149 @@
+"""One error hierarchy, rendered as RFC 9457 ``application/problem+json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_JSON = "application/problem+json"
+TYPE_BASE = "https://isthmus.dev/problems/"
+
+
+class FieldError(BaseModel):
+    field: str = Field(description="Dotted path of the offending field, e.g. `body.workers`.")
+    message: str
+    type: str = ""
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str = Field(default="about:blank", examples=[TYPE_BASE + "validation-error"])
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class GatewayError(Exception):
+    status: int = 400
+    title: str = "Bad request"
+    slug: str = "bad-request"
+
+    def __init__(self, detail: str | None = None, *, errors: list[FieldError] | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(detail or self.title)
+        self.detail = detail
+        self.errors = errors
+        self.headers = headers
+
+
+class Invalid(GatewayError):
+    status, title, slug = 422, "Invalid request", "validation-error"
+
+    def __init__(self, field: str, message: str, *, type: str = "value_error"):
+        super().__init__(f"{field}: {message}", errors=[FieldError(field=field, message=message, type=type)])
+
+
+class NotFound(GatewayError):
+    status, title, slug = 404, "Not found", "not-found"
+
+
+class Unauthorized(GatewayError):
+    status, title, slug = 401, "Unauthorized", "unauthorized"
+
+    def __init__(self, detail: str = "missing or invalid bearer token", *, error: str = "invalid_token"):
+        # Never echo the token; the reason is short and fixed by the validator.
+        safe = detail.replace('"', "'")
+        hdr = f'Bearer error="{error}", error_description="{safe}"' if error else "Bearer"
+        super().__init__(detail, headers={"WWW-Authenticate": hdr})
+
+
+class Forbidden(GatewayError):
+    status, title, slug = 403, "Forbidden", "forbidden"
+
+
+class Conflict(GatewayError):
+    status, title, slug = 409, "Conflict", "conflict"
+
+
+class QuotaExceeded(GatewayError):
+    status, title, slug = 409, "Quota exceeded", "quota-exceeded"
+
+
+class BackendUnavailable(GatewayError):
+    status, title, slug = 503, "Backend unavailable", "backend-unavailable"
+
+
+def problem_response(status: int, title: str, *, slug: str | None = None, detail: str | None = None,
+                     instance: str | None = None, errors: list[FieldError] | None = None,
+                     headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + slug if slug else "about:blank",
+        "title": title,
+        "status": status,
+    }
+    if detail:
+        body["detail"] = detail
+    if instance:
+        body["instance"] = instance
+    if errors:
+        body["errors"] = [e.model_dump() for e in errors]
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    # Drop pydantic's union/function tags so users see `body.memory_per_worker`.
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))]
+    return ".".join(parts)
+
+
+def _clean_msg(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, exc: GatewayError):
+        return problem_response(exc.status, exc.title, slug=exc.slug, detail=exc.detail,
+                                instance=request.url.path, errors=exc.errors, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        errors = [FieldError(field=_field_path(tuple(e["loc"])), message=_clean_msg(e["msg"]), type=e["type"])
+                  for e in exc.errors()]
+        fields = ", ".join(dict.fromkeys(e.field for e in errors))
+        return problem_response(422, "Invalid request", slug="validation-error",
+                                detail=f"invalid fields: {fields}", instance=request.url.path, errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return problem_response(exc.status_code, str(exc.detail), detail=None,
+                                instance=request.url.path, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # pragma: no cover - safety net
+        import logging
+
+        logging.getLogger("isthmus").exception("unhandled error on %s", request.url.path)
+        return problem_response(500, "Internal server error", slug="internal",
+                                detail="an unexpected error occurred; it has been logged",
+                                instance=request.url.path)
+
+
+def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for the given error codes."""
+    descriptions = {
+        400: "Bad request", 401: "Missing or invalid bearer token", 403: "Not allowed for this caller",
+        404: "Not found (or not visible to this caller)", 409: "Conflict with the current state",
+        422: "Invalid input; `errors` names each bad field", 503: "A dependency is unavailable",
+    }
+    return {c: {"model": Problem, "description": descriptions.get(c, "Error"),
+                "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+            for c in codes}

@@ -1,0 +1,51 @@
+"""All settings in one place (env prefix ``ISTHMUS_``)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ISTHMUS_", env_file=None, extra="ignore")
+
+    # Embedded default: a SQLite file next to where the gateway runs. Production: Postgres,
+    # e.g. postgresql+psycopg://isthmus:secret@db:5432/isthmus
+    database_url: str = "sqlite:///./isthmus.db"
+    database_pool_size: int = Field(default=10, ge=1, le=200)
+
+    # Dev mode enables the local development issuer (``isthmus token``) and demo accounts.
+    # Outside dev mode the gateway refuses to start without a real OIDC issuer.
+    dev_mode: bool = False
+    dev_key_path: Path = Path(".isthmus/dev-issuer-key.pem")
+    dev_issuer: str = "urn:isthmus:dev-issuer"
+    dev_accounts: str = "team-a,team-b"  # created on start in dev mode if missing
+
+    # OIDC: JSON list of issuer configs, see docs/identity.md
+    oidc_issuers: str = "[]"
+    audience: str = "isthmus"
+    leeway_s: int = Field(default=30, ge=0, le=300)
+
+    default_time_limit_s: int = Field(default=3600, ge=60)
+    max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.default_time_limit_s > self.max_time_limit_s:
+            raise ValueError("default_time_limit_s exceeds max_time_limit_s")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+@functools.lru_cache
+def get_settings() -> Settings:
+    return Settings()
