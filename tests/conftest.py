@@ -1,0 +1,130 @@
+"""Shared fixtures: every core test runs against SQLite AND a real Postgres.
+
+Postgres comes from ``stack/postgres.sh`` (``make test`` starts it). Without it the
+Postgres cases are skipped with the reason, except under ``ISTHMUS_REQUIRE_STACK=1``
+(``make test`` and CI), where a missing system is a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+REPO = Path(__file__).resolve().parent.parent
+PG_ADMIN_URL = os.environ.get("ISTHMUS_TEST_POSTGRES_URL",
+                              "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus")
+REQUIRE_STACK = os.environ.get("ISTHMUS_REQUIRE_STACK") == "1"
+
+
+def missing_system(reason: str) -> None:
+    """Skip locally, fail when the full stack is required (make test, CI)."""
+    if REQUIRE_STACK:
+        pytest.fail(f"required test system missing: {reason}")
+    pytest.skip(reason)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            env[k.strip()] = v.strip().strip('"').strip("'")
+    return env
+
+
+@pytest.fixture(scope="session")
+def dev_key_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("devkey") / "dev-issuer.pem"
+
+
+def _postgres_database() -> Iterator[str]:
+    name = f"isthmus_test_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001
+        admin.dispose()
+        missing_system(f"Postgres not reachable at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}); "
+                       "run stack/postgres.sh")
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def database_url(request, tmp_path_factory) -> Iterator[str]:
+    from gateway.cli import run_migrations
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'isthmus.db'}"
+        run_migrations(url)
+        yield url
+    else:
+        gen = _postgres_database()
+        url = next(gen)
+        run_migrations(url)
+        yield url
+        next(gen, None)
+
+
+@dataclasses.dataclass
+class Gateway:
+    """A running gateway app (in-process) plus helpers to act as its users."""
+
+    client: object
+    app: object
+    settings: object
+    issuer: object
+
+    def token(self, user: str = "alice", groups: tuple[str, ...] = ("team-a",), admin: bool = False, **kw) -> str:
+        return self.issuer.mint(user=user, groups=list(groups), admin=admin, **kw)
+
+    def headers(self, user: str = "alice", groups: tuple[str, ...] = ("team-a",), admin: bool = False) -> dict:
+        return {"Authorization": f"Bearer {self.token(user, groups, admin)}"}
+
+    def session(self):
+        return self.app.state.sessionmaker()
+
+
+@pytest.fixture(scope="session")
+def gateway_session(database_url, dev_key_path) -> Iterator[Gateway]:
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.identity.setup import build_dev_issuer
+    from gateway.kit.settings import Settings
+
+    settings = Settings(database_url=database_url, dev_mode=True, dev_key_path=dev_key_path,
+                        dev_accounts="team-a,team-b")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
+
+
+def _clean(app) -> None:
+    from gateway.accounts.models import Account
+    from gateway.models import metadata
+
+    with app.state.engine.begin() as conn:
+        for table in reversed(metadata.sorted_tables):
+            if table.name != Account.__tablename__:
+                conn.execute(table.delete())
+        conn.execute(Account.__table__.delete().where(Account.name.notin_(["team-a", "team-b"])))
+
+
+@pytest.fixture
+def gw(gateway_session) -> Iterator[Gateway]:
+    _clean(gateway_session.app)
+    yield gateway_session
