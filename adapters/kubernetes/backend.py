@@ -1,0 +1,428 @@
+"""Kubernetes + Kueue backend: one suspended, queued, Indexed batch/v1 Job per gang.
+
+The ``kubernetes`` client is imported lazily (in :meth:`KubernetesBackend._connect`), so
+importing this module, and the gateway, works where the library is absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from adapters.base import (
+    Backend,
+    BackendError,
+    BackendForbidden,
+    BackendUnavailable,
+    Capacity,
+    JobNotFound,
+    JobStatus,
+    PoolCapacity,
+    SubmissionRejected,
+    SubmitRequest,
+    SubmitResult,
+    register,
+)
+
+from .render import (
+    ANN_CANCELLED_AT,
+    ANN_GATEWAY_ID,
+    LABEL_GATEWAY_ID,
+    LABEL_MANAGED,
+    MANAGED_VALUE,
+    TOMBSTONE_FINALIZER,
+    label_value,
+    render_job,
+)
+from .settings import KubernetesSettings
+from .state import backend_job_id, derive_status, parse_time
+
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+POD_JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+MANAGED_SELECTOR = f"{LABEL_MANAGED}={MANAGED_VALUE}"
+
+
+def _quantity(value: Any) -> float:
+    """A Kubernetes quantity ("32", "256Gi", "500m") as a float in base units."""
+    s = str(value).strip()
+    suffixes = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+                "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "m": 1e-3}
+    for suf in sorted(suffixes, key=len, reverse=True):
+        if s.endswith(suf):
+            return float(s[: -len(suf)]) * suffixes[suf]
+    return float(s)
+
+
+@register
+class KubernetesBackend(Backend):
+    """A Kueue ClusterQueue behind LocalQueues in per-account namespaces.
+
+    Args:
+        settings: a :class:`KubernetesSettings`; or pass its fields as keyword arguments.
+    """
+
+    name = "kubernetes"
+    unsupported_features = {}
+
+    def __init__(self, settings: KubernetesSettings | None = None, **kwargs: Any):
+        self.settings = settings or KubernetesSettings(**kwargs)
+        self._lock = threading.Lock()
+        self._api: Any = None
+        self._limits_cache: tuple[float, dict[str, float]] | None = None
+
+    # ------------------------------------------------------------------ plumbing
+    def _connect(self) -> Any:
+        with self._lock:
+            if self._api is None:
+                try:
+                    from kubernetes import client, config
+                except ImportError as exc:  # pragma: no cover - depends on the environment
+                    raise BackendUnavailable("the 'kubernetes' Python package is not installed",
+                                             backend=self.name) from exc
+                cfg = client.Configuration()
+                try:
+                    if self.settings.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                        config.load_incluster_config(client_configuration=cfg)
+                    else:
+                        config.load_kube_config(config_file=self.settings.kubeconfig,
+                                                context=self.settings.context, client_configuration=cfg)
+                except Exception as exc:  # ConfigException, missing file, bad YAML
+                    raise BackendUnavailable(f"cannot load Kubernetes client configuration: {exc}",
+                                             backend=self.name) from exc
+                cfg.retries = 1  # fail fast: the gateway retries BackendUnavailable itself
+                api_client = client.ApiClient(cfg)
+                self._api = type("Apis", (), {})()
+                self._api.client = api_client
+                self._api.batch = client.BatchV1Api(api_client)
+                self._api.core = client.CoreV1Api(api_client)
+                self._api.custom = client.CustomObjectsApi(api_client)
+                self._api.exc = client.exceptions.ApiException
+            return self._api
+
+    @contextlib.contextmanager
+    def _errors(self, what: str, *, not_found: str | None = None) -> Iterator[None]:
+        """Map kubernetes/urllib3 errors onto the contract's typed errors."""
+        api = self._connect()
+        try:
+            yield
+        except BackendError:
+            raise
+        except api.exc as exc:
+            status, message = exc.status or 0, self._server_message(exc)
+            if status == 404 and not_found is not None:
+                raise JobNotFound(not_found, backend=self.name, detail=message) from exc
+            if status in (401, 403):
+                raise BackendForbidden(f"{what}: {message}", backend=self.name) from exc
+            if status in (400, 422):
+                raise SubmissionRejected(f"{what}: {message}", backend=self.name) from exc
+            if status == 0 or status == 429 or status >= 500:
+                raise BackendUnavailable(f"{what}: {message}", backend=self.name) from exc
+            raise BackendError(f"{what}: HTTP {status}: {message}", backend=self.name) from exc
+        except Exception as exc:  # urllib3 MaxRetryError/timeouts, OSError, SSL errors
+            raise BackendUnavailable(f"{what}: Kubernetes API unreachable ({type(exc).__name__}: {exc})",
+                                     backend=self.name) from exc
+
+    @staticmethod
+    def _server_message(exc: Any) -> str:
+        try:
+            return json.loads(exc.body).get("message") or exc.reason
+        except Exception:
+            return str(exc.reason or exc)
+
+    def _t(self) -> float:
+        return self.settings.request_timeout_s
+
+    def _raw(self, fn, *args, **kwargs) -> dict:
+        """Call a client method and return the JSON as dicts (skips slow model decoding)."""
+        resp = fn(*args, _preload_content=False, _request_timeout=self._t(), **kwargs)
+        return json.loads(resp.data)
+
+    @staticmethod
+    def _split(backend_job_id: str) -> tuple[str | None, str]:
+        ns, _, name = backend_job_id.rpartition("/")
+        return (ns or None), name
+
+    def close(self) -> None:
+        with self._lock:
+            if self._api is not None:
+                self._api.client.close()
+                self._api = None
+
+    # ---------------------------------------------------------------- fit check
+    def _limits(self) -> dict[str, float]:
+        """Largest node allocatable and ClusterQueue nominal quota, cached for 30 s."""
+        now = time.monotonic()
+        if self._limits_cache and self._limits_cache[0] > now:
+            return self._limits_cache[1]
+        api = self._connect()
+        g = self.settings.gpu_resource
+        with self._errors("reading nodes"):
+            nodes = self._raw(api.core.list_node)["items"]
+        with self._errors(f"reading ClusterQueue {self.settings.cluster_queue}"):
+            cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                           "clusterqueues", self.settings.cluster_queue)
+        limits = {"node_gpu": 0.0, "node_cpu": 0.0, "node_memory": 0.0}
+        for n in nodes:
+            alloc = (n.get("status") or {}).get("allocatable") or {}
+            limits["node_gpu"] = max(limits["node_gpu"], _quantity(alloc.get(g, 0)))
+            limits["node_cpu"] = max(limits["node_cpu"], _quantity(alloc.get("cpu", 0)))
+            limits["node_memory"] = max(limits["node_memory"], _quantity(alloc.get("memory", 0)))
+        for key in ("quota_gpu", "quota_cpu", "quota_memory"):
+            limits[key] = 0.0
+        names = {g: "quota_gpu", "cpu": "quota_cpu", "memory": "quota_memory"}
+        for group in cq.get("spec", {}).get("resourceGroups") or []:
+            for flavor in group.get("flavors") or []:
+                for r in flavor.get("resources") or []:
+                    if r["name"] in names:
+                        limits[names[r["name"]]] += _quantity(r.get("nominalQuota", 0)) + _quantity(r.get("borrowingLimit", 0) or 0)
+        self._limits_cache = (now + 30.0, limits)
+        return limits
+
+    def _check_fits(self, request: SubmitRequest) -> None:
+        lim = self._limits()
+        cq = self.settings.cluster_queue
+        mem = request.memory_mib_per_worker * 2**20
+        problems = []
+        if request.gpus_per_worker > lim["node_gpu"]:
+            problems.append(f"{request.gpus_per_worker} GPUs per worker but the largest node has {int(lim['node_gpu'])}")
+        if request.cpus_per_worker > lim["node_cpu"]:
+            problems.append(f"{request.cpus_per_worker} CPUs per worker but the largest node has {lim['node_cpu']:g}")
+        if mem > lim["node_memory"]:
+            problems.append(f"{request.memory_mib_per_worker} MiB per worker but the largest node has {lim['node_memory'] / 2**20:g} MiB")
+        if request.total_gpus > lim["quota_gpu"]:
+            problems.append(f"{request.total_gpus} GPUs in total but ClusterQueue {cq} has a quota of {int(lim['quota_gpu'])}")
+        if request.workers * request.cpus_per_worker > lim["quota_cpu"]:
+            problems.append(f"{request.workers * request.cpus_per_worker} CPUs in total exceed ClusterQueue {cq}'s quota of {lim['quota_cpu']:g}")
+        if request.workers * mem > lim["quota_memory"]:
+            problems.append(f"{request.workers * request.memory_mib_per_worker} MiB in total exceed ClusterQueue {cq}'s memory quota")
+        if problems:
+            raise SubmissionRejected("the job can never fit: " + "; ".join(problems), backend=self.name)
+
+    # -------------------------------------------------------------------- submit
+    def submit(self, request: SubmitRequest) -> SubmitResult:
+        self.check_supported(request)
+        if request.workers < 1:
+            raise SubmissionRejected("a job needs at least one worker", backend=self.name)
+        body = render_job(request, self.settings)
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        api = self._connect()
+        try:
+            self._check_fits(request)
+        except SubmissionRejected:
+            # A job created earlier is still adopted even if the pool shrank since.
+            with contextlib.suppress(JobNotFound):
+                existing = self._read_job(f"{ns}/{name}")
+                if (existing["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID) == request.gateway_job_id:
+                    return SubmitResult(backend_job_id=f"{ns}/{name}", adopted=True)
+            raise
+        try:
+            with self._errors(f"creating Job {ns}/{name}"):
+                self._raw(api.batch.create_namespaced_job, ns, body)
+            return SubmitResult(backend_job_id=f"{ns}/{name}")
+        except BackendError as err:
+            cause = err.__cause__
+            if not (isinstance(cause, api.exc) and cause.status == 409):
+                raise
+        # 409: the deterministic name exists. Adopt it if it carries the same gateway id.
+        with self._errors(f"reading Job {ns}/{name}", not_found=f"Job {ns}/{name} vanished during adoption"):
+            existing = self._raw(api.batch.read_namespaced_job, name, ns)
+        owner = (existing["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID)
+        if owner != request.gateway_job_id:
+            raise SubmissionRejected(f"Job {ns}/{name} exists for another gateway job ({owner!r})", backend=self.name)
+        return SubmitResult(backend_job_id=f"{ns}/{name}", adopted=True)
+
+    # -------------------------------------------------------------------- status
+    def _read_job(self, backend_job_id: str) -> dict:
+        api = self._connect()
+        ns, name = self._split(backend_job_id)
+        missing = f"no Job {backend_job_id}"
+        if ns is None:
+            with self._errors("listing Jobs"):
+                items = self._raw(api.batch.list_job_for_all_namespaces, label_selector=MANAGED_SELECTOR,
+                                  field_selector=f"metadata.name={name}")["items"]
+            if not items:
+                raise JobNotFound(missing, backend=self.name)
+            return items[0]
+        with self._errors(f"reading Job {backend_job_id}", not_found=missing):
+            job = self._raw(api.batch.read_namespaced_job, name, ns)
+        if (job["metadata"].get("labels") or {}).get(LABEL_MANAGED) != MANAGED_VALUE:
+            raise JobNotFound(f"Job {backend_job_id} is not managed by the gateway", backend=self.name)
+        return job
+
+    def _workload_for(self, job: dict) -> dict | None:
+        """The Workload owned by this Job (ownerReference uid), via Kueue's job-uid label."""
+        api = self._connect()
+        uid, ns = job["metadata"]["uid"], job["metadata"]["namespace"]
+        with self._errors(f"listing Workloads in {ns}"):
+            items = self._raw(api.custom.list_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, ns,
+                              "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")["items"]
+        owned = [w for w in items if any(o.get("uid") == uid for o in w["metadata"].get("ownerReferences") or [])]
+        return owned[0] if owned else None
+
+    def _pods_for(self, job: dict) -> list[dict]:
+        api = self._connect()
+        uid, ns = job["metadata"]["uid"], job["metadata"]["namespace"]
+        with self._errors(f"listing pods in {ns}"):
+            return self._raw(api.core.list_namespaced_pod, ns, label_selector=f"{POD_JOB_UID_LABEL}={uid}")["items"]
+
+    def _status_of(self, job: dict) -> JobStatus:
+        self._sweep_tombstone(job)
+        suspended = (job.get("spec") or {}).get("suspend")
+        workload = self._workload_for(job)
+        pods = [] if suspended and not (job.get("status") or {}).get("active") else self._pods_for(job)
+        return derive_status(job, workload, pods)
+
+    def status(self, backend_job_id: str) -> JobStatus:
+        return self._status_of(self._read_job(backend_job_id))
+
+    def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
+        api = self._connect()
+        selector = f"{MANAGED_SELECTOR},{LABEL_GATEWAY_ID}={label_value(gateway_job_id)}"
+        with self._errors("listing Jobs"):
+            items = self._raw(api.batch.list_job_for_all_namespaces, label_selector=selector)["items"]
+        for job in items:
+            if (job["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID) == gateway_job_id:
+                return self._status_of(job)
+        return None
+
+    def list_gateway_jobs(self) -> Iterable[JobStatus]:
+        """Every gateway Job, with three list calls in all (Jobs, Workloads, pods)."""
+        api = self._connect()
+        with self._errors("listing Jobs"):
+            jobs = self._raw(api.batch.list_job_for_all_namespaces, label_selector=MANAGED_SELECTOR)["items"]
+        with self._errors("listing Workloads"):
+            wls = self._raw(api.custom.list_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION, "workloads")["items"]
+        with self._errors("listing pods"):
+            pods = self._raw(api.core.list_pod_for_all_namespaces, label_selector=MANAGED_SELECTOR)["items"]
+        wl_by_owner: dict[str, dict] = {}
+        for w in wls:
+            for o in w["metadata"].get("ownerReferences") or []:
+                wl_by_owner[o.get("uid")] = w
+        pods_by_job: dict[str, list[dict]] = {}
+        for p in pods:
+            pods_by_job.setdefault((p["metadata"].get("labels") or {}).get(POD_JOB_UID_LABEL, ""), []).append(p)
+        out = []
+        for job in jobs:
+            self._sweep_tombstone(job)
+            uid = job["metadata"]["uid"]
+            out.append(derive_status(job, wl_by_owner.get(uid), pods_by_job.get(uid, [])))
+        return out
+
+    # -------------------------------------------------------------------- cancel
+    def cancel(self, backend_job_id: str) -> None:
+        """Mark the Job cancelled, keep it as a tombstone, delete it and its pods.
+
+        The annotation + finalizer keep the Job readable (status() says CANCELLED) for
+        ``cancelled_retention_s``; Foreground deletion has the garbage collector remove
+        its pods and its Workload (so Kueue releases the quota) first. The adapter drops
+        the finalizer when it next sees the Job after the retention.
+        """
+        api = self._connect()
+        try:
+            job = self._read_job(backend_job_id)
+        except JobNotFound:
+            return
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        ann = job["metadata"].get("annotations") or {}
+        finished = any(c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+                       for c in (job.get("status") or {}).get("conditions") or [])
+        if not ann.get(ANN_CANCELLED_AT) and not finished:
+            finalizers = list(job["metadata"].get("finalizers") or [])
+            if TOMBSTONE_FINALIZER not in finalizers:
+                finalizers.append(TOMBSTONE_FINALIZER)
+            patch = {"metadata": {
+                "resourceVersion": job["metadata"]["resourceVersion"],  # no lost update
+                "finalizers": finalizers,
+                "annotations": {ANN_CANCELLED_AT: datetime.now(timezone.utc).isoformat()},
+            }}
+            try:
+                with self._errors(f"marking Job {ns}/{name} cancelled", not_found="gone"):
+                    api.batch.patch_namespaced_job(name, ns, patch, _request_timeout=self._t(),
+                                                   _preload_content=False)
+            except JobNotFound:
+                return
+            except BackendError as err:
+                if isinstance(err.__cause__, api.exc) and err.__cause__.status == 409:
+                    return self.cancel(backend_job_id)  # changed under us: read again
+                raise
+        if job["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            with self._errors(f"deleting Job {ns}/{name}", not_found="gone"):
+                api.batch.delete_namespaced_job(name, ns, propagation_policy="Foreground",
+                                                _request_timeout=self._t(), _preload_content=False)
+        except JobNotFound:
+            return
+
+    def _sweep_tombstone(self, job: dict) -> None:
+        """Let a cancelled Job go once its retention is over (drop our finalizer)."""
+        meta = job["metadata"]
+        cancelled = parse_time((meta.get("annotations") or {}).get(ANN_CANCELLED_AT))
+        if not cancelled or TOMBSTONE_FINALIZER not in (meta.get("finalizers") or []):
+            return
+        if (datetime.now(timezone.utc) - cancelled).total_seconds() < self.settings.cancelled_retention_s:
+            return
+        if not meta.get("deletionTimestamp"):
+            return
+        api = self._connect()
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                              "finalizers": [f for f in meta.get("finalizers") or [] if f != TOMBSTONE_FINALIZER]}}
+        with contextlib.suppress(BackendError):
+            with self._errors("releasing a cancelled Job"):
+                api.batch.patch_namespaced_job(meta["name"], meta["namespace"], patch,
+                                               _request_timeout=self._t(), _preload_content=False)
+
+    # ------------------------------------------------------------------ capacity
+    def capacity(self) -> Capacity:
+        api = self._connect()
+        g, cq_name = self.settings.gpu_resource, self.settings.cluster_queue
+        with self._errors(f"reading ClusterQueue {cq_name}"):
+            cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                           "clusterqueues", cq_name)
+        with self._errors("reading nodes"):
+            nodes = self._raw(api.core.list_node)["items"]
+        with self._errors("listing pods"):
+            pods = self._raw(api.core.list_pod_for_all_namespaces,
+                             field_selector="status.phase!=Succeeded,status.phase!=Failed")["items"]
+        nominal = sum(_quantity(r.get("nominalQuota", 0))
+                      for grp in cq.get("spec", {}).get("resourceGroups") or []
+                      for fl in grp.get("flavors") or [] for r in fl.get("resources") or [] if r["name"] == g)
+        reserved = sum(_quantity(r.get("total", 0))
+                       for fl in (cq.get("status") or {}).get("flavorsReservation") or []
+                       for r in fl.get("resources") or [] if r["name"] == g)
+        gpu_nodes = {n["metadata"]["name"]: _quantity(((n.get("status") or {}).get("allocatable") or {}).get(g, 0))
+                     for n in nodes}
+        gpu_nodes = {k: v for k, v in gpu_nodes.items() if v > 0}
+        used: dict[str, float] = {}
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node in gpu_nodes:
+                req = sum(_quantity(((c.get("resources") or {}).get("requests") or {}).get(g, 0))
+                          for c in p["spec"].get("containers") or [])
+                used[node] = used.get(node, 0) + req
+        node_free = sum(max(0.0, cap - used.get(n, 0)) for n, cap in gpu_nodes.items())
+        total = int(min(nominal, sum(gpu_nodes.values()))) if gpu_nodes else 0
+        free = int(max(0.0, min(nominal - reserved, node_free, total)))
+        idle = sum(1 for n in gpu_nodes if used.get(n, 0) == 0)
+        per_node = int(max(gpu_nodes.values())) if gpu_nodes else 0
+        pool = PoolCapacity(
+            pool=cq_name, total_nodes=len(gpu_nodes), idle_nodes=idle, total_gpus=total, free_gpus=free,
+            gpus_per_node=per_node,
+            detail=f"ClusterQueue {cq_name}: {int(reserved)}/{int(nominal)} {g} reserved; "
+                   f"{len(gpu_nodes)} GPU nodes, {idle} idle",
+        )
+        return Capacity(backend=self.name, pools=(pool,))
+
+    # --------------------------------------------------------------------- watch
+    def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None):
+        """Stream JobStatus changes of gateway Jobs (see :class:`watch.JobEventStream`)."""
+        from .watch import JobEventStream
+
+        return JobEventStream(self, stop_event, since_resource_version)

@@ -1,0 +1,124 @@
+"""The batch/v1 Job the adapter creates for one gateway gang (pure functions)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from adapters.base import SubmitRequest
+
+from .settings import KubernetesSettings
+
+GROUP = "isthmus.io"
+LABEL_MANAGED = f"{GROUP}/managed-by"
+MANAGED_VALUE = "isthmus-gateway"
+LABEL_GATEWAY_ID = f"{GROUP}/gateway-job-id"
+LABEL_ACCOUNT = f"{GROUP}/account"
+LABEL_USER = f"{GROUP}/user"
+ANN_GATEWAY_ID = f"{GROUP}/gateway-job-id"
+ANN_ACCOUNT = f"{GROUP}/account"
+ANN_USER = f"{GROUP}/user"
+ANN_NAME = f"{GROUP}/job-name"
+ANN_WORKERS = f"{GROUP}/workers"
+ANN_GPUS_PER_WORKER = f"{GROUP}/gpus-per-worker"
+ANN_CANCELLED_AT = f"{GROUP}/cancelled-at"
+TOMBSTONE_FINALIZER = f"{GROUP}/cancel-tombstone"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+RESERVED_PREFIXES = (f"{GROUP}/managed-by", f"{GROUP}/gateway-job-id", f"{GROUP}/account",
+                     f"{GROUP}/user", "kueue.x-k8s.io/", "batch.kubernetes.io/")
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _digest(value: str, n: int = 10) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:n]
+
+
+def label_value(value: str) -> str:
+    """``value`` if it is a valid label value, else a stable digest of it."""
+    if len(value) <= 63 and _LABEL_VALUE.match(value):
+        return value
+    return "h-" + _digest(value, 40)
+
+
+def job_name(gateway_job_id: str) -> str:
+    """Deterministic DNS-1123 Job name: a re-submit hits 409 and adopts, never duplicates.
+
+    The digest keeps ids that differ only in case or punctuation apart.
+    """
+    slug = re.sub(r"[^a-z0-9-]+", "-", gateway_job_id.lower()).strip("-")[:36].strip("-")
+    return f"isthmus-{slug}-{_digest(gateway_job_id, 8)}" if slug else f"isthmus-{_digest(gateway_job_id, 16)}"
+
+
+def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str, Any]:
+    """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker."""
+    labels = {k: v for k, v in request.labels.items() if not k.startswith(RESERVED_PREFIXES)}
+    labels.update({
+        LABEL_MANAGED: MANAGED_VALUE,
+        LABEL_GATEWAY_ID: label_value(request.gateway_job_id),
+        LABEL_ACCOUNT: label_value(request.account),
+        LABEL_USER: label_value(request.user),
+    })
+    job_labels = dict(labels)
+    job_labels[KUEUE_QUEUE_LABEL] = settings.local_queue
+    priority_class = settings.priority_class_for(request.priority)
+    if priority_class:
+        job_labels[KUEUE_PRIORITY_LABEL] = priority_class
+    annotations = {
+        ANN_GATEWAY_ID: request.gateway_job_id,
+        ANN_ACCOUNT: request.account,
+        ANN_USER: request.user,
+        ANN_NAME: request.name,
+        ANN_WORKERS: str(request.workers),
+        ANN_GPUS_PER_WORKER: str(request.gpus_per_worker),
+    }
+    resources: dict[str, str] = {
+        "cpu": str(request.cpus_per_worker),
+        "memory": f"{request.memory_mib_per_worker}Mi",
+    }
+    if request.gpus_per_worker:
+        resources[settings.gpu_resource] = str(request.gpus_per_worker)
+    env = [{"name": k, "value": str(v)} for k, v in request.env.items()]
+    env += [
+        {"name": "ISTHMUS_GATEWAY_JOB_ID", "value": request.gateway_job_id},
+        {"name": "ISTHMUS_WORKERS", "value": str(request.workers)},
+    ]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": "worker",
+            "image": request.image or settings.default_image,
+            "command": list(request.command),  # argv, no shell
+            "env": env,
+            # requests == limits: GPUs must be, and a gang worker should not be throttled.
+            "resources": {"requests": resources, "limits": dict(resources)},
+        }],
+    }
+    if request.gpu_type:
+        pod_spec["nodeSelector"] = {settings.gpu_type_label: request.gpu_type}
+    spec: dict[str, Any] = {
+        "suspend": True,  # Kueue unsuspends on admission; the webhooks are not relied on
+        "completionMode": "Indexed",
+        "completions": request.workers,
+        "parallelism": request.workers,
+        "backoffLimit": settings.backoff_limit,
+        "template": {"metadata": {"labels": labels, "annotations": dict(annotations)}, "spec": pod_spec},
+    }
+    if request.time_limit_s and request.time_limit_s > 0:
+        # Counts from the (last) unsuspension, i.e. admission; a queued job does not age.
+        spec["activeDeadlineSeconds"] = int(request.time_limit_s)
+    if settings.ttl_after_finished_s is not None:
+        spec["ttlSecondsAfterFinished"] = settings.ttl_after_finished_s
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(request.gateway_job_id),
+            "namespace": settings.namespace_for(request.account),
+            "labels": job_labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,105 @@
+"""Plain settings for the Kubernetes+Kueue backend (no gateway imports)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_PREFIX = "ISTHMUS_KUBE_"
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesSettings:
+    """How the adapter reaches the cluster and maps gateway concepts onto Kueue.
+
+    Attributes:
+        kubeconfig: path of a kubeconfig file; None means in-cluster config when running
+            in a pod, else the client's default kubeconfig.
+        context: kubeconfig context; None means its current-context.
+        namespace_template: namespace of an account's Jobs, ``{account}`` substituted.
+        namespaces: explicit account -> namespace overrides (win over the template).
+        local_queue: the LocalQueue name in every account namespace.
+        cluster_queue: the ClusterQueue behind those LocalQueues (capacity, fit checks).
+        priority_classes: gateway priority threshold -> WorkloadPriorityClass. A request
+            gets the class of the largest threshold <= its priority (the lowest class if
+            below every threshold). Empty: no priority label.
+        backoff_limit: Job backoffLimit; 0 = one failed worker fails the gang.
+        request_timeout_s: per API request (connect+read).
+        default_image: image when the request has none (kwok runs no containers).
+        ttl_after_finished_s: finished Jobs are garbage-collected after this long.
+        cancelled_retention_s: a cancelled Job stays visible (as CANCELLED) this long.
+        gpu_resource: the extended resource name of a GPU.
+        gpu_type_label: node label matched against SubmitRequest.gpu_type.
+    """
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace_template: str = "isthmus-{account}"
+    namespaces: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    local_queue: str = "isthmus"
+    cluster_queue: str = "isthmus-gpu"
+    priority_classes: Mapping[int, str] = dataclasses.field(
+        default_factory=lambda: {-1: "isthmus-low", 0: "isthmus-normal", 1: "isthmus-high"}
+    )
+    backoff_limit: int = 0
+    request_timeout_s: float = 10.0
+    default_image: str = "isthmus/placeholder:latest"
+    ttl_after_finished_s: int | None = 86400
+    cancelled_retention_s: int = 300
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_type_label: str = "nvidia.com/gpu.product"
+
+    def namespace_for(self, account: str) -> str:
+        return self.namespaces.get(account) or self.namespace_template.format(account=account)
+
+    def priority_class_for(self, priority: int) -> str | None:
+        if not self.priority_classes:
+            return None
+        thresholds = sorted(self.priority_classes)
+        chosen = thresholds[0]
+        for t in thresholds:
+            if t <= priority:
+                chosen = t
+        return self.priority_classes[chosen]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, env_file: str | Path | None = None,
+                 **overrides) -> KubernetesSettings:
+        """Settings from ``ISTHMUS_KUBE_*`` variables (and KUBECONFIG), optionally read
+        from a KEY=VALUE file such as the one ``stack/kube/up.sh`` writes."""
+        values: dict[str, str] = {}
+        if env_file is not None:
+            values.update(read_env_file(env_file))
+        values.update(env if env is not None else os.environ)
+        kw: dict = {}
+        if values.get("KUBECONFIG"):
+            kw["kubeconfig"] = values["KUBECONFIG"]
+        simple = {
+            "CONTEXT": ("context", str), "NAMESPACE_TEMPLATE": ("namespace_template", str),
+            "LOCAL_QUEUE": ("local_queue", str), "CLUSTER_QUEUE": ("cluster_queue", str),
+            "BACKOFF_LIMIT": ("backoff_limit", int), "REQUEST_TIMEOUT_S": ("request_timeout_s", float),
+            "DEFAULT_IMAGE": ("default_image", str), "CANCELLED_RETENTION_S": ("cancelled_retention_s", int),
+        }
+        for key, (field, conv) in simple.items():
+            if values.get(ENV_PREFIX + key):
+                kw[field] = conv(values[ENV_PREFIX + key])
+        if values.get(ENV_PREFIX + "PRIORITY_CLASSES"):  # "-1:low,0:normal,1:high"
+            kw["priority_classes"] = {
+                int(k): v for k, v in (p.split(":", 1) for p in values[ENV_PREFIX + "PRIORITY_CLASSES"].split(","))
+            }
+        if values.get(ENV_PREFIX + "NAMESPACE_MAP"):  # "acct=ns,acct2=ns2"
+            kw["namespaces"] = dict(p.split("=", 1) for p in values[ENV_PREFIX + "NAMESPACE_MAP"].split(","))
+        kw.update(overrides)
+        return cls(**kw)
+
+
+def read_env_file(path: str | Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out

@@ -1,0 +1,137 @@
+"""Watch-based change feed for the gateway's reconciler (no busy polling).
+
+Two watches, on gateway Jobs (label selector) and on Kueue Workloads, run in daemon
+threads and feed one queue. Each event re-derives the owning Job's status; a status is
+yielded only when it changed. A dropped watch resumes from its last resourceVersion; a
+410 Gone (history compacted) re-lists, yields every current status, and watches from
+the list's resourceVersion.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from adapters.base import BackendError, JobNotFound, JobStatus
+
+from .render import LABEL_MANAGED, MANAGED_VALUE
+
+if TYPE_CHECKING:
+    from .backend import KubernetesBackend
+
+WATCH_TIMEOUT_S = 55  # server-side; the watch is re-opened from the last resourceVersion
+
+
+class _Gone(Exception):
+    pass
+
+
+class JobEventStream:
+    """Iterator of :class:`JobStatus`; ``resource_version`` is where to resume from."""
+
+    def __init__(self, backend: KubernetesBackend, stop_event: threading.Event,
+                 since_resource_version: str | None = None):
+        self.backend = backend
+        self.stop_event = stop_event
+        self.resource_version = since_resource_version
+        self.relists = 0
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._last: dict[str, tuple] = {}
+        self._threads = [
+            threading.Thread(target=self._run, args=("jobs", since_resource_version), daemon=True),
+            threading.Thread(target=self._run, args=("workloads", since_resource_version), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # One thread per resource kind.
+    def _list_and_watch_args(self, kind: str):
+        api = self.backend._connect()
+        if kind == "jobs":
+            return (api.batch.list_job_for_all_namespaces, (),
+                    {"label_selector": f"{LABEL_MANAGED}={MANAGED_VALUE}"})
+        from .backend import KUEUE_GROUP, KUEUE_VERSION
+        return (api.custom.list_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, "workloads"), {})
+
+    def _run(self, kind: str, rv: str | None) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        fn, args, kwargs = self._list_and_watch_args(kind)
+        backoff = 0.5
+        while not self.stop_event.is_set():
+            try:
+                if rv is None:
+                    listing = self.backend._raw(fn, *args, **kwargs)
+                    rv = listing["metadata"]["resourceVersion"]
+                    for obj in listing["items"]:
+                        self._queue.put((kind, obj))
+                    self._queue.put(("rv", (kind, rv)))
+                w = watch.Watch()
+                for ev in w.stream(fn, *args, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S,
+                                   allow_watch_bookmarks=True, _request_timeout=WATCH_TIMEOUT_S + 10, **kwargs):
+                    if self.stop_event.is_set():
+                        w.stop()
+                        return
+                    obj = ev["raw_object"]
+                    if ev["type"] == "ERROR":
+                        if obj.get("code") == 410:
+                            raise _Gone()
+                        raise RuntimeError(obj.get("message"))
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    if ev["type"] != "BOOKMARK":
+                        self._queue.put((kind, obj))
+                    self._queue.put(("rv", (kind, rv)))
+                backoff = 0.5
+            except _Gone:
+                rv = None
+                self.relists += 1
+            except ApiException as exc:
+                if exc.status == 410:
+                    rv, self.relists = None, self.relists + 1
+                else:
+                    self.stop_event.wait(backoff)
+                    backoff = min(backoff * 2, 10)
+            except Exception:  # connection dropped: resume from rv after a pause
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10)
+
+    def _job_id_for(self, kind: str, obj: dict) -> str | None:
+        meta = obj.get("metadata") or {}
+        if kind == "jobs":
+            return f"{meta['namespace']}/{meta['name']}"
+        for o in meta.get("ownerReferences") or []:
+            if o.get("kind") == "Job" and o.get("name", "").startswith("isthmus-"):
+                return f"{meta['namespace']}/{o['name']}"
+        return None
+
+    def __iter__(self) -> Iterator[JobStatus]:
+        return self
+
+    def __next__(self) -> JobStatus:
+        while not self.stop_event.is_set():
+            try:
+                kind, obj = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if kind == "rv":
+                if obj[0] == "jobs":
+                    self.resource_version = obj[1]
+                continue
+            job_id = self._job_id_for(kind, obj)
+            if job_id is None:
+                continue
+            try:
+                status = self.backend.status(job_id)
+            except JobNotFound:
+                continue
+            except BackendError:
+                continue  # transient; the next event for this job re-derives it
+            key = (status.state, status.reason, status.allocated_gpus, status.exit_code)
+            if self._last.get(job_id) == key:
+                continue
+            self._last[job_id] = key
+            return status
+        raise StopIteration

@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# Start the local Kubernetes control plane with Kueue and kwok fake GPU nodes, as plain
+# processes (no container engine): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, the Kueue manager and kwok. Idempotent: running processes are kept,
+# objects are server-side applied. State (pids, logs, certs, data) under
+# <repo>/.stack/kube/; connection settings in <repo>/.stack/kube/env.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+STATE="$REPO/.stack/kube"
+CACHE="${ISTHMUS_CACHE:-/var/cache/isthmus}/kube"
+source "$HERE/versions.sh"
+
+API_PORT="${ISTHMUS_KUBE_API_PORT:-16443}"
+ETCD_PORT="${ISTHMUS_KUBE_ETCD_PORT:-12379}"
+WEBHOOK_PORT="${ISTHMUS_KUBE_WEBHOOK_PORT:-16446}"
+ACCOUNTS="${ISTHMUS_KUBE_ACCOUNTS:-team-a team-b team-c}"   # one namespace + LocalQueue each
+NS_PREFIX="${ISTHMUS_KUBE_NS_PREFIX:-isthmus-}"
+CLUSTER_QUEUE="${ISTHMUS_KUBE_CLUSTER_QUEUE:-isthmus-gpu}"
+LOCAL_QUEUE="${ISTHMUS_KUBE_LOCAL_QUEUE:-isthmus}"
+NODES="${ISTHMUS_KUBE_NODES:-4}"
+GPUS_PER_NODE="${ISTHMUS_KUBE_GPUS_PER_NODE:-8}"
+GPU_QUOTA="${ISTHMUS_KUBE_GPU_QUOTA:-32}"
+TIMEOUT_S="${ISTHMUS_KUBE_UP_TIMEOUT_S:-180}"
+
+mkdir -p "$STATE"/{pids,logs,certs,kueue-certs}
+say() { echo "[kube up] $*"; }
+
+# Tools a fresh Debian 12 may lack.
+need=(); for t in openssl curl; do command -v "$t" >/dev/null || need+=("$t"); done
+if ((${#need[@]})); then apt-get update -qq && apt-get install -y -qq "${need[@]}"; fi
+
+"$HERE/build.sh" > "$STATE/logs/build.log" 2>&1 || { tail -30 "$STATE/logs/build.log"; exit 1; }
+bin() { echo "$CACHE/$1-$2/$1"; }
+ETCD="$(ls -d "$CACHE"/etcd-*/etcd | tail -1)"
+APISERVER="$(bin kube-apiserver "$K8S_VERSION")"; KCM="$(bin kube-controller-manager "$K8S_VERSION")"
+SCHED="$(bin kube-scheduler "$K8S_VERSION")"; KUEUE="$(bin kueue "$KUEUE_VERSION")"; KWOK="$(bin kwok "$KWOK_VERSION")"
+CRDS="$CACHE/kueue-$KUEUE_VERSION/crd"
+
+# ------------------------------------------------------------------------ certs
+C="$STATE/certs"
+if [[ ! -f "$C/admin.crt" ]]; then
+  say "generating CA and certificates"
+  (
+    cd "$C"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=isthmus-local-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    cat > san.cnf <<SAN
+[ext]
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+keyUsage=digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+[client]
+keyUsage=digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth
+SAN
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout apiserver.key -out apiserver.csr 2>/dev/null
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile san.cnf -extensions ext -out apiserver.crt 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=isthmus-admin" -keyout admin.key -out admin.csr 2>/dev/null
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile san.cnf -extensions client -out admin.crt 2>/dev/null
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    rm -f ./*.csr
+  )
+fi
+KUBECONFIG_FILE="$STATE/kubeconfig"
+cat > "$KUBECONFIG_FILE" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: isthmus-local
+  cluster: {server: "https://127.0.0.1:$API_PORT", certificate-authority: "$C/ca.crt"}
+users:
+- name: isthmus-admin
+  user: {client-certificate: "$C/admin.crt", client-key: "$C/admin.key"}
+contexts:
+- name: isthmus-local
+  context: {cluster: isthmus-local, user: isthmus-admin}
+current-context: isthmus-local
+KC
+
+# -------------------------------------------------------------------- processes
+alive() { [[ -f "$STATE/pids/$1.pid" ]] && kill -0 "$(cat "$STATE/pids/$1.pid")" 2>/dev/null; }
+start() { # name cmd... ; keeps a running one
+  local name=$1; shift
+  if alive "$name"; then return 0; fi
+  say "starting $name"
+  setsid nohup "$@" >> "$STATE/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$STATE/pids/$name.pid"
+}
+wait_until() { # description command...
+  local what=$1; shift; local deadline=$((SECONDS + TIMEOUT_S))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then say "timed out waiting for $what"; exit 1; fi
+    sleep 0.5
+  done
+}
+api() { curl -sS --fail --max-time 30 --cacert "$C/ca.crt" --cert "$C/admin.crt" --key "$C/admin.key" "$@"; }
+URL="https://127.0.0.1:$API_PORT"
+apply() { # api-path [file]; server-side apply, idempotent
+  api -X PATCH "$URL$1?fieldManager=isthmus-stack&force=true" \
+    -H "Content-Type: application/apply-patch+yaml" --data-binary @"${2:--}" > /dev/null
+}
+
+start etcd "$ETCD" --name default --data-dir "$STATE/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+  --initial-cluster "default=http://127.0.0.1:$((ETCD_PORT + 1))" \
+  --listen-metrics-urls "http://127.0.0.1:$((ETCD_PORT + 2))" --unsafe-no-fsync
+wait_until etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+
+start kube-apiserver "$APISERVER" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+  --tls-cert-file "$C/apiserver.crt" --tls-private-key-file "$C/apiserver.key" \
+  --client-ca-file "$C/ca.crt" --authorization-mode Node,RBAC \
+  --service-account-key-file "$C/sa.pub" --service-account-signing-key-file "$C/sa.key" \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true --profiling=false \
+  --cert-dir "$STATE/certs/apiserver-generated"
+wait_until kube-apiserver api "$URL/readyz"
+
+start kube-controller-manager "$KCM" --kubeconfig "$KUBECONFIG_FILE" \
+  --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
+  --bind-address 127.0.0.1 --secure-port 16444 --leader-elect=false \
+  --service-account-private-key-file "$C/sa.key" --root-ca-file "$C/ca.crt" \
+  --cluster-signing-cert-file "$C/ca.crt" --cluster-signing-key-file "$C/ca.key" \
+  --use-service-account-credentials=false --controllers '*' --concurrent-job-syncs 10 \
+  --cert-dir "$STATE/certs/kcm-generated"
+start kube-scheduler "$SCHED" --kubeconfig "$KUBECONFIG_FILE" \
+  --authentication-kubeconfig "$KUBECONFIG_FILE" --authorization-kubeconfig "$KUBECONFIG_FILE" \
+  --bind-address 127.0.0.1 --secure-port 16445 --leader-elect=false \
+  --cert-dir "$STATE/certs/scheduler-generated"
+
+# Kueue: CRDs, namespace, empty cert Secret and inert placeholder webhooks first (its
+# internal cert manager fills the Secret and CA bundles; the webhooks stay inert).
+for f in "$CRDS"/*.yaml; do
+  name=$(awk '/^metadata:/{m=1} m && /^  name:/{print $2; exit}' "$f")
+  if ! api "$URL/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name" >/dev/null 2>&1; then
+    apply "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name" "$f"
+  fi
+done
+apply /api/v1/namespaces/kueue-system <<Y
+apiVersion: v1
+kind: Namespace
+metadata: {name: kueue-system}
+Y
+if ! api "$URL/api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert" >/dev/null 2>&1; then
+  apply /api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert <<Y
+apiVersion: v1
+kind: Secret
+metadata: {name: kueue-webhook-server-cert, namespace: kueue-system}
+Y
+fi
+for kind in validating mutating; do
+  K=$([[ $kind == validating ]] && echo ValidatingWebhookConfiguration || echo MutatingWebhookConfiguration)
+  apply "/apis/admissionregistration.k8s.io/v1/${kind}webhookconfigurations/kueue-$kind-webhook-configuration" <<Y
+apiVersion: admissionregistration.k8s.io/v1
+kind: $K
+metadata: {name: kueue-$kind-webhook-configuration}
+webhooks:
+- name: placeholder.kueue.x-k8s.io
+  clientConfig: {service: {name: kueue-webhook-service, namespace: kueue-system, path: /placeholder}}
+  rules: []
+  failurePolicy: Ignore
+  sideEffects: None
+  admissionReviewVersions: [v1]
+Y
+done
+for f in "$CRDS"/*.yaml; do
+  name=$(awk '/^metadata:/{m=1} m && /^  name:/{print $2; exit}' "$f")
+  wait_until "CRD $name" bash -c "curl -sf --cacert '$C/ca.crt' --cert '$C/admin.crt' --key '$C/admin.key' \
+    '$URL/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name' | grep -q '\"type\": \"Established\",\s*\"status\": \"True\"' \
+    || curl -sf --cacert '$C/ca.crt' --cert '$C/admin.crt' --key '$C/admin.key' \
+    '$URL/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name' | tr -d ' \n' | grep -q '\"type\":\"Established\",\"status\":\"True\"'"
+done
+
+cat > "$STATE/kueue-config.yaml" <<Y
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health: {healthProbeBindAddress: "0"}
+metrics: {bindAddress: "0"}
+webhook: {port: $WEBHOOK_PORT, certDir: "$STATE/kueue-certs"}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: true}
+integrations: {frameworks: ["batch/job"]}
+Y
+start kueue env KUBECONFIG="$KUBECONFIG_FILE" "$KUEUE" --config="$STATE/kueue-config.yaml" --zap-log-level=info
+start kwok "$KWOK" --kubeconfig "$KUBECONFIG_FILE" --manage-all-nodes=false \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --config "$HERE/kwok-stages.yaml" --cidr 10.244.0.1/16 --node-ip 10.243.0.1
+
+# ---------------------------------------------------------------------- objects
+for i in $(seq 1 "$NODES"); do
+  n="kwok-gpu-$i"
+  apply "/api/v1/nodes/$n" <<Y
+apiVersion: v1
+kind: Node
+metadata:
+  name: $n
+  annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
+  labels: {kubernetes.io/hostname: $n, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok, isthmus.io/gpu: "true"}
+Y
+  apply "/api/v1/nodes/$n/status" <<Y
+apiVersion: v1
+kind: Node
+metadata: {name: $n}
+status:
+  capacity: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
+  allocatable: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
+Y
+done
+
+wait_until "Kueue webhook certificate" bash -c "api() { curl -sf --cacert '$C/ca.crt' --cert '$C/admin.crt' --key '$C/admin.key' \"\$@\"; }; \
+  api '$URL/api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert' | grep -q tls.crt"
+
+apply "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/isthmus-gpu-flavor" <<Y
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata: {name: isthmus-gpu-flavor}
+spec: {}
+Y
+apply "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$CLUSTER_QUEUE" <<Y
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: $CLUSTER_QUEUE}
+spec:
+  namespaceSelector: {}
+  queueingStrategy: BestEffortFIFO
+  preemption: {withinClusterQueue: LowerPriority}
+  resourceGroups:
+  - coveredResources: [cpu, memory, nvidia.com/gpu]
+    flavors:
+    - name: isthmus-gpu-flavor
+      resources:
+      - {name: cpu, nominalQuota: "$((NODES * 32))"}
+      - {name: memory, nominalQuota: "$((NODES * 256))Gi"}
+      - {name: nvidia.com/gpu, nominalQuota: "$GPU_QUOTA"}
+Y
+# The gateway's priority levels (adapter default mapping: <0 low, 0 normal, >0 high).
+for pc in "isthmus-low 100" "isthmus-normal 1000" "isthmus-high 10000"; do
+  set -- $pc
+  apply "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/$1" <<Y
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: WorkloadPriorityClass
+metadata: {name: $1}
+value: $2
+description: "Isthmus gateway priority level $1"
+Y
+done
+namespaces=()
+for a in $ACCOUNTS; do
+  ns="$NS_PREFIX$a"; namespaces+=("$ns")
+  apply "/api/v1/namespaces/$ns" <<Y
+apiVersion: v1
+kind: Namespace
+metadata: {name: $ns, labels: {isthmus.io/account: $a}}
+Y
+  apply "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/$LOCAL_QUEUE" <<Y
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata: {name: $LOCAL_QUEUE, namespace: $ns}
+spec: {clusterQueue: $CLUSTER_QUEUE}
+Y
+done
+
+# ---------------------------------------------------------------------- readiness
+ready_cond() { api "$URL$1" | tr -d ' \n' | grep -q "\"type\":\"$2\",\"status\":\"True\"\|\"status\":\"True\",[^}]*\"type\":\"$2\""; }
+export -f ready_cond api; export URL C
+for i in $(seq 1 "$NODES"); do wait_until "node kwok-gpu-$i Ready" ready_cond "/api/v1/nodes/kwok-gpu-$i" Ready; done
+wait_until "ClusterQueue $CLUSTER_QUEUE active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$CLUSTER_QUEUE" Active
+for ns in "${namespaces[@]}"; do
+  wait_until "LocalQueue $ns/$LOCAL_QUEUE active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/$LOCAL_QUEUE" Active
+  wait_until "ServiceAccount $ns/default" api "$URL/api/v1/namespaces/$ns/serviceaccounts/default"
+done
+
+cat > "$STATE/env" <<ENV
+KUBECONFIG=$KUBECONFIG_FILE
+ISTHMUS_KUBE_API=$URL
+ISTHMUS_KUBE_CLUSTER_QUEUE=$CLUSTER_QUEUE
+ISTHMUS_KUBE_LOCAL_QUEUE=$LOCAL_QUEUE
+ISTHMUS_KUBE_NAMESPACE_TEMPLATE=${NS_PREFIX}{account}
+ISTHMUS_KUBE_ACCOUNTS=$(echo $ACCOUNTS | tr ' ' ',')
+ISTHMUS_KUBE_NAMESPACES=$(IFS=,; echo "${namespaces[*]}")
+ISTHMUS_KUBE_PRIORITY_CLASSES=-1:isthmus-low,0:isthmus-normal,1:isthmus-high
+ISTHMUS_KUBE_NODES=$NODES
+ISTHMUS_KUBE_GPUS_PER_NODE=$GPUS_PER_NODE
+ISTHMUS_KUBE_GPU_QUOTA=$GPU_QUOTA
+ISTHMUS_KUBE_STATE_DIR=$STATE
+ENV
+say "ready: $URL (env: $STATE/env)"
