@@ -1,7 +1,8 @@
 """Import every model module so ``Base.metadata`` is complete (Alembic, tests)."""
 
-from gateway.accounts.models import Account  # noqa: F401
+from gateway.accounts.models import Account, AccountMember, AccountQuota  # noqa: F401
 from gateway.jobs.models import IdempotencyKey, Job, JobEvent  # noqa: F401
 from gateway.kit.db import Base  # noqa: F401
+from gateway.ledger.models import AccountBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket  # noqa: F401,E501
 
 metadata = Base.metadata

@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     default_time_limit_s: int = Field(default=3600, ge=60)
     max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
 
+    fairshare_half_life_s: int = Field(default=7 * 24 * 3600, ge=60, le=10 * 365 * 24 * 3600)  # docs/ledger.md
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
