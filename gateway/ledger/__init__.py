@@ -1,0 +1,1 @@
+"""The quota ledger: append-only entries, materialised balances, admission, fair share."""
