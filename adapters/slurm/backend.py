@@ -1,0 +1,234 @@
+"""SlurmBackend: the contract in adapters/base.py over a REST or CLI transport."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Literal
+
+from adapters.base import (
+    Backend,
+    BackendUnavailable,
+    Capacity,
+    Feature,
+    JobNotFound,
+    JobStatus,
+    SubmissionRejected,
+    SubmitRequest,
+    SubmitResult,
+    register,
+)
+from adapters.slurm import parse
+from adapters.slurm.errors import AmbiguousSubmit
+from adapters.slurm.script import build_spec
+from adapters.slurm.token import KeyTokenSource, TokenSource
+from adapters.slurm.transport import Transport
+
+AccountMap = Mapping[str, str] | Callable[[str], str | None] | Literal["same"] | None
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmSettings:
+    """Plain settings; the gateway builds these from its own configuration.
+
+    Attributes:
+        transport: "rest" (slurmrestd, preferred) or "cli" (sbatch/squeue/scancel).
+        rest_url: slurmrestd base URL, e.g. ``http://127.0.0.1:16820``.
+        jwt_key_path: the cluster's HS256 key; the adapter signs short-lived tokens
+            for ``jwt_user`` with it. Alternatively pass ``token``.
+        token: a token string or a callable returning one (e.g. ``scontrol token``
+            output refreshed elsewhere), used instead of ``jwt_key_path``.
+        jwt_user: identity the token is for; must be SlurmUser (or root) so that
+            ``X-SLURM-USER-NAME`` may name the job's user.
+        api_version: force one of v0.0.38/40/41/42 instead of negotiating.
+        partition: the partition jobs go to.
+        account_map: gateway account -> Slurm account. None: submit without an account;
+            "same": use the gateway account; a dict or callable for anything else
+            (a dict without the key, or a callable returning None, rejects the job).
+        work_dir: job working directory, writable by every mapped user; output goes
+            to ``<work_dir>/slurm-<jobid>.out``.
+        slurm_conf: SLURM_CONF for the CLI transport.
+        cli_prefix: argv (or shell-style string) put before every command, e.g.
+            ``chroot /var/cache/isthmus/slurm-24.11/root``.
+        cli_admin_user: user for CLI queries and scancel (None: the gateway's user).
+        job_environment: base environment of every job (REST ``environment``; CLI:
+            the environment sbatch exports). The request's env is added in the script.
+        timeout_s / connect_timeout_s: per call.
+    """
+
+    transport: Literal["rest", "cli", "pyslurm"] = "rest"
+    rest_url: str = ""
+    jwt_key_path: str | None = None
+    token: str | Callable[[], str] | None = None
+    jwt_user: str = "slurm"
+    api_version: str | None = None
+    partition: str = "gpu"
+    account_map: AccountMap = None
+    work_dir: str = "/tmp"
+    slurm_conf: str | None = None
+    cli_prefix: tuple[str, ...] | str = ()
+    cli_admin_user: str | None = None
+    job_environment: Mapping[str, str] = dataclasses.field(
+        default_factory=lambda: {"PATH": DEFAULT_PATH})
+    timeout_s: float = 10.0
+    connect_timeout_s: float = 3.0
+
+    @classmethod
+    def from_env_file(cls, path: str | Path, **overrides) -> SlurmSettings:
+        """Settings for a local cluster from the env file stack/slurm/up.sh writes."""
+        env = read_env_file(path)
+        base: dict = {
+            "rest_url": env["SLURMRESTD_URL"],
+            "jwt_key_path": env["SLURM_JWT_KEY"],
+            "jwt_user": env.get("SLURM_JWT_USER", "slurm"),
+            "partition": env.get("SLURM_PARTITION", "gpu"),
+            "work_dir": env["SLURM_WORK_DIR"],
+            "slurm_conf": env["SLURM_CONF"],
+            "cli_prefix": tuple(shlex.split(env.get("SLURM_CLI_PREFIX", ""))),
+            # srun inside the job must find this cluster's (non-default) slurm.conf.
+            "job_environment": {"PATH": DEFAULT_PATH, "SLURM_CONF": env["SLURM_CONF"]},
+        }
+        base.update(overrides)
+        return cls(**base)
+
+
+def read_env_file(path: str | Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, raw = line.split("=", 1)
+        words = shlex.split(raw)
+        out[key] = words[0] if words else ""
+    return out
+
+
+def make_transport(settings: SlurmSettings) -> Transport:
+    if settings.transport == "rest":
+        from adapters.slurm.rest import RestTransport  # httpx only when used
+
+        if settings.token is not None:
+            tok = settings.token
+            source: TokenSource = tok if callable(tok) else (lambda: tok)  # type: ignore[assignment]
+        elif settings.jwt_key_path:
+            source = KeyTokenSource(settings.jwt_key_path, username=settings.jwt_user)
+        else:
+            raise ValueError("REST transport needs jwt_key_path or token")
+        return RestTransport(settings.rest_url, source, token_user=settings.jwt_user,
+                             timeout_s=settings.timeout_s,
+                             connect_timeout_s=settings.connect_timeout_s,
+                             api_version=settings.api_version)
+    if settings.transport == "cli":
+        from adapters.slurm.cli import CliTransport
+
+        return CliTransport(slurm_conf=settings.slurm_conf, prefix=settings.cli_prefix,
+                            timeout_s=max(settings.timeout_s, 30.0),
+                            admin_user=settings.cli_admin_user)
+    if settings.transport == "pyslurm":
+        from adapters.slurm.pyslurm_transport import PyslurmTransport
+
+        return PyslurmTransport()
+    raise ValueError(f"unknown Slurm transport {settings.transport!r}")
+
+
+@register
+class SlurmBackend(Backend):
+    """A Slurm cluster (one partition) behind the gateway."""
+
+    name = "slurm"
+    unsupported_features = {
+        Feature.CONTAINER_IMAGE: "this Slurm pool runs commands on the nodes' own OS; "
+                                 "container images are not configured (no pyxis/enroot)",
+        Feature.PRIORITY: "Slurm orders jobs by the site's priority policy; the gateway "
+                          "does not override it",
+        Feature.WATCH: "Slurm has no change feed; the gateway polls status()",
+    }
+
+    def __init__(self, settings: SlurmSettings | None = None, *, transport: Transport | None = None,
+                 **kwargs):
+        self.settings = settings or SlurmSettings(**kwargs)
+        self._transport = transport or make_transport(self.settings)
+        # How long submit() looks for a job whose submission answer was lost.
+        self.reconcile_delays_s: tuple[float, ...] = (0.5, 1.0, 2.0)
+
+    @property
+    def transport(self) -> Transport:
+        return self._transport
+
+    # ------------------------------------------------------------------ helpers
+
+    def _slurm_account(self, account: str) -> str | None:
+        amap = self.settings.account_map
+        if amap is None:
+            return None
+        if amap == "same":
+            return account
+        mapped = amap(account) if callable(amap) else amap.get(account)  # type: ignore[union-attr]
+        if not mapped:
+            raise SubmissionRejected(f"no Slurm account is mapped for account {account!r}",
+                                     backend=self.name)
+        return mapped
+
+    # --------------------------------------------------------------- contract
+
+    def submit(self, request: SubmitRequest) -> SubmitResult:
+        self.check_supported(request)
+        existing = self.find_by_gateway_id(request.gateway_job_id)
+        if existing is not None:
+            return SubmitResult(existing.backend_job_id, adopted=True)
+        spec = build_spec(request, partition=self.settings.partition,
+                          account=self._slurm_account(request.account),
+                          work_dir=self.settings.work_dir)
+        try:
+            return SubmitResult(self._transport.submit(spec, self.settings.job_environment))
+        except AmbiguousSubmit as exc:
+            # The request left; the job may exist. Look before anyone retries, so a
+            # lost answer never turns into a second job.
+            for delay in self.reconcile_delays_s:
+                time.sleep(delay)
+                try:
+                    found = self.find_by_gateway_id(request.gateway_job_id)
+                except BackendUnavailable:
+                    continue
+                if found is not None:
+                    return SubmitResult(found.backend_job_id, adopted=False)
+            raise BackendUnavailable(
+                f"submission outcome unknown ({exc.message}); retrying submit() adopts the "
+                f"job if it was created", backend=self.name) from exc
+
+    def status(self, backend_job_id: str) -> JobStatus:
+        if not str(backend_job_id).isdigit():
+            raise JobNotFound(f"{backend_job_id!r} is not a Slurm job id", backend=self.name)
+        record = self._transport.job(str(backend_job_id))
+        if record is None:
+            raise JobNotFound(
+                f"Slurm job {backend_job_id} is unknown to slurmctld (finished jobs are "
+                f"kept only for MinJobAge)", backend=self.name)
+        return parse.job_status(record)
+
+    def cancel(self, backend_job_id: str) -> None:
+        if not str(backend_job_id).isdigit():
+            return
+        self._transport.cancel(str(backend_job_id))
+
+    def capacity(self) -> Capacity:
+        return Capacity(backend=self.name, pools=tuple(parse.pool_capacity(self._transport.nodes())))
+
+    def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
+        comment = parse.GATEWAY_COMMENT_PREFIX + gateway_job_id
+        matches = [r for r in self._transport.jobs() if (r.get("comment") or "") == comment]
+        if not matches:
+            return None
+        newest = max(matches, key=lambda r: parse.number(r.get("job_id")) or 0)
+        return parse.job_status(newest)
+
+    def list_gateway_jobs(self) -> Iterable[JobStatus]:
+        return [parse.job_status(r) for r in self._transport.jobs() if parse.gateway_id_of(r)]
+
+    def close(self) -> None:
+        self._transport.close()

@@ -1,0 +1,146 @@
+"""CLI transport: sbatch/squeue/scancel run as the target user, argv lists only."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from adapters.base import BackendUnavailable, JobNotFound
+from adapters.slurm.errors import AmbiguousSubmit, classify, is_done
+from adapters.slurm.script import JobSpec
+from adapters.slurm.transport import Record, Transport
+
+_SUBMIT_ERROR = re.compile(r"(?:sbatch: error: )?(?:Batch job submission failed: )?(.*)", re.S)
+
+
+class CliTransport(Transport):
+    """Runs Slurm's commands, optionally behind a prefix such as ``chroot <dir>``.
+
+    Jobs are submitted as the mapped user via ``runuser -u <user> --`` (the gateway runs
+    as root or a user allowed to run runuser). Queries and cancels run as
+    ``admin_user`` (default: the gateway's own user), which must be root, SlurmUser or a
+    Slurm operator to cancel other users' jobs.
+    """
+
+    name = "cli"
+
+    def __init__(self, *, slurm_conf: str | None = None, prefix: Sequence[str] | str = (),
+                 timeout_s: float = 30.0, admin_user: str | None = None,
+                 path: str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"):
+        self._prefix = shlex.split(prefix) if isinstance(prefix, str) else list(prefix)
+        self._conf = slurm_conf
+        self._timeout_s = timeout_s
+        self._admin_user = admin_user
+        self._path = path
+        self._json_scontrol: bool | None = None
+
+    def _env(self) -> dict[str, str]:
+        env = {"PATH": self._path, "LANG": "C.UTF-8"}
+        if self._conf:
+            env["SLURM_CONF"] = self._conf
+        return env
+
+    def _argv(self, argv: Sequence[str], user: str | None) -> list[str]:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        if user and user != me:
+            return [*self._prefix, "runuser", "-u", user, "--", *argv]
+        return [*self._prefix, *argv]
+
+    def _run(self, argv: Sequence[str], *, user: str | None = None, stdin: str | None = None,
+             job_env: Mapping[str, str] | None = None, submitting: bool = False
+             ) -> subprocess.CompletedProcess[str]:
+        if job_env is not None:
+            # sbatch exports its own environment to the job: give it exactly job_env
+            # (each KEY=VALUE is one argv word, so nothing is shell-parsed).
+            argv = ["env", "-i", *(f"{k}={v}" for k, v in job_env.items()), *argv]
+        full = self._argv(argv, user)
+        full[0] = shutil.which(full[0], path=self._path) or full[0]
+        try:
+            return subprocess.run(full, input=stdin, capture_output=True, text=True,
+                                  env=self._env(), timeout=self._timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            cls = AmbiguousSubmit if submitting else BackendUnavailable
+            raise cls(f"{argv[0]} timed out after {self._timeout_s}s", backend="slurm") from exc
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot run {argv[0]}: {exc}", backend="slurm") from exc
+
+    @staticmethod
+    def _message(proc: subprocess.CompletedProcess[str]) -> str:
+        text = (proc.stderr or proc.stdout or "").strip()
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return lines[-1] if lines else f"exit status {proc.returncode}"
+
+    def _json(self, argv: Sequence[str]) -> dict:
+        proc = self._run(argv, user=self._admin_user)
+        if proc.returncode != 0:
+            raise classify(self._message(proc))
+        try:
+            return json.loads(proc.stdout)
+        except ValueError as exc:
+            raise BackendUnavailable(f"{argv[0]} printed invalid JSON", backend="slurm") from exc
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, spec: JobSpec, environment: Mapping[str, str]) -> str:
+        argv = [
+            "sbatch", "--parsable",
+            f"--job-name={spec.name}", f"--comment={spec.comment}",
+            f"--partition={spec.partition}",
+            f"--nodes={spec.nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={spec.cpus_per_node}", f"--mem={spec.memory_mib_per_node}",
+            "--exclusive", f"--time={spec.time_limit_min}",
+            f"--chdir={spec.work_dir}", f"--output={spec.output}",
+        ]
+        if spec.gres:
+            argv.append(f"--gres={spec.gres}")
+        if spec.account:
+            argv.append(f"--account={spec.account}")
+        # The script arrives on stdin; sbatch exports this (clean) environment to the job.
+        job_env = dict(environment)
+        if self._conf:
+            job_env.setdefault("SLURM_CONF", self._conf)
+        proc = self._run(argv, user=spec.user, stdin=spec.script, job_env=job_env,
+                         submitting=True)
+        if proc.returncode != 0:
+            msg = self._message(proc)
+            m = _SUBMIT_ERROR.match(msg)
+            raise classify(m.group(1) if m else msg, submitting=True)
+        job_id = proc.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise AmbiguousSubmit(f"sbatch printed {proc.stdout!r}", backend="slurm")
+        return job_id
+
+    def jobs(self) -> list[Record]:
+        # 22.05 ignores squeue filters with --json, so filter client-side everywhere.
+        return list(self._json(["squeue", "--json", "--states=all"]).get("jobs") or [])
+
+    def cancel(self, job_id: str) -> None:
+        proc = self._run(["scancel", str(job_id)], user=self._admin_user)
+        if proc.returncode != 0:
+            msg = self._message(proc)
+            if is_done(msg):
+                return
+            exc = classify(msg)
+            if isinstance(exc, JobNotFound):
+                return
+            raise exc
+
+    def nodes(self) -> list[Record]:
+        if self._json_scontrol is not False:   # 23.02+; their sinfo --json groups by partition
+            proc = self._run(["scontrol", "--json", "show", "nodes"], user=self._admin_user)
+            if proc.returncode == 0:
+                self._json_scontrol = True
+                try:
+                    return list(json.loads(proc.stdout).get("nodes") or [])
+                except ValueError as exc:
+                    raise BackendUnavailable("scontrol printed invalid JSON", backend="slurm") from exc
+            if "unrecognized option" not in (proc.stderr or ""):
+                raise classify(self._message(proc))
+            self._json_scontrol = False   # 22.05: no scontrol --json
+        return list(self._json(["sinfo", "--json"]).get("nodes") or [])

@@ -1,0 +1,52 @@
+"""Map Slurm's error numbers and messages to the contract's typed errors."""
+
+from __future__ import annotations
+
+from adapters.base import (
+    BackendError,
+    BackendForbidden,
+    BackendUnavailable,
+    JobNotFound,
+    SubmissionRejected,
+)
+
+ESLURM_INVALID_JOB_ID = 2017
+ESLURM_ALREADY_DONE = 2021
+
+_UNAVAILABLE_TEXT = (
+    "unable to contact slurm controller", "socket timed out", "connection refused",
+    "zero bytes were transmitted", "communication connection failure",
+    "communication send failure", "communication receive failure", "connect failure",
+    "slurm controller is not responding", "unable to connect",
+    "munge", "resource temporarily unavailable",
+)
+_FORBIDDEN_TEXT = (
+    "access/permission denied", "invalid user", "user not found", "authentication",
+    "unable to find user", "user id missing", "permission denied", "invalid uid",
+)
+_NOT_FOUND_TEXT = ("invalid job id",)
+_DONE_TEXT = ("already completing or completed", "job/step already")
+
+
+class AmbiguousSubmit(BackendUnavailable):
+    """The submission was sent but its answer was lost; the job may exist."""
+
+
+def is_done(message: str, number: int | None = None) -> bool:
+    return number == ESLURM_ALREADY_DONE or any(t in message.lower() for t in _DONE_TEXT)
+
+
+def classify(message: str, number: int | None = None, *, submitting: bool = False) -> BackendError:
+    """The typed error for one Slurm error. ``message`` is Slurm's own text, kept."""
+    text = message.lower()
+    if number == ESLURM_INVALID_JOB_ID or any(t in text for t in _NOT_FOUND_TEXT):
+        return JobNotFound(message, backend="slurm")
+    if number is not None and (1000 <= number < 2000 or 5000 <= number < 6000):
+        return BackendUnavailable(message, backend="slurm")
+    if any(t in text for t in _FORBIDDEN_TEXT):
+        return BackendForbidden(message, backend="slurm")
+    if any(t in text for t in _UNAVAILABLE_TEXT):
+        return BackendUnavailable(message, backend="slurm")
+    if submitting:
+        return SubmissionRejected(message, backend="slurm")
+    return BackendUnavailable(message, backend="slurm")

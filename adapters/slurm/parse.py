@@ -1,0 +1,268 @@
+"""Turn Slurm's JSON job/node records into the contract's dataclasses.
+
+slurmrestd and the CLIs' ``--json`` output share Slurm's data_parser, so one parser
+serves both transports. The shapes differ by data_parser version, and this module
+accepts all of them:
+
+* v0.0.38 (Slurm 22.05): ``job_state`` is a string, times are plain integers, and
+  ``exit_code`` is the raw wait(2) status (``3 << 8`` for ``exit 3``).
+* v0.0.40 .. v0.0.42 (Slurm 23.11 .. 25.x and later): ``job_state`` is a list of
+  strings, numbers are ``{"set", "infinite", "number"}`` structs and ``exit_code`` is
+  ``{"status": [...], "return_code": ..., "signal": {"id": ..., "name": ...}}``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from adapters.base import BackendState, JobStatus, PoolCapacity
+
+GATEWAY_COMMENT_PREFIX = "isthmus:"
+
+# Slurm base state -> gateway state. Flags such as COMPLETING or CONFIGURING arrive as
+# extra entries (v0.0.40+) or as the base state itself (v0.0.38).
+STATE_MAP: Mapping[str, BackendState] = {
+    "PENDING": BackendState.QUEUED,
+    "SUSPENDED": BackendState.QUEUED,
+    "CONFIGURING": BackendState.STARTING,
+    "RUNNING": BackendState.RUNNING,
+    "COMPLETING": BackendState.RUNNING,
+    "STAGE_OUT": BackendState.RUNNING,
+    "COMPLETED": BackendState.SUCCEEDED,
+    "FAILED": BackendState.FAILED,
+    "NODE_FAIL": BackendState.FAILED,
+    "OUT_OF_MEMORY": BackendState.FAILED,
+    "TIMEOUT": BackendState.FAILED,
+    "BOOT_FAIL": BackendState.FAILED,
+    "DEADLINE": BackendState.FAILED,
+    "SPECIAL_EXIT": BackendState.FAILED,
+    "CANCELLED": BackendState.CANCELLED,
+    "REVOKED": BackendState.CANCELLED,
+    "PREEMPTED": BackendState.REQUEUED,
+    "REQUEUED": BackendState.REQUEUED,
+    "REQUEUE_HOLD": BackendState.REQUEUED,
+    "REQUEUE_FED": BackendState.REQUEUED,
+    "RESIZING": BackendState.RUNNING,
+}
+# Flags that override the base state (a requeued job is PENDING with flag REQUEUED).
+_FLAG_PRIORITY = ("REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED", "CONFIGURING")
+
+
+def number(value: Any) -> int | None:
+    """An integer from either a plain int or a ``{"set", "infinite", "number"}`` struct."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def states(record: Mapping[str, Any]) -> list[str]:
+    raw = record.get("job_state")
+    if isinstance(raw, str):
+        return [s for s in raw.upper().split(",") if s]
+    if isinstance(raw, list):
+        return [str(s).upper() for s in raw]
+    return []
+
+
+def map_state(names: list[str]) -> BackendState:
+    for flag in _FLAG_PRIORITY:
+        if flag in names:
+            return STATE_MAP[flag]
+    for name in names:
+        if name in STATE_MAP:
+            return STATE_MAP[name]
+    return BackendState.QUEUED if not names else BackendState.FAILED
+
+
+def exit_code(record: Mapping[str, Any]) -> int | None:
+    """The job's exit code; a signal ``n`` is reported as ``128 + n`` like a shell does."""
+    raw = record.get("exit_code")
+    if isinstance(raw, Mapping):
+        status = [str(s).upper() for s in (raw.get("status") or [])]
+        signal = raw.get("signal") or {}
+        sig = number(signal.get("id", signal.get("signal_id"))) if isinstance(signal, Mapping) else None
+        if "SIGNALED" in status and sig:
+            return 128 + sig
+        if "PENDING" in status:
+            return None
+        return number(raw.get("return_code"))
+    wait_status = number(raw)
+    if wait_status is None:
+        return None
+    if wait_status & 0x7F:  # terminated by a signal
+        return 128 + (wait_status & 0x7F)
+    return (wait_status >> 8) & 0xFF
+
+
+def timestamp(value: Any) -> datetime | None:
+    n = number(value)
+    if not n or n <= 0:
+        return None
+    return datetime.fromtimestamp(n, tz=timezone.utc)
+
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(hostlist: str) -> tuple[str, ...]:
+    """``gpu[1-3,7],cpu01`` -> ``("gpu1", "gpu2", "gpu3", "gpu7", "cpu01")``."""
+    out: list[str] = []
+    for part in _split_top_level(hostlist or ""):
+        out.extend(_expand_one(part))
+    return tuple(out)
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip() and p.strip() != "(null)"]
+
+
+def _expand_one(part: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", part)
+    if not m:
+        return [part]
+    head, tail = part[: m.start()], part[m.end():]
+    names: list[str] = []
+    for rng in m.group(1).split(","):
+        r = _RANGE.match(rng.strip())
+        if not r:
+            continue
+        lo, hi = r.group(1), r.group(2) or r.group(1)
+        width = len(lo)
+        for i in range(int(lo), int(hi) + 1):
+            names.extend(_expand_one(f"{head}{i:0{width}d}{tail}"))
+    return names
+
+
+def gateway_id_of(record: Mapping[str, Any]) -> str | None:
+    comment = record.get("comment") or ""
+    if isinstance(comment, Mapping):  # some versions nest comments
+        comment = comment.get("job") or ""
+    if comment.startswith(GATEWAY_COMMENT_PREFIX):
+        return comment[len(GATEWAY_COMMENT_PREFIX):]
+    return None
+
+
+_GPU_TRES = re.compile(r"gres[/:]gpu(?::[^=:,]+)?[=:](\d+)")
+
+
+def _gpus_per_node(record: Mapping[str, Any]) -> int:
+    m = _GPU_TRES.search(str(record.get("tres_per_node") or ""))
+    return int(m.group(1)) if m else 0
+
+
+def _allocated_gpus(record: Mapping[str, Any], nodes: tuple[str, ...]) -> int:
+    m = re.search(r"(?:^|,)gres/gpu=(\d+)", str(record.get("tres_alloc_str") or ""))
+    if m:
+        return int(m.group(1))
+    return _gpus_per_node(record) * len(nodes)
+
+
+def job_status(record: Mapping[str, Any]) -> JobStatus:
+    names = states(record)
+    state = map_state(names)
+    raw_state = ",".join(names)
+    slurm_reason = str(record.get("state_reason") or "")
+    if slurm_reason == "None":
+        slurm_reason = ""
+    if state is BackendState.QUEUED:
+        reason = slurm_reason or raw_state
+    elif state in (BackendState.FAILED, BackendState.CANCELLED, BackendState.REQUEUED):
+        base = names[0] if names else raw_state
+        reason = f"{base}: {slurm_reason}" if slurm_reason else base
+    else:
+        reason = slurm_reason
+    holds = state in (BackendState.STARTING, BackendState.RUNNING)
+    nodes = expand_hostlist(str(record.get("nodes") or "")) if (holds or state.final) else ()
+    started = timestamp(record.get("start_time")) if (holds or state.final) else None
+    ended = timestamp(record.get("end_time")) if state.final else None
+    if started and ended and ended < started:  # cancelled while pending
+        started = ended
+    return JobStatus(
+        backend_job_id=str(number(record.get("job_id"))),
+        gateway_job_id=gateway_id_of(record),
+        state=state,
+        reason=reason,
+        exit_code=exit_code(record) if state.final else None,
+        started_at=started,
+        ended_at=ended,
+        nodes=nodes,
+        allocated_gpus=_allocated_gpus(record, nodes) if holds else 0,
+        raw_state=raw_state,
+    )
+
+
+# ------------------------------------------------------------------------ capacity
+
+_BUSY_OR_GONE = {"ALLOCATED", "MIXED", "COMPLETING", "DOWN", "DRAIN", "DRAINING", "DRAINED",
+                 "FAIL", "FAILING", "FUTURE", "INVALID", "MAINTENANCE", "NOT_RESPONDING",
+                 "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "REBOOT_REQUESTED",
+                 "REBOOT_ISSUED", "RESERVED", "UNKNOWN", "PLANNED", "BLOCKED"}
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
+
+
+def node_states(node: Mapping[str, Any]) -> set[str]:
+    raw = node.get("state")
+    names = [raw] if isinstance(raw, str) else list(raw or [])
+    names += list(node.get("state_flags") or [])
+    return {str(n).upper() for n in names}
+
+
+def node_gpus(node: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
+    total, types = 0, []
+    for typ, count in _GRES_GPU.findall(re.sub(r"\([^)]*\)", "", str(node.get("gres") or ""))):
+        total += int(count)
+        if typ and not typ.isdigit():
+            types.append(typ)
+    return total, tuple(types)
+
+
+def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
+    pools: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        gpus, types = node_gpus(node)
+        st = node_states(node)
+        idle = "IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
+        for part in node.get("partitions") or []:
+            p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0,
+                                        "free_gpus": 0, "per_node": set(), "types": set()})
+            p["total_nodes"] += 1
+            p["total_gpus"] += gpus
+            p["per_node"].add(gpus)
+            p["types"].update(types)
+            if idle:
+                p["idle_nodes"] += 1
+                p["free_gpus"] += gpus
+    out = []
+    for name, p in sorted(pools.items()):
+        per_node = max(p["per_node"]) if p["per_node"] else 0
+        out.append(PoolCapacity(
+            pool=name, total_nodes=p["total_nodes"], idle_nodes=p["idle_nodes"],
+            total_gpus=p["total_gpus"], free_gpus=p["free_gpus"], gpus_per_node=per_node,
+            gpu_types=tuple(sorted(p["types"])),
+            detail=f"{p['idle_nodes']}/{p['total_nodes']} nodes idle (exclusive allocation: "
+                   f"a node with any job is not free)",
+        ))
+    return out
