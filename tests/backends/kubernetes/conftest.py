@@ -1,0 +1,141 @@
+"""Fixtures for the kubernetes backend tests against the local control plane (stack/kube)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.base import SubmitRequest
+from adapters.kubernetes import KubernetesBackend, KubernetesSettings
+from adapters.kubernetes.render import LABEL_MANAGED, MANAGED_VALUE, TOMBSTONE_FINALIZER
+from adapters.kubernetes.settings import read_env_file
+
+REPO = Path(__file__).resolve().parents[3]
+ENV_FILE = REPO / ".stack" / "kube" / "env"
+FAKE_RUN_FOR = "isthmus.io/fake-run-for"  # kwok stage labels (stack/kube/kwok-stages.yaml)
+FAKE_EXIT_CODE = "isthmus.io/fake-exit-code"
+SEED_LABEL = "isthmus.io/seed-test"
+
+
+@pytest.fixture(scope="session")
+def kube_env() -> dict[str, str]:
+    if not ENV_FILE.exists():
+        msg = f"{ENV_FILE} missing: start the control plane with stack/kube/up.sh"
+        if os.environ.get("ISTHMUS_REQUIRE_STACK") == "1":
+            pytest.fail(msg + " (ISTHMUS_REQUIRE_STACK=1)")
+        pytest.skip(msg)
+    return read_env_file(ENV_FILE)
+
+
+@pytest.fixture(scope="session")
+def settings(kube_env) -> KubernetesSettings:
+    return KubernetesSettings.from_env(env={}, env_file=ENV_FILE, request_timeout_s=15.0)
+
+
+@pytest.fixture(scope="session")
+def accounts(kube_env) -> list[str]:
+    return kube_env["ISTHMUS_KUBE_ACCOUNTS"].split(",")
+
+
+@pytest.fixture(scope="session")
+def backend(settings):
+    b = KubernetesBackend(settings)
+    yield b
+    b.close()
+
+
+class Kube:
+    """Direct kubernetes-client access for assertions the adapter does not expose."""
+
+    def __init__(self, settings: KubernetesSettings, namespaces: list[str]):
+        from kubernetes import client, config
+
+        self.api_client = config.new_client_from_config(config_file=settings.kubeconfig)
+        self.core = client.CoreV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
+        self.custom = client.CustomObjectsApi(self.api_client)
+        self.namespaces = namespaces
+        self.settings = settings
+
+    def pods_of(self, backend_job_id: str) -> list:
+        ns, name = backend_job_id.split("/")
+        return self.core.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={name}").items
+
+    def cluster_queue(self) -> dict:
+        return self.custom.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues",
+                                                     self.settings.cluster_queue)
+
+    def reserved_gpus(self) -> int:
+        st = self.cluster_queue().get("status") or {}
+        return sum(int(r.get("total", "0")) for f in st.get("flavorsReservation") or []
+                   for r in f["resources"] if r["name"] == "nvidia.com/gpu")
+
+    def clean(self, timeout_s: float = 60) -> None:
+        """Remove every gateway/test Job and pod, tombstones included; wait until gone."""
+        for ns in self.namespaces:
+            for sel in (f"{LABEL_MANAGED}={MANAGED_VALUE}", SEED_LABEL):
+                for job in self.batch.list_namespaced_job(ns, label_selector=sel).items:
+                    if TOMBSTONE_FINALIZER in (job.metadata.finalizers or []):
+                        self.batch.patch_namespaced_job(job.metadata.name, ns, {"metadata": {
+                            "finalizers": [f for f in job.metadata.finalizers if f != TOMBSTONE_FINALIZER]}})
+                    try:
+                        self.batch.delete_namespaced_job(job.metadata.name, ns, propagation_policy="Background")
+                    except Exception:
+                        pass
+                for pod in self.core.list_namespaced_pod(ns, label_selector=sel).items:
+                    try:
+                        self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+                    except Exception:
+                        pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            left = sum(len(self.core.list_namespaced_pod(ns).items) + len(self.batch.list_namespaced_job(ns).items)
+                       for ns in self.namespaces)
+            if left == 0 and self.reserved_gpus() == 0:
+                return
+            time.sleep(0.5)
+        raise AssertionError("cluster did not become clean")
+
+
+@pytest.fixture(scope="session")
+def kube(settings, kube_env):
+    k = Kube(settings, kube_env["ISTHMUS_KUBE_NAMESPACES"].split(","))
+    yield k
+    k.api_client.close()
+
+
+@pytest.fixture
+def clean(kube):
+    kube.clean()
+    yield kube
+    kube.clean()
+
+
+def request(gid: str, *, account: str = "team-a", workers: int = 1, gpus: int = 8, labels=None,
+            priority: int = 0, cpus: int = 4, memory_mib: int = 8192) -> SubmitRequest:
+    return SubmitRequest(
+        gateway_job_id=gid, name=f"test {gid}", account=account, user="alice",
+        command=["python", "-m", "train", "--epochs", "1"], workers=workers, gpus_per_worker=gpus,
+        cpus_per_worker=cpus, memory_mib_per_worker=memory_mib, time_limit_s=3600,
+        env={"EXPERIMENT": "contract"}, labels=labels or {}, priority=priority,
+    )
+
+
+@pytest.fixture
+def scenario(accounts):
+    def make(kind: str, gid: str) -> SubmitRequest:
+        if kind == "succeeds":
+            return request(gid, account=accounts[0], workers=2, gpus=1, labels={FAKE_RUN_FOR: "2s"})
+        if kind == "fails":
+            return request(gid, account=accounts[0], workers=2, gpus=1,
+                           labels={FAKE_RUN_FOR: "2s", FAKE_EXIT_CODE: "3"})
+        if kind == "long":
+            return request(gid, account=accounts[0], workers=1, gpus=1)
+        if kind == "too_big":
+            return request(gid, account=accounts[0], workers=1, gpus=16)  # nodes have 8
+        raise ValueError(kind)
+
+    return make
