@@ -1,0 +1,270 @@
+"""Account tree logic: chains, subtrees, effective (inherited) quotas, and admin changes.
+
+Tree changes that move running totals (re-parenting) go through the ledger's locking so
+they cannot interleave with a reservation on the same chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gateway.accounts.models import POOLS, Account, AccountMember, AccountQuota
+from gateway.kit.errors import Conflict, Invalid, NotFound
+from gateway.kit.timeutil import utcnow
+
+ACCOUNT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+MAX_DEPTH = 16
+QUOTA_FIELDS = ("max_gpus", "max_gpus_slurm", "max_gpus_kubernetes", "budget_gpu_seconds",
+                "max_queued_jobs", "max_queued_jobs_per_user")
+# Limits that are absurd rather than merely large: refuse them so a typo cannot disable a quota.
+QUOTA_MAX = {"max_gpus": 1_000_000, "max_gpus_slurm": 1_000_000, "max_gpus_kubernetes": 1_000_000,
+             "budget_gpu_seconds": 10**15, "max_queued_jobs": 10_000_000, "max_queued_jobs_per_user": 10_000_000}
+
+
+def get_or_raise(session: Session, *, name: str, field: str = "path.name") -> Account:
+    acc = session.get(Account, name)
+    if acc is None:
+        raise NotFound(f"no account {name!r}") if field.startswith("path") else Invalid(field, f"unknown account {name!r}")
+    return acc
+
+
+def chain(session: Session, name: str) -> list[Account]:
+    """The account and its ancestors, root first."""
+    out: list[Account] = []
+    cur: str | None = name
+    seen: set[str] = set()
+    while cur is not None:
+        if cur in seen or len(out) > MAX_DEPTH:
+            raise Conflict(f"account tree has a cycle at {cur!r}")
+        seen.add(cur)
+        acc = session.get(Account, cur)
+        if acc is None:
+            raise NotFound(f"no account {cur!r}")
+        out.append(acc)
+        cur = acc.parent_name
+    out.reverse()
+    return out
+
+
+def subtree_select(name: str):
+    """SELECT of the names in ``name``'s subtree (itself included), as a recursive CTE."""
+    sub = select(Account.name.label("name")).where(Account.name == name).cte("subtree", recursive=True)
+    child = select(Account.name.label("name")).where(Account.parent_name == sub.c.name)
+    sub = sub.union_all(child)
+    return select(sub.c.name)
+
+
+def load_tree(session: Session) -> dict[str, Account]:
+    return {a.name: a for a in session.scalars(select(Account))}
+
+
+def children_map(tree: dict[str, Account]) -> dict[str | None, list[str]]:
+    kids: dict[str | None, list[str]] = {}
+    for a in tree.values():
+        kids.setdefault(a.parent_name if a.parent_name in tree else None, []).append(a.name)
+    for v in kids.values():
+        v.sort()
+    return kids
+
+
+def descendants(tree: dict[str, Account], name: str) -> list[str]:
+    kids = children_map(tree)
+    out, stack = [], [name]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(kids.get(n, []))
+    return out
+
+
+@dataclasses.dataclass
+class EffectiveLimit:
+    value: int | None
+    source: str | None  # account the value is set on (None: unlimited)
+
+
+def effective_quota(session: Session, name: str) -> dict[str, Any]:
+    """Each limit as it applies to ``name``: its own value, else the nearest ancestor's."""
+    accounts = [a.name for a in chain(session, name)]
+    rows = {q.account_name: q for q in session.scalars(
+        select(AccountQuota).where(AccountQuota.account_name.in_(accounts)))}
+    out: dict[str, Any] = {}
+    for field in QUOTA_FIELDS:
+        out[field] = EffectiveLimit(None, None)
+        for acc in reversed(accounts):
+            q = rows.get(acc)
+            if q is not None and getattr(q, field) is not None:
+                out[field] = EffectiveLimit(getattr(q, field), acc)
+                break
+    src = out["budget_gpu_seconds"].source
+    q = rows.get(src) if src else None
+    out["budget_period"] = q.budget_period if q else None
+    out["budget_window_days"] = q.budget_window_days if q else None
+    return out
+
+
+def _check_name(name: str, field: str) -> None:
+    if not ACCOUNT_NAME.match(name):
+        raise Invalid(field, "must match ^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "") -> Account:
+    _check_name(name, "body.name")
+    if session.get(Account, name) is not None:
+        raise Conflict(f"account {name!r} exists")
+    if parent_name is not None:
+        get_or_raise(session, name=parent_name, field="body.parent")
+        if len(chain(session, parent_name)) >= MAX_DEPTH:
+            raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
+    acc = Account(name=name, parent_name=parent_name, shares=shares, description=description, created_at=utcnow())
+    session.add(acc)
+    session.flush()
+    from gateway.ledger.models import AccountBalance
+
+    session.add(AccountBalance(account_name=name, updated_at=utcnow()))
+    session.flush()
+    return acc
+
+
+def update(session: Session, *, name: str, changes: dict[str, Any], actor: str) -> Account:
+    acc = get_or_raise(session, name=name)
+    if "shares" in changes and changes["shares"] is not None:
+        acc.shares = changes["shares"]
+    if "description" in changes and changes["description"] is not None:
+        acc.description = changes["description"]
+    if "parent" in changes:
+        new_parent = changes["parent"]
+        if new_parent != acc.parent_name:
+            if new_parent is not None:
+                get_or_raise(session, name=new_parent, field="body.parent")
+                tree = load_tree(session)
+                if new_parent in descendants(tree, name):
+                    raise Invalid("body.parent", f"{new_parent!r} is {name!r} or below it: that would make a cycle")
+                depth = len(chain(session, new_parent)) + _height(tree, name)
+                if depth > MAX_DEPTH:
+                    raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
+            from gateway.ledger.service import move_subtree
+
+            move_subtree(session, account=name, new_parent=new_parent, actor=actor)
+    session.flush()
+    return acc
+
+
+def _height(tree: dict[str, Account], name: str) -> int:
+    kids = children_map(tree)
+
+    def h(n: str) -> int:
+        return 1 + max((h(k) for k in kids.get(n, [])), default=0)
+
+    return h(name)
+
+
+def delete(session: Session, *, name: str) -> None:
+    from gateway.jobs.models import Job
+    from gateway.jobs.states import FINAL_STATES
+    from gateway.ledger.models import AccountBalance, Reservation
+
+    acc = get_or_raise(session, name=name)
+    kids = session.scalar(select(func.count()).select_from(Account).where(Account.parent_name == name))
+    if kids:
+        raise Conflict(f"account {name!r} has {kids} child account(s); delete or move them first")
+    active = session.scalar(select(func.count()).select_from(Job).where(
+        Job.account_name == name, Job.state.not_in([s.value for s in FINAL_STATES])))
+    if active:
+        raise Conflict(f"account {name!r} has {active} active job(s); wait for them or cancel them first")
+    held = session.scalar(select(func.count()).select_from(Reservation).where(
+        Reservation.account_name == name, Reservation.status.in_(["reserved", "started"])))
+    if held:
+        raise Conflict(f"account {name!r} still holds {held} reservation(s)")
+    history = session.scalar(select(func.count()).select_from(Job).where(Job.account_name == name))
+    if history:
+        raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
+                       "to 0 instead of deleting it")
+    for model in (AccountBalance, AccountQuota):
+        row = session.get(model, name)
+        if row is not None:
+            session.delete(row)
+    for m in session.scalars(select(AccountMember).where(AccountMember.account_name == name)):
+        session.delete(m)
+    session.delete(acc)
+    session.flush()
+
+
+def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str) -> AccountQuota:
+    """Set (or with None, unset) limits. Fields absent from ``values`` are left alone."""
+    get_or_raise(session, name=name)
+    for field, value in values.items():
+        if field in QUOTA_MAX and value is not None:
+            if value < 0:
+                raise Invalid(f"body.{field}", "must be >= 0 (null removes the limit)")
+            if value > QUOTA_MAX[field]:
+                raise Invalid(f"body.{field}", f"{value} is absurd (at most {QUOTA_MAX[field]})")
+    if values.get("budget_period") not in (None, "month", "rolling"):
+        raise Invalid("body.budget_period", "must be 'month' or 'rolling'")
+    wd = values.get("budget_window_days")
+    if wd is not None and not 1 <= wd <= 366:
+        raise Invalid("body.budget_window_days", "must be between 1 and 366")
+    q = session.get(AccountQuota, name)
+    if q is None:
+        q = AccountQuota(account_name=name, budget_period="month", budget_window_days=30)
+        session.add(q)
+    for field, value in values.items():
+        if field in ("budget_period", "budget_window_days") and value is None:
+            continue
+        setattr(q, field, value)
+    q.updated_at = utcnow()
+    q.updated_by = actor
+    session.flush()
+    return q
+
+
+def set_member(session: Session, *, name: str, username: str, role: str) -> AccountMember:
+    get_or_raise(session, name=name)
+    m = session.get(AccountMember, (name, username))
+    if m is None:
+        m = AccountMember(account_name=name, username=username, role=role, created_at=utcnow())
+        session.add(m)
+    else:
+        m.role = role
+    session.flush()
+    return m
+
+
+def remove_member(session: Session, *, name: str, username: str) -> None:
+    get_or_raise(session, name=name)
+    m = session.get(AccountMember, (name, username))
+    if m is None:
+        raise NotFound(f"{username!r} is not a recorded member of {name!r}")
+    session.delete(m)
+    session.flush()
+
+
+def members(session: Session, name: str) -> list[AccountMember]:
+    return list(session.scalars(select(AccountMember).where(AccountMember.account_name == name)
+                                .order_by(AccountMember.username)))
+
+
+def visible_accounts(session: Session, *, accounts: frozenset[str], username: str, is_admin: bool) -> list[str]:
+    """Accounts a caller may look at: all for admins; else the token's accounts plus the
+    subtrees of accounts where the caller is a recorded coordinator."""
+    tree = load_tree(session)
+    if is_admin:
+        return sorted(tree)
+    names = {a for a in accounts if a in tree}
+    if username:
+        for acc in session.scalars(select(AccountMember.account_name).where(
+                AccountMember.username == username, AccountMember.role == "coordinator")):
+            if acc in tree:
+                names.update(descendants(tree, acc))
+    return sorted(names)
+
+
+def pool_or_raise(pool: str, field: str) -> str:
+    if pool not in POOLS:
+        raise Invalid(field, f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
+    return pool

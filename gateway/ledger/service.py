@@ -1,0 +1,571 @@
+"""The quota ledger: reserve, start, finish, release, admin adjustments, fair share.
+
+Every write follows the same steps, inside the caller's transaction (we only flush):
+
+1. lock the account chain's ``account_balance`` rows, root first (``SELECT ... FOR UPDATE``
+   on Postgres; SQLite writers are already serialised by ``BEGIN IMMEDIATE``);
+2. read the job's reservation and decide (idempotent: a repeated call is a no-op);
+3. append ledger entries and update the running totals of every account in the chain.
+
+Because every writer for an account holds the lock on each ancestor's balance row, two
+dispatchers can never both see room for the last gang (docs/ledger.md, "Concurrency").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from gateway.accounts import service as accounts
+from gateway.accounts.models import POOLS, Account, AccountQuota
+from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
+from gateway.kit.timeutil import as_utc, utcnow
+from gateway.ledger.models import (
+    AccountBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket,
+)
+
+POOL_BALANCE = {"slurm": "reserved_gpus_slurm", "kubernetes": "reserved_gpus_kubernetes"}
+POOL_QUOTA = {"slurm": "max_gpus_slurm", "kubernetes": "max_gpus_kubernetes"}
+
+
+def _now(now: datetime | None) -> datetime:
+    return as_utc(now) or utcnow()
+
+
+def _hours(gpu_seconds: float) -> str:
+    return f"{gpu_seconds / 3600:.1f}"
+
+
+def _half_life_s(half_life_s: float | None) -> float:
+    if half_life_s is not None:
+        return float(half_life_s)
+    from gateway.kit.settings import get_settings
+
+    return float(get_settings().fairshare_half_life_s)
+
+
+# ----------------------------------------------------------------- locking
+
+
+def _balance_rows(session: Session, names: list[str], *, lock: bool) -> dict[str, AccountBalance]:
+    """Balance rows of ``names`` (in that order: root first), creating missing ones."""
+    order = case({n: i for i, n in enumerate(names)}, value=AccountBalance.account_name)
+    stmt = (select(AccountBalance).where(AccountBalance.account_name.in_(names)).order_by(order)
+            .execution_options(populate_existing=True))
+    if lock:
+        stmt = stmt.with_for_update()
+    rows = {b.account_name: b for b in session.scalars(stmt)}
+    missing = [n for n in names if n not in rows]
+    if missing:
+        # Accounts created before the ledger existed (or by the bootstrap CLI): add the
+        # zero row race-free, then lock again.
+        _insert_missing_balances(session, missing)
+        rows = {b.account_name: b for b in session.scalars(stmt)}
+    return rows
+
+
+def _insert_missing_balances(session: Session, names: list[str]) -> None:
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    session.execute(insert(AccountBalance).values([{"account_name": n, "updated_at": utcnow()} for n in names])
+                    .on_conflict_do_nothing(index_elements=["account_name"]))
+
+
+def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[str, AccountBalance]]:
+    names = [a.name for a in accounts.chain(session, account_name)]
+    for _ in range(3):
+        rows = _balance_rows(session, names, lock=True)
+        # The chain was read before the locks (possibly from this session's cache); a
+        # concurrent re-parent may have changed it. Re-read it now that we hold the locks.
+        session.scalars(select(Account).where(Account.name.in_(names))
+                        .execution_options(populate_existing=True)).all()
+        fresh = [a.name for a in accounts.chain(session, account_name)]
+        if fresh == names:
+            return names, rows
+        names = fresh
+    raise Conflict(f"the account tree above {account_name!r} is being changed; retry")
+
+
+# ----------------------------------------------------------------- admission
+
+
+def billing_weight(session: Session, pool: str, gpu_type: str | None) -> float:
+    keys = [(pool, gpu_type)] if gpu_type else []
+    keys.append((pool, "*"))
+    for key in keys:
+        row = session.get(GpuBillingWeight, key)
+        if row is not None:
+            return float(row.weight)
+    return 1.0
+
+
+def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
+    return int(math.ceil(gpus * time_limit_s * weight - 1e-9))
+
+
+def period_start(period: str, window_days: int, now: datetime) -> date:
+    today = now.date()
+    if period == "month":
+        return today.replace(day=1)
+    return today - timedelta(days=window_days - 1)
+
+
+def period_label(period: str, window_days: int) -> str:
+    return "this month" if period == "month" else f"in the last {window_days} days"
+
+
+def charged_in_period(session: Session, account_name: str, since: date) -> int:
+    """Net charges (usage + debits - credits - refunds) of a subtree since ``since``."""
+    stmt = select(func.coalesce(func.sum(UsageBucket.gpu_seconds), 0)).where(
+        UsageBucket.account_name.in_(accounts.subtree_select(account_name)), UsageBucket.day >= since)
+    return int(session.scalar(stmt) or 0)
+
+
+def _queued_by_user(session: Session, account_name: str, username: str) -> int:
+    stmt = select(func.count()).select_from(Reservation).where(
+        Reservation.username == username, Reservation.status == "reserved",
+        Reservation.account_name.in_(accounts.subtree_select(account_name)))
+    return int(session.scalar(stmt) or 0)
+
+
+def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], gpus: int,
+             pool: str | None, committed: int, username: str, now: datetime) -> str | None:
+    """Why the gang does not fit (first failing limit, leaf first), or None."""
+    quotas = {q.account_name: q for q in session.scalars(
+        select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
+    for name in reversed(names):
+        q = quotas.get(name)
+        if q is None:
+            continue
+        b = balances.get(name) or AccountBalance(account_name=name, reserved_gpus=0, reserved_gpus_slurm=0,
+                                                 reserved_gpus_kubernetes=0, committed_gpu_seconds=0,
+                                                 charged_gpu_seconds=0, queued_jobs=0)
+        if q.max_gpus is not None and b.reserved_gpus + gpus > q.max_gpus:
+            return f"{name}: {b.reserved_gpus} of {q.max_gpus} concurrent GPUs in use, job needs {gpus}"
+        pools = [pool] if pool else list(POOLS)
+        blocked = []
+        for p in pools:
+            limit = getattr(q, POOL_QUOTA[p])
+            used = getattr(b, POOL_BALANCE[p])
+            if limit is not None and used + gpus > limit:
+                blocked.append(f"{name}: {used} of {limit} concurrent GPUs in use in pool {p}, job needs {gpus}")
+        if blocked and len(blocked) == len(pools):
+            return "; ".join(blocked)
+        if q.max_queued_jobs is not None and b.queued_jobs + 1 > q.max_queued_jobs:
+            return f"{name}: {b.queued_jobs} of {q.max_queued_jobs} queued jobs"
+        if q.max_queued_jobs_per_user is not None:
+            mine = _queued_by_user(session, name, username)
+            if mine + 1 > q.max_queued_jobs_per_user:
+                return f"{name}: user {username} has {mine} of {q.max_queued_jobs_per_user} queued jobs"
+        if q.budget_gpu_seconds is not None:
+            since = period_start(q.budget_period, q.budget_window_days, now)
+            charged = charged_in_period(session, name, since)
+            if charged + b.committed_gpu_seconds + committed > q.budget_gpu_seconds:
+                return (f"{name}: GPU-hour budget {period_label(q.budget_period, q.budget_window_days)}: "
+                        f"{_hours(charged)} used + {_hours(b.committed_gpu_seconds)} committed of "
+                        f"{_hours(q.budget_gpu_seconds)} GPU-hours, job needs {_hours(committed)}")
+    return None
+
+
+def _job_pool(job: Any, pool: str | None) -> str | None:
+    pool = pool or job.backend
+    if pool is not None and pool not in POOLS:
+        raise Invalid("pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
+    return pool
+
+
+def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None) -> tuple[bool, str]:
+    """Would ``job`` be admitted now? The same rule as :func:`reserve`, without locking or writing.
+
+    Args:
+        job: the job (``account_name``, ``total_gpus``, ``time_limit_s``, ``spec``, ``username``).
+        pool: "slurm", "kubernetes", or None for "either pool".
+
+    Returns:
+        (fits, reason): the reason is a sentence for the user either way.
+    """
+    now = _now(now)
+    pool = _job_pool(job, pool)
+    r = session.get(Reservation, job.id)
+    if r is not None and r.status in ("reserved", "started"):
+        return True, f"already holds a reservation of {r.gpus} GPUs in pool {r.pool}"
+    names = [a.name for a in accounts.chain(session, job.account_name)]
+    balances = {b.account_name: b for b in session.scalars(
+        select(AccountBalance).where(AccountBalance.account_name.in_(names)))}
+    gpu_type = (job.spec or {}).get("gpu_type")
+    weight = billing_weight(session, pool, gpu_type) if pool else min(
+        billing_weight(session, p, gpu_type) for p in POOLS)
+    committed = committed_for(job.total_gpus, job.time_limit_s, weight)
+    why = _refusal(session, names=names, balances=balances, gpus=job.total_gpus, pool=pool,
+                   committed=committed, username=job.username, now=now)
+    if why:
+        return False, why
+    return True, f"fits the quotas of {' > '.join(names)}"
+
+
+# ----------------------------------------------------------------- writes
+
+
+def _apply(balances: dict[str, AccountBalance], names: list[str], now: datetime, **deltas: int) -> None:
+    for n in names:
+        b = balances[n]
+        for col, d in deltas.items():
+            if d:
+                setattr(b, col, getattr(b, col) + d)
+        b.updated_at = now
+
+
+def _entry(session: Session, **kw: Any) -> LedgerEntry:
+    e = LedgerEntry(**kw)
+    session.add(e)
+    return e
+
+
+def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime | None = None) -> None:
+    """Reserve the whole gang's GPUs and committed GPU-time on the job's account chain.
+
+    Args:
+        job: the job being dispatched to ``pool``.
+        pool: "slurm" or "kubernetes".
+        actor: who dispatches (e.g. "system:dispatcher").
+
+    Raises:
+        QuotaExceeded: the gang does not fit; nothing was written.
+        Conflict: the job already finished, or holds a reservation in another pool.
+    """
+    now = _now(now)
+    if pool not in POOLS:
+        raise Invalid("pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
+    if job.total_gpus < 0 or job.time_limit_s <= 0:
+        raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
+    names, balances = _lock_chain(session, job.account_name)
+    r = session.scalars(select(Reservation).where(Reservation.job_id == job.id)
+                        .execution_options(populate_existing=True)).first()
+    if r is not None:
+        if r.status in ("reserved", "started"):
+            if r.pool != pool:
+                raise Conflict(f"job {job.id} already holds a reservation in pool {r.pool}")
+            return
+        if r.status == "finished":
+            raise Conflict(f"job {job.id} already finished; it cannot reserve again")
+    gpu_type = (job.spec or {}).get("gpu_type")
+    weight = billing_weight(session, pool, gpu_type)
+    committed = committed_for(job.total_gpus, job.time_limit_s, weight)
+    why = _refusal(session, names=names, balances=balances, gpus=job.total_gpus, pool=pool,
+                   committed=committed, username=job.username, now=now)
+    if why:
+        raise QuotaExceeded(why)
+    if r is None:
+        r = Reservation(job_id=job.id)
+        session.add(r)
+    r.account_name, r.username, r.pool, r.gpu_type = job.account_name, job.username, pool, gpu_type
+    r.gpus, r.time_limit_s, r.billing_weight, r.committed_gpu_seconds = (
+        job.total_gpus, job.time_limit_s, weight, committed)
+    r.status, r.reserved_at, r.started_at, r.ended_at, r.used_gpu_seconds = "reserved", now, None, None, 0
+    _entry(session, at=now, account_name=job.account_name, kind="reserve", job_id=job.id, pool=pool,
+           gpu_type=gpu_type, username=job.username, gpus=job.total_gpus, committed_gpu_seconds=committed,
+           gpu_seconds=0, billing_weight=weight, actor=actor,
+           reason=f"{job.total_gpus} GPUs x {job.time_limit_s} s x weight {weight:g}")
+    _apply(balances, names, now, reserved_gpus=job.total_gpus, committed_gpu_seconds=committed,
+           queued_jobs=1, **{POOL_BALANCE[pool]: job.total_gpus})
+    session.flush()
+
+
+def _locked_reservation(session: Session, job: Any) -> tuple[list[str], dict[str, AccountBalance], Reservation | None]:
+    r0 = session.get(Reservation, job.id)
+    account = r0.account_name if r0 is not None else job.account_name
+    names, balances = _lock_chain(session, account)
+    r = session.scalars(select(Reservation).where(Reservation.job_id == job.id)
+                        .execution_options(populate_existing=True)).first()
+    return names, balances, r
+
+
+def record_start(session: Session, *, job: Any, started_at: datetime, actor: str) -> None:
+    """Mark the reservation as running (no longer queued). Idempotent per job.
+
+    Raises:
+        Conflict: the job has no reservation (it was never reserved, or was released).
+    """
+    started_at = as_utc(started_at)
+    names, balances, r = _locked_reservation(session, job)
+    if r is None or r.status == "released":
+        raise Conflict(f"job {job.id} holds no reservation; reserve it before it starts")
+    if r.status != "reserved":
+        return
+    r.status, r.started_at = "started", started_at
+    _entry(session, at=started_at, account_name=r.account_name, kind="start", job_id=job.id, pool=r.pool,
+           gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=0, gpu_seconds=0,
+           billing_weight=r.billing_weight, actor=actor, reason="whole gang started")
+    _apply(balances, names, utcnow(), queued_jobs=-1)
+    session.flush()
+
+
+def record_finish(session: Session, *, job: Any, started_at: datetime | None, ended_at: datetime, actor: str,
+                  half_life_s: float | None = None) -> None:
+    """Charge the real usage and release the rest of the reservation. Idempotent per job.
+
+    used = total_gpus x clamp(ended - started, 0, time_limit_s) x billing weight (0 if never
+    started). A job without a reservation (cancelled while pending) is a no-op.
+    """
+    ended_at = as_utc(ended_at)
+    names, balances, r = _locked_reservation(session, job)
+    if r is None or r.status in ("finished", "released"):
+        return
+    was_queued = r.status == "reserved"
+    started = as_utc(started_at) or as_utc(r.started_at)
+    used = 0
+    if started is not None:
+        seconds = min(max((ended_at - started).total_seconds(), 0.0), float(r.time_limit_s))
+        used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+    r.status, r.ended_at, r.used_gpu_seconds = "finished", ended_at, used
+    if started is not None and r.started_at is None:
+        r.started_at = started
+    if started is not None:
+        _entry(session, at=ended_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
+               gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=-used, gpu_seconds=used,
+               billing_weight=r.billing_weight, actor=actor,
+               reason=f"ran {int((ended_at - started).total_seconds())} s on {r.gpus} GPUs",
+               data={"started_at": started.isoformat(), "ended_at": ended_at.isoformat()})
+    rest = r.committed_gpu_seconds - used
+    _entry(session, at=ended_at, account_name=r.account_name, kind="release", job_id=job.id, pool=r.pool,
+           gpu_type=r.gpu_type, username=r.username, gpus=-r.gpus, committed_gpu_seconds=-rest, gpu_seconds=0,
+           billing_weight=r.billing_weight, actor=actor,
+           reason="job ended; unused committed time returned" if started else "job ended without starting")
+    _apply(balances, names, utcnow(), reserved_gpus=-r.gpus, committed_gpu_seconds=-r.committed_gpu_seconds,
+           charged_gpu_seconds=used, queued_jobs=-1 if was_queued else 0, **{POOL_BALANCE[r.pool]: -r.gpus})
+    if used:
+        _add_bucket(session, r.account_name, ended_at.date(), r.pool, used, usage=used, jobs=1)
+        _add_decayed_usage(session, r.account_name, used, ended_at, _half_life_s(half_life_s))
+    session.flush()
+
+
+def release(session: Session, *, job: Any, actor: str, reason: str) -> None:
+    """Give back the reservation of a job that never started. Idempotent.
+
+    Raises:
+        Conflict: the job has started; use :func:`record_finish`.
+    """
+    names, balances, r = _locked_reservation(session, job)
+    if r is None or r.status in ("released", "finished"):
+        return
+    if r.status == "started":
+        raise Conflict(f"job {job.id} has started; its reservation ends with record_finish")
+    now = utcnow()
+    r.status, r.ended_at = "released", now
+    _entry(session, at=now, account_name=r.account_name, kind="release", job_id=job.id, pool=r.pool,
+           gpu_type=r.gpu_type, username=r.username, gpus=-r.gpus, committed_gpu_seconds=-r.committed_gpu_seconds,
+           gpu_seconds=0, billing_weight=r.billing_weight, actor=actor, reason=reason or "released")
+    _apply(balances, names, now, reserved_gpus=-r.gpus, committed_gpu_seconds=-r.committed_gpu_seconds,
+           queued_jobs=-1, **{POOL_BALANCE[r.pool]: -r.gpus})
+    session.flush()
+
+
+def adjust(session: Session, *, account: str, kind: str, gpu_seconds: int, actor: str, reason: str,
+           job_id: str | None = None, pool: str | None = None, now: datetime | None = None) -> LedgerEntry:
+    """An admin credit (gives budget back), debit (takes budget) or refund of a job's usage.
+
+    Raises:
+        Invalid: bad kind/amount/pool, a refund without a finished job, or more than was charged.
+    """
+    now = _now(now)
+    if kind not in ("credit", "debit", "refund"):
+        raise Invalid("body.kind", "must be credit, debit or refund")
+    if not isinstance(gpu_seconds, int) or gpu_seconds <= 0 or gpu_seconds > 10**15:
+        raise Invalid("body.gpu_seconds", "must be a positive whole number of GPU-seconds (at most 1e15)")
+    if not reason or not reason.strip():
+        raise Invalid("body.reason", "say why: the reason is kept in the ledger")
+    if pool is not None and pool not in POOLS:
+        raise Invalid("body.pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
+    accounts.get_or_raise(session, name=account, field="body.account")
+    names, balances = _lock_chain(session, account)
+    if kind == "refund":
+        if job_id is None:
+            raise Invalid("body.job_id", "a refund names the job whose usage it gives back")
+        r = session.get(Reservation, job_id)
+        if r is None or r.status != "finished" or r.account_name != account:
+            raise Invalid("body.job_id", f"job {job_id!r} has no finished usage on account {account!r}")
+        refunded = -int(session.scalar(select(func.coalesce(func.sum(LedgerEntry.gpu_seconds), 0)).where(
+            LedgerEntry.job_id == job_id, LedgerEntry.kind == "refund")) or 0)
+        if refunded + gpu_seconds > r.used_gpu_seconds:
+            raise Invalid("body.gpu_seconds", f"job {job_id} was charged {r.used_gpu_seconds} GPU-seconds and "
+                                              f"{refunded} were refunded already")
+        pool = pool or r.pool
+    signed = gpu_seconds if kind == "debit" else -gpu_seconds
+    e = _entry(session, at=now, account_name=account, kind=kind, job_id=job_id, pool=pool, gpus=0,
+               committed_gpu_seconds=0, gpu_seconds=signed, billing_weight=1.0, actor=actor, reason=reason.strip())
+    _apply(balances, names, now, charged_gpu_seconds=signed)
+    _add_bucket(session, account, now.date(), pool or "", signed, adjustment=signed)
+    session.flush()
+    return e
+
+
+def _add_bucket(session: Session, account: str, day: date, pool: str, gpu_seconds: int, *, usage: int = 0,
+                adjustment: int = 0, jobs: int = 0) -> None:
+    # Only ever called with the account's chain locked, so select-then-write is race-free.
+    b = session.get(UsageBucket, (account, day, pool))
+    if b is None:
+        b = UsageBucket(account_name=account, day=day, pool=pool, gpu_seconds=0, usage_gpu_seconds=0,
+                        adjustment_gpu_seconds=0, jobs=0)
+        session.add(b)
+    b.gpu_seconds += gpu_seconds
+    b.usage_gpu_seconds += usage
+    b.adjustment_gpu_seconds += adjustment
+    b.jobs += jobs
+
+
+def decay(value: float, since: datetime, until: datetime, half_life_s: float) -> float:
+    return value * 2.0 ** (-(until - since).total_seconds() / half_life_s)
+
+
+def _add_decayed_usage(session: Session, account: str, gpu_seconds: float, at: datetime, half_life_s: float) -> None:
+    row = session.get(FairshareUsage, account)
+    if row is None:
+        session.add(FairshareUsage(account_name=account, decayed_gpu_seconds=float(gpu_seconds), decayed_at=at))
+        return
+    last = as_utc(row.decayed_at)
+    if at >= last:
+        row.decayed_gpu_seconds = decay(row.decayed_gpu_seconds, last, at, half_life_s) + gpu_seconds
+        row.decayed_at = at
+    else:  # usage reported late: decay it to the row's reference time instead
+        row.decayed_gpu_seconds += decay(gpu_seconds, at, last, half_life_s)
+
+
+def move_subtree(session: Session, *, account: str, new_parent: str | None, actor: str) -> None:
+    """Re-parent ``account``: its subtree totals leave the old ancestors and join the new ones."""
+    old = [a.name for a in accounts.chain(session, account)][:-1]
+    new = [a.name for a in accounts.chain(session, new_parent)] if new_parent else []
+    depth = {n: i for i, n in enumerate(old)}
+    depth.update({n: i for i, n in enumerate(new)})
+    depth[account] = len(old)
+    # One global lock order (depth, then name) that agrees with every chain's root->leaf order.
+    order = sorted(depth, key=lambda n: (depth[n], n))
+    rows = _balance_rows(session, order, lock=True)
+    moving = rows[account]
+    cols = ("reserved_gpus", "reserved_gpus_slurm", "reserved_gpus_kubernetes", "committed_gpu_seconds",
+            "charged_gpu_seconds", "queued_jobs")
+    now = utcnow()
+    for sign, names in ((-1, old), (1, new)):
+        _apply(rows, names, now, **{c: sign * getattr(moving, c) for c in cols})
+    acc = session.get(Account, account)
+    acc.parent_name = new_parent
+    session.flush()
+
+
+# ----------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass
+class FairShare:
+    account: str
+    parent: str | None
+    shares: int  # raw shares of the account
+    level_shares: int  # sum of raw shares of the account and its siblings
+    norm_shares: float  # S: product down the tree of shares / level_shares
+    raw_usage: float  # decayed GPU-seconds of the subtree at `now`
+    norm_usage: float  # U_A: raw_usage / total decayed usage
+    effective_usage: float  # U_E (classic: children of the root use U_A)
+    factor: float  # F = 2^(-U_E / S)
+
+
+def compute_fairshare(tree: dict[str, tuple[str | None, int]], own_usage: dict[str, float]) -> dict[str, FairShare]:
+    """Slurm's classic fair-share over a tree (pure function; docs/ledger.md)."""
+    kids: dict[str | None, list[str]] = {}
+    for name, (parent, _) in tree.items():
+        kids.setdefault(parent if parent in tree else None, []).append(name)
+    raw: dict[str, float] = {}
+    order: list[str] = []
+    stack = list(kids.get(None, []))
+    while stack:  # pre-order; reversed gives children before parents
+        n = stack.pop()
+        order.append(n)
+        stack.extend(kids.get(n, []))
+    for n in reversed(order):
+        raw[n] = own_usage.get(n, 0.0) + sum(raw[k] for k in kids.get(n, []))
+    total = sum(raw[k] for k in kids.get(None, []))
+    out: dict[str, FairShare] = {}
+    for n in order:  # parents before children
+        parent, shares = tree[n]
+        parent = parent if parent in tree else None
+        level = sum(tree[s][1] for s in kids[parent])
+        frac = shares / level if level > 0 else 0.0
+        norm_s = frac * (out[parent].norm_shares if parent else 1.0)
+        ua = raw[n] / total if total > 0 else 0.0
+        ue = ua if parent is None else ua + (out[parent].effective_usage - ua) * frac
+        factor = 2.0 ** (-ue / norm_s) if norm_s > 0 else 0.0
+        out[n] = FairShare(account=n, parent=parent, shares=shares, level_shares=level, norm_shares=norm_s,
+                           raw_usage=raw[n], norm_usage=ua, effective_usage=ue, factor=factor)
+    return out
+
+
+def fairshare(session: Session, *, now: datetime | None = None, half_life_s: float | None = None) -> dict[str, FairShare]:
+    """The fair-share factor of every account and its inputs, at ``now``.
+
+    Reads one materialised decayed-usage row per account (not the entries): O(accounts).
+    """
+    now = _now(now)
+    h = _half_life_s(half_life_s)
+    tree = {name: (parent, shares) for name, parent, shares in
+            session.execute(select(Account.name, Account.parent_name, Account.shares))}
+    own = {name: decay(v, as_utc(at), now, h) for name, v, at in session.execute(
+        select(FairshareUsage.account_name, FairshareUsage.decayed_gpu_seconds, FairshareUsage.decayed_at))}
+    return compute_fairshare(tree, own)
+
+
+def get_balance(session: Session, account: str) -> AccountBalance:
+    rows = _balance_rows(session, [account], lock=False)
+    return rows[account]
+
+
+def expected_balances(session: Session) -> dict[str, dict[str, int]]:
+    """Running totals recomputed from the entries (and reservations for queued_jobs)."""
+    tree = accounts.load_tree(session)
+    own: dict[str, dict[str, int]] = {n: dict.fromkeys(
+        ("reserved_gpus", "reserved_gpus_slurm", "reserved_gpus_kubernetes", "committed_gpu_seconds",
+         "charged_gpu_seconds", "queued_jobs"), 0) for n in tree}
+    for acc, pool, g, c, s in session.execute(select(
+            LedgerEntry.account_name, LedgerEntry.pool, func.sum(LedgerEntry.gpus),
+            func.sum(LedgerEntry.committed_gpu_seconds), func.sum(LedgerEntry.gpu_seconds))
+            .group_by(LedgerEntry.account_name, LedgerEntry.pool)):
+        if acc not in own:
+            continue
+        o = own[acc]
+        o["reserved_gpus"] += int(g or 0)
+        if pool in POOL_BALANCE:
+            o[POOL_BALANCE[pool]] += int(g or 0)
+        o["committed_gpu_seconds"] += int(c or 0)
+        o["charged_gpu_seconds"] += int(s or 0)
+    for acc, n in session.execute(select(Reservation.account_name, func.count()).where(
+            Reservation.status == "reserved").group_by(Reservation.account_name)):
+        if acc in own:
+            own[acc]["queued_jobs"] += int(n)
+    out: dict[str, dict[str, int]] = {}
+    for name in tree:
+        tot = dict.fromkeys(own[name], 0)
+        for d in accounts.descendants(tree, name):
+            for k, v in own[d].items():
+                tot[k] += v
+        out[name] = tot
+    return out
+
+
+def verify(session: Session) -> list[str]:
+    """Differences between materialised balances and the entries (empty when consistent)."""
+    problems = []
+    expected = expected_balances(session)
+    rows = {b.account_name: b for b in session.scalars(
+        select(AccountBalance).execution_options(populate_existing=True))}
+    for name, exp in expected.items():
+        b = rows.get(name)
+        for k, v in exp.items():
+            have = getattr(b, k) if b is not None else 0
+            if have != v:
+                problems.append(f"{name}.{k}: balance {have} != entries {v}")
+    return problems
