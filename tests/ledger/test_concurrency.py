@@ -1,0 +1,126 @@
+"""No overspend under concurrent dispatchers: 64 threads (and 2 OS processes) on Postgres."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+from sqlalchemy import func, select
+
+from gateway.kit.db import make_engine, make_sessionmaker, transaction
+from gateway.kit.errors import QuotaExceeded
+from gateway.ledger import service as ledger
+from gateway.ledger.models import LedgerEntry, Reservation
+from tests.ledger.dbfixtures import T0, add_account, add_job
+
+
+def _setup(factory, n_jobs: int) -> list[str]:
+    with transaction(factory) as s:
+        add_account(s, "org", max_gpus=1000)
+        add_account(s, "team", parent="org", max_gpus=80)  # room for exactly 10 gangs of 8
+        return [add_job(s, "team", gpus=8, username=f"u{i % 7}").id for i in range(n_jobs)]
+
+
+def _reserve_all(factory, job_ids, barrier=None) -> tuple[int, int, list[BaseException]]:
+    from gateway.jobs.models import Job
+
+    ok = refused = 0
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(job_id: str) -> None:
+        nonlocal ok, refused
+        if barrier is not None:
+            barrier.wait()
+        try:
+            with transaction(factory) as s:
+                job = s.get(Job, job_id)
+                ledger.reserve(s, job=job, pool="slurm", actor="test:thread")
+            with lock:
+                ok += 1
+        except QuotaExceeded:
+            with lock:
+                refused += 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(j,)) for j in job_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return ok, refused, errors
+
+
+def test_64_concurrent_reservations_admit_exactly_10(pg_url):
+    engine = make_engine(pg_url, pool_size=64)
+    factory = make_sessionmaker(engine)
+    try:
+        ids = _setup(factory, 64)
+        ok, refused, errors = _reserve_all(factory, ids, threading.Barrier(64))
+        assert errors == []
+        assert (ok, refused) == (10, 54)
+        with transaction(factory) as s:
+            assert s.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "reserve")) == 10
+            assert s.scalar(select(func.count()).select_from(Reservation)) == 10
+            assert ledger.get_balance(s, "team").reserved_gpus == 80
+            assert ledger.get_balance(s, "org").reserved_gpus == 80
+            assert ledger.verify(s) == []
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_sqlite_writers_also_admit_exactly_10(tmp_path, sqlite_template):
+    import shutil
+
+    path = tmp_path / "c.db"
+    shutil.copy(sqlite_template, path)
+    engine = make_engine(f"sqlite:///{path}")
+    factory = make_sessionmaker(engine)
+    try:
+        ids = _setup(factory, 32)
+        ok, refused, errors = _reserve_all(factory, ids, threading.Barrier(32))
+        assert errors == [] and (ok, refused) == (10, 22)
+        with transaction(factory) as s:
+            assert ledger.verify(s) == []
+    finally:
+        engine.dispose()
+
+
+WORKER = """
+import sys
+from gateway.kit.db import make_engine, make_sessionmaker, transaction
+from gateway.kit.errors import QuotaExceeded
+from gateway.jobs.models import Job
+from gateway.ledger import service as ledger
+url, ids = sys.argv[1], sys.argv[2].split(",")
+f = make_sessionmaker(make_engine(url))
+ok = 0
+for job_id in ids:
+    try:
+        with transaction(f) as s:
+            ledger.reserve(s, job=s.get(Job, job_id), pool="slurm", actor="test:process")
+        ok += 1
+    except QuotaExceeded:
+        pass
+print(ok)
+"""
+
+
+def test_two_processes_share_one_quota(pg_url):
+    engine = make_engine(pg_url)
+    factory = make_sessionmaker(engine)
+    try:
+        ids = _setup(factory, 40)
+        halves = [",".join(ids[0::2]), ",".join(ids[1::2])]
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, pg_url, h], stdout=subprocess.PIPE, text=True)
+                 for h in halves]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs)
+        assert sum(int(o.strip()) for o in outs) == 10
+        with transaction(factory) as s:
+            assert ledger.get_balance(s, "team").reserved_gpus == 80
+            assert ledger.verify(s) == []
+    finally:
+        engine.dispose()

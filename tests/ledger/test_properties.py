@@ -1,0 +1,98 @@
+"""Property tests: random interleavings of reservations, starts, finishes, releases and
+admin adjustments keep the ledger consistent and never overspend."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, select
+
+from gateway.accounts.models import AccountQuota
+from gateway.jobs.models import Job
+from gateway.kit.db import transaction
+from gateway.kit.errors import Conflict, QuotaExceeded
+from gateway.ledger import service as ledger
+from gateway.ledger.models import LedgerEntry
+from tests.ledger.dbfixtures import T0, add_account, add_job
+
+_run = itertools.count()
+
+op = st.one_of(
+    st.tuples(st.just("reserve"), st.integers(0, 2), st.sampled_from([1, 2, 4, 8, 16]),
+              st.sampled_from([600, 3600, 4 * 3600]), st.sampled_from(["slurm", "kubernetes"]),
+              st.sampled_from(["alice", "bob"])),
+    st.tuples(st.just("start"), st.integers(0, 40)),
+    st.tuples(st.just("finish"), st.integers(0, 40), st.integers(0, 5 * 3600)),
+    st.tuples(st.just("release"), st.integers(0, 40)),
+    st.tuples(st.sampled_from(["credit", "debit"]), st.integers(0, 2), st.integers(1, 20 * 3600)),
+)
+
+
+def _check(s, names: list[str]) -> None:
+    assert ledger.verify(s) == []
+    quotas = {q.account_name: q for q in s.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
+    for name, q in quotas.items():
+        b = ledger.get_balance(s, name)
+        assert b.reserved_gpus >= 0 and b.committed_gpu_seconds >= 0 and b.queued_jobs >= 0
+        if q.max_gpus is not None:
+            assert b.reserved_gpus <= q.max_gpus, name
+        if q.max_gpus_slurm is not None:
+            assert b.reserved_gpus_slurm <= q.max_gpus_slurm, name
+        if q.max_gpus_kubernetes is not None:
+            assert b.reserved_gpus_kubernetes <= q.max_gpus_kubernetes, name
+        if q.max_queued_jobs is not None:
+            assert b.queued_jobs <= q.max_queued_jobs
+        if q.budget_gpu_seconds is not None:
+            charged = ledger.charged_in_period(s, name, T0.date().replace(day=1))
+            remaining = q.budget_gpu_seconds - charged - b.committed_gpu_seconds
+            if remaining < 0:  # only an admin debit may push a budget below zero
+                sub = ledger.accounts.subtree_select(name)
+                assert s.scalar(select(func.count()).select_from(LedgerEntry).where(
+                    LedgerEntry.kind == "debit", LedgerEntry.account_name.in_(sub))) > 0, name
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(op, min_size=1, max_size=40))
+def test_random_sequences_keep_the_ledger_consistent(factory, ops):
+    p = f"r{next(_run)}"
+    names = [f"{p}-org", f"{p}-a", f"{p}-b"]
+    with transaction(factory) as s:
+        add_account(s, names[0], max_gpus=32, max_gpus_kubernetes=16, budget_gpu_seconds=40 * 3600)
+        add_account(s, names[1], parent=names[0], max_gpus=16, max_queued_jobs=3)
+        add_account(s, names[2], parent=names[0], max_gpus_slurm=8, max_queued_jobs_per_user=2)
+    jobs: list[str] = []
+    started: dict[str, object] = {}
+    for i, o in enumerate(ops):
+        now = T0 + timedelta(minutes=10 * i)
+        try:
+            with transaction(factory) as s:
+                if o[0] == "reserve":
+                    _, acc, gpus, tl, pool, user = o
+                    job = add_job(s, names[acc], gpus=gpus, time_limit_s=tl, pool=pool, username=user)
+                    jobs.append(job.id)
+                    try:
+                        with s.begin_nested():
+                            ledger.reserve(s, job=job, pool=pool, actor="prop", now=now)
+                    except QuotaExceeded:
+                        pass
+                elif o[0] in ("start", "finish", "release") and jobs:
+                    job = s.get(Job, jobs[o[1] % len(jobs)])
+                    if o[0] == "start":
+                        ledger.record_start(s, job=job, started_at=now, actor="prop")
+                        started.setdefault(job.id, now)
+                    elif o[0] == "finish":
+                        st_at = started.get(job.id)
+                        ledger.record_finish(s, job=job, started_at=st_at,
+                                             ended_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop")
+                    else:
+                        ledger.release(s, job=job, actor="prop", reason="cancelled while queued")
+                elif o[0] in ("credit", "debit"):
+                    ledger.adjust(s, account=names[o[1]], kind=o[0], gpu_seconds=o[2], actor="admin",
+                                  reason="property test", now=now)
+        except Conflict:
+            pass  # start/release of a job without (or past) its reservation: refused, nothing written
+        with transaction(factory) as s:
+            _check(s, names)
