@@ -117,9 +117,12 @@ def _clean(app) -> None:
     from gateway.accounts.models import Account
     from gateway.models import metadata
 
+    from sqlalchemy import inspect
+
+    existing = set(inspect(app.state.engine).get_table_names())
     with app.state.engine.begin() as conn:
         for table in reversed(metadata.sorted_tables):
-            if table.name != Account.__tablename__:
+            if table.name != Account.__tablename__ and table.name in existing:
                 conn.execute(table.delete())
         conn.execute(Account.__table__.delete().where(Account.name.notin_(["team-a", "team-b"])))
 

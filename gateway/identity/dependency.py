@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -26,3 +28,7 @@ def require_admin(principal: Principal = Depends(get_principal)) -> Principal:
     if not principal.is_admin:
         raise Forbidden("this operation needs the admin role")
     return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+AdminPrincipal = Annotated[Principal, Depends(require_admin)]

@@ -7,18 +7,16 @@ import binascii
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 
-from gateway.identity.dependency import get_principal
-from gateway.identity.principal import Principal
+from gateway.identity.dependency import CurrentPrincipal
 from gateway.jobs import repository, service
 from gateway.jobs.models import Job
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC, BackendChoice, JobEventOut, JobEventPage, JobOut, JobPage, JobSpec, format_duration,
 )
 from gateway.jobs.states import JobState
-from gateway.kit.db import get_session
+from gateway.kit.db import DbSession
 from gateway.kit.errors import Invalid, problem_responses
 from gateway.kit.timeutil import as_utc
 
@@ -68,14 +66,14 @@ def _decode_cursor(cursor: str) -> str:
                **problem_responses(401, 403, 409, 422)},
 )
 def submit_job(
+    principal: CurrentPrincipal,
+    session: DbSession,
     request: Request,
     response: Response,
     spec: Annotated[JobSpec, Body(openapi_examples={"four-node gang": {"summary": "4 x 8 GPUs",
                                                                         "value": EXAMPLE_SPEC}})],
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
-                                                  description="Client-chosen key making the submission safe to retry.")] = None,
-    principal: Principal = Depends(get_principal),
-    session: Session = Depends(get_session),
+                                                  description="Client-chosen key making the submission safe to retry.")] = None
 ) -> JobOut:
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
@@ -96,13 +94,13 @@ def submit_job(
     responses=problem_responses(401, 422),
 )
 def list_jobs(
+    principal: CurrentPrincipal,
+    session: DbSession,
     state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
     account: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
     backend: Annotated[BackendChoice | None, Query(description="Pool asked for or routed to.")] = None,
     cursor: Annotated[str | None, Query(max_length=128)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    principal: Principal = Depends(get_principal),
-    session: Session = Depends(get_session),
+    limit: Annotated[int, Query(ge=1, le=500)] = 50
 ) -> JobPage:
     after = _decode_cursor(cursor) if cursor else None
     jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
@@ -113,13 +111,14 @@ def list_jobs(
     return JobPage(items=[to_out(j) for j in jobs], next_cursor=_encode_cursor(jobs[-1].id) if more else None)
 
 
-JobId = Annotated[str, "job id"]
+JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                            description="Job id as returned by submitJob.",
+                            examples=["0192f0c4-7d3e-7a51-8c3e-5b1f0d9a2c44"])]
 
 
 @router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
-            responses=problem_responses(401, 404))
-def get_job(job_id: str, principal: Principal = Depends(get_principal),
-            session: Session = Depends(get_session)) -> JobOut:
+            responses=problem_responses(401, 404, 422))
+def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
     return to_out(service.get_or_raise(session, principal=principal, job_id=job_id))
 
 
@@ -127,20 +126,17 @@ def get_job(job_id: str, principal: Principal = Depends(get_principal),
     "/{job_id}/cancel", status_code=202, response_model=JobOut, operation_id="cancelJob", summary="Cancel a job",
     description="A pending job is cancelled at once; a submitted job goes to `cancelling` until its "
                 "backend confirms. Cancelling a job that is already cancelling is a no-op.",
-    responses=problem_responses(401, 404, 409),
+    responses=problem_responses(401, 404, 409, 422),
 )
-def cancel_job(job_id: str, principal: Principal = Depends(get_principal),
-               session: Session = Depends(get_session)) -> JobOut:
+def cancel_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
     return to_out(service.cancel(session, principal=principal, job_id=job_id))
 
 
 @router.get("/{job_id}/events", response_model=JobEventPage, operation_id="listJobEvents",
             summary="A job's history", description="Every state change and decision, oldest first.",
             responses=problem_responses(401, 404, 422))
-def list_job_events(job_id: str, after: Annotated[int, Query(ge=0, le=2**62)] = 0,
-                    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
-                    principal: Principal = Depends(get_principal),
-                    session: Session = Depends(get_session)) -> JobEventPage:
+def list_job_events(principal: CurrentPrincipal, session: DbSession, job_id: JobId, after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 500) -> JobEventPage:
     job = service.get_or_raise(session, principal=principal, job_id=job_id)
     events = repository.list_events(session, job.id, after_id=after, limit=limit)
     return JobEventPage(items=[JobEventOut(

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from fastapi import Request
+from typing import Annotated
+
+from fastapi import Depends, Request
 from sqlalchemy import BigInteger, Integer, MetaData, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -75,6 +77,12 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    """FastAPI dependency: one transaction per request."""
+    """FastAPI dependency: one transaction per request. Use it through ``DbSession``."""
     with transaction(request.app.state.sessionmaker) as session:
         yield session
+
+
+# scope="function": the transaction commits when the route returns, BEFORE the response
+# is sent. (The default scope exits after sending, so a client could be told "202" for a
+# commit that then fails, or read its own write before it is committed.)
+DbSession = Annotated[Session, Depends(get_session, scope="function")]
