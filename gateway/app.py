@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from gateway import __version__
+from gateway.accounts.router import router as accounts_router
+from gateway.admin.router import router as admin_router
 from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
@@ -27,6 +29,8 @@ Authenticate with an OIDC bearer token from your organisation's provider.
 
 TAGS = [
     {"name": "jobs", "description": "Submit, follow and cancel gang jobs."},
+    {"name": "accounts", "description": "Your accounts: usage, remaining budget, fair share."},
+    {"name": "admin", "description": "Administration: accounts, quotas, credits, ledger, usage reports."},
     {"name": "health", "description": "Liveness and readiness probes (no authentication)."},
 ]
 
@@ -53,6 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     install_error_handlers(app)
     app.include_router(jobs_router)
+    app.include_router(accounts_router)
+    app.include_router(admin_router)
 
     @app.get("/healthz", tags=["health"], operation_id="healthz", summary="Liveness",
              responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}})
