@@ -569,3 +569,23 @@ def verify(session: Session) -> list[str]:
             if have != v:
                 problems.append(f"{name}.{k}: balance {have} != entries {v}")
     return problems
+
+
+def account_usage(session: Session, *, account: str, now: datetime | None = None,
+                  half_life_s: float | None = None) -> dict[str, Any]:
+    """Usage, remaining budget and fair share of one account (for "why is my job waiting")."""
+    now = _now(now)
+    eff = accounts.effective_quota(session, account)
+    bal = get_balance(session, account)
+    budget = eff["budget_gpu_seconds"]
+    used = remaining = label = None
+    if budget.value is not None:
+        since = period_start(eff["budget_period"], eff["budget_window_days"], now)
+        src_bal = get_balance(session, budget.source)
+        used = charged_in_period(session, budget.source, since)
+        remaining = budget.value - used - src_bal.committed_gpu_seconds
+        label = now.strftime("%Y-%m") if eff["budget_period"] == "month" else \
+            f"last {eff['budget_window_days']} days"
+    fs = fairshare(session, now=now, half_life_s=half_life_s).get(account)
+    return {"effective": eff, "balance": bal, "period": label, "used_gpu_seconds": used,
+            "remaining_gpu_seconds": remaining, "fairshare": fs}

@@ -1,0 +1,96 @@
+"""HTTP only: /v1/accounts — a caller's own accounts, their usage and fair share."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from sqlalchemy.orm import Session
+
+from gateway.accounts import service
+from gateway.accounts.schemas import (
+    AccountOut, AccountPage, AccountUsageOut, BalanceOut, EffectiveLimitOut, FairShareOut, QuotaOut,
+)
+from gateway.identity.dependency import get_principal
+from gateway.identity.principal import Principal
+from gateway.kit.db import get_session
+from gateway.kit.errors import NotFound, problem_responses
+from gateway.kit.timeutil import as_utc
+from gateway.ledger import service as ledger
+
+router = APIRouter(prefix="/v1/accounts", tags=["accounts"])
+
+USAGE_EXAMPLE = {
+    "account": "team-a", "period": "2026-11", "used_gpu_hours": 812.5, "committed_gpu_hours": 256.0,
+    "remaining_gpu_hours": 931.5,
+    "balance": {"reserved_gpus": 24, "reserved_gpus_slurm": 16, "reserved_gpus_kubernetes": 8,
+                "committed_gpu_hours": 256.0, "queued_jobs": 1},
+    "quota": {"max_gpus": {"value": 32, "source": "team-a"}, "max_gpus_slurm": {"value": None, "source": None},
+              "max_gpus_kubernetes": {"value": None, "source": None},
+              "budget_gpu_hours": {"value": 2000, "source": "org"}, "budget_period": "month",
+              "budget_window_days": 30, "max_queued_jobs": {"value": None, "source": None},
+              "max_queued_jobs_per_user": {"value": 10, "source": "org"}},
+    "fairshare": {"account": "team-a", "parent": "org", "shares": 1, "level_shares": 2, "norm_shares": 0.375,
+                  "raw_usage_gpu_hours": 70.0, "norm_usage": 0.875, "effective_usage": 0.875, "factor": 0.198},
+}
+
+
+def fairshare_out(fs: ledger.FairShare) -> FairShareOut:
+    return FairShareOut(account=fs.account, parent=fs.parent, shares=fs.shares, level_shares=fs.level_shares,
+                        norm_shares=fs.norm_shares, raw_usage_gpu_hours=fs.raw_usage / 3600,
+                        norm_usage=fs.norm_usage, effective_usage=fs.effective_usage, factor=fs.factor)
+
+
+def quota_out(eff: dict) -> QuotaOut:
+    def lim(key: str, scale: float = 1) -> EffectiveLimitOut:
+        v = eff[key]
+        return EffectiveLimitOut(value=None if v.value is None else (v.value / scale if scale != 1 else v.value),
+                                 source=v.source)
+
+    return QuotaOut(max_gpus=lim("max_gpus"), max_gpus_slurm=lim("max_gpus_slurm"),
+                    max_gpus_kubernetes=lim("max_gpus_kubernetes"), budget_gpu_hours=lim("budget_gpu_seconds", 3600),
+                    budget_period=eff["budget_period"], budget_window_days=eff["budget_window_days"],
+                    max_queued_jobs=lim("max_queued_jobs"), max_queued_jobs_per_user=lim("max_queued_jobs_per_user"))
+
+
+def usage_out(session: Session, name: str, half_life_s: float) -> AccountUsageOut:
+    u = ledger.account_usage(session, account=name, half_life_s=half_life_s)
+    b = u["balance"]
+    hours = (lambda v: None if v is None else round(v / 3600, 3))
+    return AccountUsageOut(
+        account=name, period=u["period"], used_gpu_hours=hours(u["used_gpu_seconds"]),
+        committed_gpu_hours=hours(b.committed_gpu_seconds), remaining_gpu_hours=hours(u["remaining_gpu_seconds"]),
+        balance=BalanceOut(reserved_gpus=b.reserved_gpus, reserved_gpus_slurm=b.reserved_gpus_slurm,
+                           reserved_gpus_kubernetes=b.reserved_gpus_kubernetes,
+                           committed_gpu_hours=hours(b.committed_gpu_seconds), queued_jobs=b.queued_jobs),
+        quota=quota_out(u["effective"]), fairshare=fairshare_out(u["fairshare"]) if u["fairshare"] else None)
+
+
+@router.get("", response_model=AccountPage, operation_id="listMyAccounts", summary="List your accounts",
+            description="The accounts in your token's groups (plus the subtrees of accounts you coordinate); "
+                        "all accounts for admins. Each with its current fair-share factor.",
+            responses=problem_responses(401))
+def list_accounts(request: Request, principal: Principal = Depends(get_principal),
+                  session: Session = Depends(get_session)) -> AccountPage:
+    names = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,
+                                     is_admin=principal.is_admin)
+    tree = service.load_tree(session)
+    fs = ledger.fairshare(session, half_life_s=request.app.state.settings.fairshare_half_life_s)
+    return AccountPage(items=[AccountOut(name=n, parent=tree[n].parent_name, shares=tree[n].shares,
+                                         description=tree[n].description or "",
+                                         fairshare_factor=fs[n].factor if n in fs else None,
+                                         created_at=as_utc(tree[n].created_at)) for n in names])
+
+
+@router.get("/{name}/usage", response_model=AccountUsageOut, operation_id="getAccountUsage",
+            summary="Usage, remaining budget and fair share of an account",
+            description="What the account has used in its budget period, what running and queued jobs have "
+                        "committed, what remains, the effective (possibly inherited) quotas and the fair-share "
+                        "factor with its inputs. Accounts you may not see are reported as not found.",
+            responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}},
+                       **problem_responses(401, 404)})
+def account_usage(name: str, request: Request, principal: Principal = Depends(get_principal),
+                  session: Session = Depends(get_session)) -> AccountUsageOut:
+    visible = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,
+                                       is_admin=principal.is_admin)
+    if name not in visible:
+        raise NotFound(f"no account {name!r} visible to you")
+    return usage_out(session, name, request.app.state.settings.fairshare_half_life_s)

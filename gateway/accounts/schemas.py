@@ -1,0 +1,91 @@
+"""Wire models for accounts, quotas and usage (user view and admin view)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+AccountName = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", max_length=63)
+
+
+class QuotaIn(BaseModel):
+    """Limits to set on an account. Omitted fields are left as they are; ``null`` removes a limit
+    (the nearest ancestor's then applies). A limit caps the sum over the account's subtree."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"max_gpus": 64, "max_gpus_slurm": 48, "budget_gpu_hours": 20000, "budget_period": "month",
+         "max_queued_jobs": 50, "max_queued_jobs_per_user": 10}]})
+
+    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000, description="Concurrent GPUs, both pools.")
+    max_gpus_slurm: int | None = Field(default=None, ge=0, le=1_000_000)
+    max_gpus_kubernetes: int | None = Field(default=None, ge=0, le=1_000_000)
+    budget_gpu_hours: float | None = Field(default=None, ge=0, le=10**11,
+                                           description="Billing-weighted GPU-hours per period.")
+    budget_period: Literal["month", "rolling"] | None = Field(
+        default=None, description="`month` (calendar month, UTC) or `rolling` (last `budget_window_days`).")
+    budget_window_days: int | None = Field(default=None, ge=1, le=366)
+    max_queued_jobs: int | None = Field(default=None, ge=0, le=10_000_000,
+                                        description="Reserved-but-not-started jobs in the subtree.")
+    max_queued_jobs_per_user: int | None = Field(default=None, ge=0, le=10_000_000)
+
+
+class EffectiveLimitOut(BaseModel):
+    value: float | int | None = Field(description="null = unlimited")
+    source: str | None = Field(description="Account the limit is set on (itself or an ancestor).")
+
+
+class QuotaOut(BaseModel):
+    max_gpus: EffectiveLimitOut
+    max_gpus_slurm: EffectiveLimitOut
+    max_gpus_kubernetes: EffectiveLimitOut
+    budget_gpu_hours: EffectiveLimitOut
+    budget_period: str | None
+    budget_window_days: int | None
+    max_queued_jobs: EffectiveLimitOut
+    max_queued_jobs_per_user: EffectiveLimitOut
+
+
+class BalanceOut(BaseModel):
+    reserved_gpus: int
+    reserved_gpus_slurm: int
+    reserved_gpus_kubernetes: int
+    committed_gpu_hours: float
+    queued_jobs: int
+
+
+class FairShareOut(BaseModel):
+    account: str
+    parent: str | None
+    shares: int
+    level_shares: int
+    norm_shares: float
+    raw_usage_gpu_hours: float
+    norm_usage: float
+    effective_usage: float
+    factor: float
+
+
+class AccountOut(BaseModel):
+    name: str
+    parent: str | None
+    shares: int
+    description: str
+    fairshare_factor: float | None = None
+    created_at: datetime | None = None
+
+
+class AccountUsageOut(BaseModel):
+    account: str
+    period: str | None = Field(description="Budget period of the governing budget, e.g. `2026-11` or `last 30 days`.")
+    used_gpu_hours: float | None = Field(description="Net charges in the period, subtree of the budget's account.")
+    committed_gpu_hours: float = Field(description="Committed time of running/queued jobs not yet charged.")
+    remaining_gpu_hours: float | None = Field(description="Budget minus used minus committed; null = no budget.")
+    balance: BalanceOut
+    quota: QuotaOut
+    fairshare: FairShareOut | None
+
+
+class AccountPage(BaseModel):
+    items: list[AccountOut]

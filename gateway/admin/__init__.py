@@ -1,0 +1,1 @@
+"""Administration: accounts, quotas, credits, ledger views, usage reports, fair share."""

@@ -1,0 +1,309 @@
+"""HTTP only: /v1/admin/... — accounts, quotas, members, credits, ledger, usage, fair share.
+
+Every route requires the admin role (``require_admin``) and runs in the request's one
+transaction: a refused change leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import csv
+import io
+from datetime import date, datetime, timedelta
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.accounts import service as accounts
+from gateway.accounts.models import AccountMember
+from gateway.accounts.router import fairshare_out, usage_out
+from gateway.accounts.schemas import QuotaIn
+from gateway.admin.schemas import (
+    AccountCreate, AccountUpdate, AdjustmentIn, AdminAccountOut, BillingWeightIn, BillingWeightOut, FairShareTable,
+    LedgerEntryOut, LedgerPage, MemberIn, MemberOut, UsageReport, UsageRow,
+)
+from gateway.identity.dependency import require_admin
+from gateway.identity.principal import Principal
+from gateway.kit.db import get_session
+from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.timeutil import as_utc, utcnow
+from gateway.ledger import repository, service as ledger
+from gateway.ledger.models import ENTRY_KINDS, GpuBillingWeight
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+
+NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+CSV = "text/csv"
+USAGE_COLUMNS = ["account", "pool", "period", "jobs", "usage_gpu_seconds", "adjustment_gpu_seconds",
+                 "net_gpu_seconds", "net_gpu_hours"]
+
+
+def _half_life(request: Request) -> int:
+    return request.app.state.settings.fairshare_half_life_s
+
+
+def _quota_values(q: QuotaIn) -> dict:
+    values = {k: getattr(q, k) for k in q.model_fields_set}
+    if "budget_gpu_hours" in values:
+        h = values.pop("budget_gpu_hours")
+        values["budget_gpu_seconds"] = None if h is None else int(round(h * 3600))
+    return values
+
+
+def _admin_account(session: Session, name: str, half_life_s: int) -> AdminAccountOut:
+    acc = accounts.get_or_raise(session, name=name)
+    base = usage_out(session, name, half_life_s)
+    return AdminAccountOut(**base.model_dump(), parent=acc.parent_name, shares=acc.shares,
+                           description=acc.description or "",
+                           members=[_member_out(m) for m in accounts.members(session, name)])
+
+
+def _member_out(m: AccountMember) -> MemberOut:
+    return MemberOut(account=m.account_name, username=m.username, role=m.role, created_at=as_utc(m.created_at))
+
+
+# ----------------------------------------------------------------- accounts
+
+
+@router.post("/accounts", status_code=201, response_model=AdminAccountOut, operation_id="createAccount",
+             summary="Create an account",
+             description="Create an organisation (no parent), team or sub-team, optionally with its quota.",
+             responses=problem_responses(401, 403, 409, 422))
+def create_account(request: Request, response: Response, body: AccountCreate,
+                   principal: Principal = Depends(require_admin),
+                   session: Session = Depends(get_session)) -> AdminAccountOut:
+    accounts.create(session, name=body.name, parent_name=body.parent, shares=body.shares,
+                    description=body.description)
+    if body.quota is not None:
+        accounts.set_quota(session, name=body.name, values=_quota_values(body.quota), actor=principal.subject)
+    response.headers["Location"] = f"/v1/admin/accounts/{body.name}"
+    return _admin_account(session, body.name, _half_life(request))
+
+
+@router.get("/accounts", response_model=list[AdminAccountOut], operation_id="listAllAccounts",
+            summary="List all accounts with quotas, usage and fair share", responses=problem_responses(401, 403))
+def list_all_accounts(request: Request, session: Session = Depends(get_session)) -> list[AdminAccountOut]:
+    return [_admin_account(session, n, _half_life(request)) for n in sorted(accounts.load_tree(session))]
+
+
+@router.get("/accounts/{name}", response_model=AdminAccountOut, operation_id="getAccount", summary="Get an account",
+            responses=problem_responses(401, 403, 404))
+def get_account(name: str, request: Request, session: Session = Depends(get_session)) -> AdminAccountOut:
+    return _admin_account(session, name, _half_life(request))
+
+
+@router.patch("/accounts/{name}", response_model=AdminAccountOut, operation_id="updateAccount",
+              summary="Change an account's parent, shares or description",
+              description="Moving an account moves its subtree's running totals to the new ancestors. "
+                          "A move below itself (a cycle) is a 422 naming `body.parent`.",
+              responses=problem_responses(401, 403, 404, 409, 422))
+def update_account(name: str, request: Request, body: AccountUpdate,
+                   principal: Principal = Depends(require_admin),
+                   session: Session = Depends(get_session)) -> AdminAccountOut:
+    accounts.update(session, name=name, changes=body.model_dump(include=body.model_fields_set),
+                    actor=principal.subject)
+    return _admin_account(session, name, _half_life(request))
+
+
+@router.delete("/accounts/{name}", status_code=204, operation_id="deleteAccount", summary="Delete an account",
+               description="Refused (409) while the account has child accounts, active jobs, held reservations "
+                           "or any job history. Its ledger entries are kept.",
+               responses=problem_responses(401, 403, 404, 409))
+def delete_account(name: str, session: Session = Depends(get_session)) -> Response:
+    accounts.delete(session, name=name)
+    return Response(status_code=204)
+
+
+@router.put("/accounts/{name}/quota", response_model=AdminAccountOut, operation_id="setAccountQuota",
+            summary="Set an account's quotas",
+            description="Fields present are set; `null` removes a limit (the nearest ancestor's then applies); "
+                        "absent fields are unchanged. Negative or absurd values are a 422 naming the field.",
+            responses=problem_responses(401, 403, 404, 422))
+def set_quota(name: str, request: Request, body: QuotaIn, principal: Principal = Depends(require_admin),
+              session: Session = Depends(get_session)) -> AdminAccountOut:
+    accounts.set_quota(session, name=name, values=_quota_values(body), actor=principal.subject)
+    return _admin_account(session, name, _half_life(request))
+
+
+@router.get("/accounts/{name}/members", response_model=list[MemberOut], operation_id="listAccountMembers",
+            summary="List recorded members", responses=problem_responses(401, 403, 404))
+def list_members(name: str, session: Session = Depends(get_session)) -> list[MemberOut]:
+    accounts.get_or_raise(session, name=name)
+    return [_member_out(m) for m in accounts.members(session, name)]
+
+
+@router.put("/accounts/{name}/members/{username}", response_model=MemberOut, operation_id="setAccountMember",
+            summary="Add a member or change their role",
+            description="Records `username` as member or coordinator. Who may submit is decided by the token's "
+                        "groups; see docs/ledger.md.",
+            responses=problem_responses(401, 403, 404, 422))
+def set_member(name: str, username: Annotated[str, "user"], body: Annotated[MemberIn, Body()] = MemberIn(),
+               session: Session = Depends(get_session)) -> MemberOut:
+    import re
+
+    if not re.match(USER, username):
+        raise Invalid("path.username", "must be a POSIX user name")
+    return _member_out(accounts.set_member(session, name=name, username=username, role=body.role))
+
+
+@router.delete("/accounts/{name}/members/{username}", status_code=204, operation_id="removeAccountMember",
+               summary="Remove a member", responses=problem_responses(401, 403, 404))
+def remove_member(name: str, username: str, session: Session = Depends(get_session)) -> Response:
+    accounts.remove_member(session, name=name, username=username)
+    return Response(status_code=204)
+
+
+# ----------------------------------------------------------------- ledger
+
+
+def _cursor(last_id: int) -> str:
+    return base64.urlsafe_b64encode(f"le:{last_id}".encode()).decode().rstrip("=")
+
+
+def _uncursor(cursor: str) -> int:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+        if not raw.startswith("le:"):
+            raise ValueError
+        return int(raw[3:])
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise Invalid("query.cursor", "not a cursor returned by this API") from None
+
+
+def _entry_out(e) -> LedgerEntryOut:
+    return LedgerEntryOut(id=e.id, at=as_utc(e.at), account=e.account_name, kind=e.kind, job_id=e.job_id,
+                          pool=e.pool, gpu_type=e.gpu_type, username=e.username, gpus=e.gpus,
+                          committed_gpu_seconds=e.committed_gpu_seconds, gpu_seconds=e.gpu_seconds,
+                          billing_weight=e.billing_weight, actor=e.actor, reason=e.reason or "", data=e.data)
+
+
+@router.post("/ledger/adjustments", status_code=201, response_model=LedgerEntryOut,
+             operation_id="createLedgerAdjustment", summary="Grant or revoke credit",
+             description="Append a `credit` (budget back), `debit` (budget taken) or `refund` (part of a finished "
+                         "job's usage back) entry with a reason. Entries are never edited; revoke a credit with "
+                         "a debit.",
+             responses=problem_responses(401, 403, 422))
+def create_adjustment(body: AdjustmentIn, principal: Principal = Depends(require_admin),
+                      session: Session = Depends(get_session)) -> LedgerEntryOut:
+    e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=int(round(body.gpu_hours * 3600)),
+                      actor=principal.subject, reason=body.reason, job_id=body.job_id, pool=body.pool)
+    return _entry_out(e)
+
+
+@router.get("/ledger", response_model=LedgerPage, operation_id="listLedgerEntries", summary="View the ledger",
+            description="Entries oldest first, filtered; follow `next_cursor` for the next page.",
+            responses=problem_responses(401, 403, 422))
+def list_ledger(
+    account: Annotated[str | None, Query(pattern=NAME)] = None,
+    include_subaccounts: Annotated[bool, Query(description="With `account`: also its descendants.")] = False,
+    job_id: Annotated[str | None, Query(max_length=36)] = None,
+    kind: Annotated[list[Literal[ENTRY_KINDS]] | None, Query(description="Repeatable.")] = None,  # type: ignore[valid-type]
+    pool: Annotated[Literal["slurm", "kubernetes"] | None, Query()] = None,
+    since: Annotated[datetime | None, Query(description="Entries at or after (ISO 8601).")] = None,
+    until: Annotated[datetime | None, Query(description="Entries before (ISO 8601).")] = None,
+    cursor: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    session: Session = Depends(get_session),
+) -> LedgerPage:
+    if since and until and as_utc(until) <= as_utc(since):
+        raise Invalid("query.until", "must be after `since`")
+    rows = repository.list_entries(session, account=account, include_subaccounts=include_subaccounts,
+                                   job_id=job_id, kinds=list(kind or []), pool=pool, since=as_utc(since),
+                                   until=as_utc(until), after_id=_uncursor(cursor) if cursor else 0,
+                                   limit=limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return LedgerPage(items=[_entry_out(e) for e in rows], next_cursor=_cursor(rows[-1].id) if more else None)
+
+
+@router.get("/usage", response_model=UsageReport, operation_id="getUsageReport",
+            summary="Usage per account x pool x period (JSON or CSV)",
+            description="Net charges of each account's own jobs (billing-weighted) per pool and period, plus admin "
+                        "adjustments. CSV with `Accept: text/csv` or `?format=csv`; columns: "
+                        + ", ".join(USAGE_COLUMNS) + ".",
+            responses={200: {"content": {CSV: {"schema": {"type": "string"}, "example":
+                             "account,pool,period,jobs,usage_gpu_seconds,adjustment_gpu_seconds,net_gpu_seconds,"
+                             "net_gpu_hours\r\nteam-a,slurm,2026-11,12,360000,0,360000,100.0\r\n"}}},
+                       **problem_responses(401, 403, 422)})
+def usage_report(
+    request: Request,
+    since: Annotated[date | None, Query(description="First day (UTC); default: first of this month.")] = None,
+    until: Annotated[date | None, Query(description="Day after the last; default: tomorrow.")] = None,
+    period: Annotated[Literal["month", "day"], Query()] = "month",
+    account: Annotated[str | None, Query(pattern=NAME, description="This account and its descendants.")] = None,
+    format: Annotated[Literal["json", "csv"] | None, Query()] = None,
+    session: Session = Depends(get_session),
+):
+    today = utcnow().date()
+    since = since or today.replace(day=1)
+    until = until or today + timedelta(days=1)
+    if until <= since:
+        raise Invalid("query.until", "must be after `since`")
+    if (until - since).days > 3660:
+        raise Invalid("query.since", "the report spans at most 10 years")
+    names = None
+    if account:
+        tree = accounts.load_tree(session)
+        if account not in tree:
+            raise Invalid("query.account", f"unknown account {account!r}")
+        names = accounts.descendants(tree, account)
+    rows = repository.usage_report(session, since=since, until=until, period=period, accounts_in=names)
+    wants_csv = format == "csv" or (format is None and CSV in request.headers.get("accept", ""))
+    if wants_csv:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=USAGE_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "pool": r["pool"] or ""})
+        return Response(buf.getvalue(), media_type="text/csv; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="isthmus-usage-{since}-{until}.csv"'})
+    return UsageReport(since=since.isoformat(), until=until.isoformat(), period=period,
+                       items=[UsageRow(**r) for r in rows])
+
+
+@router.get("/fairshare", response_model=FairShareTable, operation_id="getFairshareTable",
+            summary="Fair-share table (like sshare)",
+            description="Every account with raw and normalised shares, decayed usage, effective usage and the "
+                        "factor F = 2^(-U_E/S), tree order.", responses=problem_responses(401, 403))
+def fairshare_table(request: Request, session: Session = Depends(get_session)) -> FairShareTable:
+    now = utcnow()
+    fs = ledger.fairshare(session, now=now, half_life_s=_half_life(request))
+    tree = accounts.load_tree(session)
+    kids = accounts.children_map(tree)
+    order: list[str] = []
+    stack = list(reversed(kids.get(None, [])))
+    while stack:
+        n = stack.pop()
+        order.append(n)
+        stack.extend(reversed(kids.get(n, [])))
+    return FairShareTable(at=now, half_life_s=_half_life(request), items=[fairshare_out(fs[n]) for n in order])
+
+
+@router.get("/billing-weights", response_model=list[BillingWeightOut], operation_id="listBillingWeights",
+            summary="GPU billing weights", responses=problem_responses(401, 403))
+def list_weights(session: Session = Depends(get_session)) -> list[BillingWeightOut]:
+    return [BillingWeightOut(pool=w.pool, gpu_type=w.gpu_type, weight=w.weight)
+            for w in session.scalars(select(GpuBillingWeight).order_by(GpuBillingWeight.pool, GpuBillingWeight.gpu_type))]
+
+
+@router.put("/billing-weights/{pool}/{gpu_type}", response_model=BillingWeightOut, operation_id="setBillingWeight",
+            summary="Set a GPU type's billing weight in a pool",
+            description="`gpu_type` `*` sets the pool's default. Applies to reservations made from now on.",
+            responses=problem_responses(401, 403, 422))
+def set_weight(pool: Literal["slurm", "kubernetes"], gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
+               session: Session = Depends(get_session)) -> BillingWeightOut:
+    import re
+
+    if not re.match(r"^(\*|[a-z0-9][a-z0-9._-]{0,31})$", gpu_type):
+        raise Invalid("path.gpu_type", "a GPU type like h100, or * for the pool default")
+    w = session.get(GpuBillingWeight, (pool, gpu_type))
+    if w is None:
+        w = GpuBillingWeight(pool=pool, gpu_type=gpu_type, weight=body.weight, updated_at=utcnow())
+        session.add(w)
+    w.weight, w.updated_at = body.weight, utcnow()
+    session.flush()
+    return BillingWeightOut(pool=pool, gpu_type=gpu_type, weight=w.weight)

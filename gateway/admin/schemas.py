@@ -1,0 +1,132 @@
+"""Wire models of the admin API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.accounts.schemas import AccountUsageOut, FairShareOut, QuotaIn
+
+NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+
+class AccountCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"name": "team-a", "parent": "org", "shares": 2, "description": "Vision team",
+         "quota": {"max_gpus": 32, "budget_gpu_hours": 5000}}]})
+
+    name: str = Field(pattern=NAME, max_length=63)
+    parent: str | None = Field(default=None, pattern=NAME, max_length=63)
+    shares: int = Field(default=1, ge=0, le=1_000_000, description="Fair-share weight among siblings.")
+    description: str = Field(default="", max_length=2000)
+    quota: QuotaIn | None = None
+
+
+class AccountUpdate(BaseModel):
+    """Only the fields present change. ``parent: null`` makes the account a root."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"shares": 3}, {"parent": "org-b"}]})
+
+    parent: str | None = Field(default=None, pattern=NAME, max_length=63)
+    shares: int | None = Field(default=None, ge=0, le=1_000_000)
+    description: str | None = Field(default=None, max_length=2000)
+
+
+class AdminAccountOut(AccountUsageOut):
+    parent: str | None
+    shares: int
+    description: str
+    members: list["MemberOut"] = []
+
+
+class MemberIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"role": "coordinator"}]})
+
+    role: Literal["member", "coordinator"] = "member"
+
+
+class MemberOut(BaseModel):
+    account: str
+    username: str
+    role: str
+    created_at: datetime | None = None
+
+
+class AdjustmentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"account": "team-a", "kind": "credit", "gpu_hours": 100, "reason": "outage on 2026-11-03"},
+        {"account": "team-a", "kind": "refund", "gpu_hours": 16, "job_id": "0192f3c4-...",
+         "reason": "node failure"}]})
+
+    account: str = Field(pattern=NAME, max_length=63)
+    kind: Literal["credit", "debit", "refund"] = Field(
+        description="credit gives budget back, debit takes budget, refund gives back (part of) a job's usage.")
+    gpu_hours: float = Field(gt=0, le=10**11, description="Billing-weighted GPU-hours.")
+    reason: str = Field(min_length=1, max_length=2000)
+    job_id: str | None = Field(default=None, max_length=36)
+    pool: Literal["slurm", "kubernetes"] | None = None
+
+
+class LedgerEntryOut(BaseModel):
+    id: int
+    at: datetime
+    account: str
+    kind: str
+    job_id: str | None
+    pool: str | None
+    gpu_type: str | None
+    username: str | None
+    gpus: int = Field(description="Change of GPUs held.")
+    committed_gpu_seconds: int = Field(description="Change of outstanding committed GPU-seconds.")
+    gpu_seconds: int = Field(description="Billing-weighted charge (+) or credit (-) against the budget.")
+    billing_weight: float
+    actor: str
+    reason: str
+    data: dict[str, Any] | None = None
+
+
+class LedgerPage(BaseModel):
+    items: list[LedgerEntryOut]
+    next_cursor: str | None
+
+
+class UsageRow(BaseModel):
+    account: str
+    pool: str | None = Field(description="null for admin credits/debits not tied to a pool")
+    period: str = Field(examples=["2026-11"])
+    jobs: int
+    usage_gpu_seconds: int
+    adjustment_gpu_seconds: int
+    net_gpu_seconds: int
+    net_gpu_hours: float
+
+
+class UsageReport(BaseModel):
+    since: str
+    until: str
+    period: str
+    items: list[UsageRow]
+
+
+class FairShareTable(BaseModel):
+    at: datetime
+    half_life_s: int
+    items: list[FairShareOut]
+
+
+class BillingWeightIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"weight": 2.0}]})
+
+    weight: float = Field(gt=0, le=1000)
+
+
+class BillingWeightOut(BaseModel):
+    pool: str
+    gpu_type: str
+    weight: float
+
+
+AdminAccountOut.model_rebuild()
