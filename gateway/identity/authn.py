@@ -1,27 +1,51 @@
 """Bearer-token validation shared by every trusted issuer.
 
 Each issuer supplies its keys through a ``KeySource`` (the dev issuer: a local key; an
-OIDC provider: its JWKS, see ``oidc.py``). Validation is the same for all: size limit,
-algorithm allow-list (asymmetric only), signature with a key chosen by ``kid``, then
-``iss``, ``aud``, ``exp``, ``nbf``, ``iat`` with a small leeway and required claims.
+OIDC provider: its JWKS, see ``oidc.py``). Validation is the same for all, in this
+order, and stops at the first failure:
+
+1. size (``MAX_TOKEN_BYTES``) and shape: three base64url segments, JSON objects, ASCII;
+2. ``iss`` (unverified) selects a trusted issuer; unknown issuers are refused;
+3. ``alg`` must be in that issuer's allow-list, which only ever holds asymmetric
+   algorithms: ``none`` and HMAC are refused before any key is looked at, so a token
+   "signed" with the provider's public key as an HMAC secret never reaches a verifier;
+4. the key is chosen by ``kid`` from the issuer's key source and must be of the
+   algorithm's key type (and match the key's own ``alg`` if it declares one);
+5. signature, then ``iss``, ``aud``, ``exp``, ``nbf``, ``iat`` with the issuer's leeway,
+   and the required claims;
+6. the claims mapping turns the claims into a ``Principal``.
+
+Reasons in ``InvalidToken`` are short fixed strings: they end up in the 401 response
+and never contain the token or anything taken from it.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import time
 from typing import Any, Protocol
 
-from authlib.jose import JsonWebToken
-from authlib.jose.errors import JoseError
+from joserfc import jws, jwt
+from joserfc.errors import (
+    BadSignatureError, ExpiredTokenError, InvalidClaimError, JoseError, MissingClaimError,
+)
+from joserfc.jwk import ECKey, OKPKey, RSAKey
 
 from gateway.identity.claims import ClaimsError, ClaimsMapping, principal_from_claims
 from gateway.identity.principal import Principal
 
 ALLOWED_ALGS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+# Access tokens of the common providers are 1-4 KiB; Entra ID with many groups ~6 KiB.
 MAX_TOKEN_BYTES = 16 * 1024
 REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp", "iat")
+
+# joserfc only verifies with algorithms named in the registry; restricting it to the
+# asymmetric ones is a second, independent guard behind the per-issuer allow-list.
+_JWS_REGISTRY = jws.JWSRegistry(algorithms=list(ALLOWED_ALGS))
+_KEY_TYPE_FOR_ALG = {**{a: RSAKey for a in ALLOWED_ALGS if a[:2] in ("RS", "PS")},
+                     **{a: ECKey for a in ALLOWED_ALGS if a.startswith("ES")}, "EdDSA": OKPKey}
 
 
 class InvalidToken(Exception):
@@ -30,19 +54,30 @@ class InvalidToken(Exception):
 
 class KeySource(Protocol):
     def key_for(self, kid: str | None):
-        """Return the public JWK for ``kid`` or raise InvalidToken('unknown key id')."""
+        """Return the public joserfc key for ``kid``.
+
+        Raises:
+            InvalidToken: 'unknown key id', or 'keys unavailable' when none could be loaded.
+        """
 
     def status(self) -> dict[str, Any]:
-        ...
+        """``{"ok": bool, ...}`` for /readyz."""
 
 
 class StaticKeySource:
+    """A fixed set of public keys (the dev issuer; tests)."""
+
     def __init__(self, keyset):
         self.keyset = keyset
 
     def key_for(self, kid: str | None):
-        for key in self.keyset.keys:
-            if kid is None or key.kid == kid:
+        keys = self.keyset.keys
+        if kid is None:
+            if len(keys) == 1:
+                return keys[0]
+            raise InvalidToken("token has no key id")
+        for key in keys:
+            if key.kid == kid:
                 return key
         raise InvalidToken("unknown key id")
 
@@ -53,17 +88,30 @@ class StaticKeySource:
 class TrustedIssuer:
     def __init__(self, *, issuer: str, audience: str | list[str], keys: KeySource,
                  mapping: ClaimsMapping | None = None, algorithms: tuple[str, ...] = ALLOWED_ALGS,
-                 leeway_s: int = 30, label: str = ""):
+                 leeway_s: int = 30, label: str = "", required_claims: tuple[str, ...] = ()):
         bad = [a for a in algorithms if a not in ALLOWED_ALGS]
         if bad:
             raise ValueError(f"algorithms not allowed (asymmetric only): {bad}")
+        if not algorithms:
+            raise ValueError("at least one algorithm is needed")
         self.issuer = issuer
         self.audiences = [audience] if isinstance(audience, str) else list(audience)
+        if not self.audiences or not all(self.audiences):
+            raise ValueError("an audience is needed: tokens for other services must not be accepted")
         self.keys = keys
         self.mapping = mapping or ClaimsMapping()
-        self.algorithms = algorithms
+        self.algorithms = tuple(algorithms)
         self.leeway_s = leeway_s
         self.label = label or issuer
+        self.required_claims = tuple(dict.fromkeys((*REQUIRED_CLAIMS, *required_claims)))
+        self._claims_registry_options = {
+            "iss": {"essential": True, "value": issuer},
+            "aud": {"essential": True, "values": self.audiences},
+            **{name: {"essential": True} for name in self.required_claims if name not in ("iss", "aud")},
+        }
+
+    def claims_registry(self, now: int) -> jwt.JWTClaimsRegistry:
+        return jwt.JWTClaimsRegistry(now=now, leeway=self.leeway_s, **self._claims_registry_options)
 
 
 def _b64json(segment: str) -> dict[str, Any]:
@@ -76,51 +124,57 @@ def _b64json(segment: str) -> dict[str, Any]:
 
 class Authenticator:
     def __init__(self, issuers: list[TrustedIssuer]):
-        self.issuers = {i.issuer: i for i in issuers}
+        self.issuers: dict[str, TrustedIssuer] = {}
+        for i in issuers:
+            if i.issuer in self.issuers:
+                raise ValueError(f"issuer configured twice: {i.issuer}")
+            self.issuers[i.issuer] = i
 
     def authenticate(self, token: str) -> Principal:
+        """Validate a bearer token and map its claims.
+
+        Raises:
+            InvalidToken: with a short reason safe to show the caller.
+        """
         if len(token) > MAX_TOKEN_BYTES:
             raise InvalidToken("token too large")
+        if not token.isascii():
+            raise InvalidToken("malformed token")
         parts = token.split(".")
-        if len(parts) != 3 or not all(parts[:2]):
+        if len(parts) != 3 or not all(parts):
             raise InvalidToken("malformed token")
         try:
             header = _b64json(parts[0])
             unverified = _b64json(parts[1])
-        except (ValueError, UnicodeError):
+        except (ValueError, UnicodeError, binascii.Error):
             raise InvalidToken("malformed token") from None
-        alg = header.get("alg")
         iss = unverified.get("iss")
         trusted = self.issuers.get(iss) if isinstance(iss, str) else None
         if trusted is None:
             raise InvalidToken("untrusted issuer")
-        if alg not in trusted.algorithms:
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in trusted.algorithms:
             raise InvalidToken("algorithm not allowed")
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise InvalidToken("malformed token")
         key = trusted.keys.key_for(kid)
+        if not isinstance(key, _KEY_TYPE_FOR_ALG[alg]):
+            raise InvalidToken("algorithm does not match key")
+        if key.alg and key.alg != alg:
+            raise InvalidToken("algorithm does not match key")
         now = int(time.time())
-        options = {
-            "iss": {"essential": True, "value": trusted.issuer},
-            "aud": {"essential": True, "values": trusted.audiences},
-            "sub": {"essential": True},
-            "exp": {"essential": True},
-            "iat": {"essential": True},
-        }
         try:
-            claims = JsonWebToken(list(trusted.algorithms)).decode(token, key, claims_options=options)
-            claims.validate(now=now, leeway=trusted.leeway_s)
+            claims = jwt.decode(token, key, algorithms=[alg], registry=_JWS_REGISTRY).claims
+            trusted.claims_registry(now).validate(claims)
         except JoseError as exc:
             raise InvalidToken(_reason(exc)) from None
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, UnicodeError):
             raise InvalidToken("malformed token") from None
+        # joserfc only checks iat when present; it is required here, and must be a number.
         iat = claims.get("iat")
-        if not isinstance(iat, (int, float)) or iat > now + trusted.leeway_s:
-            raise InvalidToken("token issued in the future")
-        for name in REQUIRED_CLAIMS:
-            if name not in claims:
-                raise InvalidToken(f"missing claim {name}")
+        if isinstance(iat, bool) or not isinstance(iat, (int, float)):
+            raise InvalidToken("invalid claim iat")
         try:
             return principal_from_claims(dict(claims), trusted.mapping, issuer=trusted.issuer)
         except ClaimsError as exc:
@@ -131,12 +185,22 @@ class Authenticator:
 
 
 def _reason(exc: JoseError) -> str:
-    name = getattr(exc, "error", "") or type(exc).__name__
-    return {
-        "expired_token": "token expired",
-        "invalid_token": "token not yet valid",
-        "bad_signature": "bad signature",
-        "invalid_claim": "invalid claim",
-        "missing_claim": "missing claim",
-        "unsupported_algorithm": "algorithm not allowed",
-    }.get(name, "invalid token")
+    if isinstance(exc, ExpiredTokenError):
+        return "token expired"
+    if isinstance(exc, BadSignatureError):
+        return "bad signature"
+    if isinstance(exc, MissingClaimError):
+        # The (comma-joined) names come from our own required-claims list.
+        return f"missing claim {exc.claim}"
+    if isinstance(exc, InvalidClaimError):
+        claim = getattr(exc, "claim", "") or ""
+        return {
+            "nbf": "token not yet valid",
+            "iat": "token issued in the future",
+            "iss": "wrong issuer",
+            "aud": "wrong audience",
+            "exp": "invalid claim exp",
+        }.get(claim, f"invalid claim {claim}" if claim.isidentifier() else "invalid claim")
+    if getattr(exc, "error", "") in ("unsupported_algorithm", "missing_algorithm"):
+        return "algorithm not allowed"
+    return "invalid token"

@@ -11,22 +11,27 @@ import time
 import uuid
 from pathlib import Path
 
-from authlib.jose import JsonWebKey, KeySet, jwt
+from joserfc import jwt
+from joserfc.jwk import KeySet, RSAKey
 
 DEV_KID = "isthmus-dev-1"
 
 
-def load_or_create_key(path: Path):
+def load_or_create_key(path: Path) -> RSAKey:
     path = Path(path)
     if path.exists():
-        return JsonWebKey.import_key(path.read_text(), {"kty": "RSA", "kid": DEV_KID})
+        return RSAKey.import_key(path.read_bytes(), {"kid": DEV_KID})
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = JsonWebKey.generate_key("RSA", 2048, is_private=True, options={"kid": DEV_KID})
-    pem = key.as_pem(is_private=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    key = RSAKey.generate_key(2048, {"kid": DEV_KID}, private=True)
+    pem = key.as_pem(private=True)
+    # O_EXCL: two gateways starting at once must not overwrite each other's key.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return RSAKey.import_key(path.read_bytes(), {"kid": DEV_KID})
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
-    return JsonWebKey.import_key(pem, {"kty": "RSA", "kid": DEV_KID})
+    return RSAKey.import_key(pem, {"kid": DEV_KID})
 
 
 class DevIssuer:
@@ -36,7 +41,7 @@ class DevIssuer:
         self.key = load_or_create_key(key_path)
 
     def public_keyset(self) -> KeySet:
-        return KeySet([JsonWebKey.import_key(self.key.as_dict(is_private=False), {"kid": DEV_KID})])
+        return KeySet([RSAKey.import_key(self.key.as_dict(private=False))])
 
     def mint(self, *, user: str, groups: list[str] = (), admin: bool = False, lifetime_s: int = 3600,
              extra: dict | None = None) -> str:
@@ -48,4 +53,4 @@ class DevIssuer:
         }
         claims.update(extra or {})
         header = {"alg": "RS256", "kid": DEV_KID, "typ": "JWT"}
-        return jwt.encode(header, claims, self.key).decode()
+        return jwt.encode(header, claims, self.key, algorithms=["RS256"])

@@ -9,7 +9,7 @@ from gateway.kit.settings import Settings
 
 
 class ConfigurationError(RuntimeError):
-    pass
+    """The identity settings cannot work; the gateway must not start."""
 
 
 def build_dev_issuer(settings: Settings) -> DevIssuer:
@@ -34,9 +34,12 @@ def build_authenticator(settings: Settings) -> Authenticator:
 def _oidc_issuers(settings: Settings) -> list[TrustedIssuer]:
     import json
 
-    configs = json.loads(settings.oidc_issuers or "[]")
+    try:
+        configs = json.loads(settings.oidc_issuers or "[]")
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"ISTHMUS_OIDC_ISSUERS is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not configs:
         return []
-    from gateway.identity.oidc import issuers_from_config  # filled in by the OIDC module
+    from gateway.identity.oidc import issuers_from_config  # httpx etc. only when OIDC is configured
 
     return issuers_from_config(configs, settings)
