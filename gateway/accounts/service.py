@@ -10,7 +10,7 @@ import dataclasses
 import re
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete as sa_delete, func, select
 from sqlalchemy.orm import Session
 
 from gateway.accounts.models import POOLS, Account, AccountMember, AccountQuota
@@ -185,12 +185,9 @@ def delete(session: Session, *, name: str) -> None:
     if history:
         raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
                        "to 0 instead of deleting it")
-    for model in (AccountBalance, AccountQuota):
-        row = session.get(model, name)
-        if row is not None:
-            session.delete(row)
-    for m in session.scalars(select(AccountMember).where(AccountMember.account_name == name)):
-        session.delete(m)
+    for model in (AccountBalance, AccountQuota, AccountMember):
+        session.execute(sa_delete(model).where(model.account_name == name)
+                        .execution_options(synchronize_session="fetch"))
     session.delete(acc)
     session.flush()
 
