@@ -1,0 +1,253 @@
+"""``isthmus admin ...``: the admin API from the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from gateway.cli import Client, _emit, _table, client_options
+
+ACCOUNT_COLUMNS = [("name", "ACCOUNT"), ("parent", "PARENT"), ("shares", "SHARES"), ("gpus", "GPUS"),
+                   ("max_gpus", "MAX_GPUS"), ("used_gpu_hours", "USED_H"), ("remaining_gpu_hours", "LEFT_H"),
+                   ("factor", "FAIRSHARE")]
+LEDGER_COLUMNS = [("id", "ID"), ("at", "AT"), ("account", "ACCOUNT"), ("kind", "KIND"), ("job_id", "JOB"),
+                  ("pool", "POOL"), ("gpus", "GPUS"), ("gpu_seconds", "GPU_S"), ("actor", "ACTOR"),
+                  ("reason", "REASON")]
+SSHARE_COLUMNS = [("account", "Account"), ("shares", "RawShares"), ("norm_shares", "NormShares"),
+                  ("raw_usage_gpu_hours", "RawUsage(GPU-h)"), ("effective_usage", "EffectvUsage"),
+                  ("factor", "FairShare")]
+
+
+@click.group()
+def admin() -> None:
+    """Administer accounts, quotas, credits and reports (needs the admin role)."""
+
+
+def _account_row(a: dict) -> dict:
+    return {"name": a["account"], "parent": a["parent"], "shares": a["shares"],
+            "gpus": a["balance"]["reserved_gpus"], "max_gpus": a["quota"]["max_gpus"]["value"],
+            "used_gpu_hours": a["used_gpu_hours"], "remaining_gpu_hours": a["remaining_gpu_hours"],
+            "factor": f"{a['fairshare']['factor']:.4f}" if a.get("fairshare") else None}
+
+
+@admin.group()
+def accounts() -> None:
+    """Create, change and delete accounts."""
+
+
+@accounts.command("list")
+@client_options
+def accounts_list(url, token, as_json) -> None:
+    """All accounts with quotas, usage and fair share."""
+    data = Client(url, token).call("GET", "/v1/admin/accounts")
+    _emit(data, as_json, lambda rows: _table([_account_row(a) for a in rows], ACCOUNT_COLUMNS))
+
+
+@accounts.command("create")
+@click.argument("name")
+@click.option("--parent")
+@click.option("--shares", type=int, default=1, show_default=True)
+@click.option("--description", default="")
+@client_options
+def accounts_create(name, parent, shares, description, url, token, as_json) -> None:
+    """Create an account."""
+    data = Client(url, token).call("POST", "/v1/admin/accounts", json={
+        "name": name, "parent": parent, "shares": shares, "description": description})
+    _emit(data, as_json, lambda a: f"created account {a['account']}")
+
+
+@accounts.command("update")
+@click.argument("name")
+@click.option("--parent", help="new parent ('-' for none)")
+@click.option("--shares", type=int)
+@click.option("--description")
+@client_options
+def accounts_update(name, parent, shares, description, url, token, as_json) -> None:
+    """Change an account's parent, shares or description."""
+    body: dict[str, Any] = {}
+    if parent is not None:
+        body["parent"] = None if parent == "-" else parent
+    if shares is not None:
+        body["shares"] = shares
+    if description is not None:
+        body["description"] = description
+    data = Client(url, token).call("PATCH", f"/v1/admin/accounts/{name}", json=body)
+    _emit(data, as_json, lambda a: f"updated account {a['account']}")
+
+
+@accounts.command("delete")
+@click.argument("name")
+@client_options
+def accounts_delete(name, url, token, as_json) -> None:
+    """Delete an account (refused while it has children, active jobs or history)."""
+    client = Client(url, token)
+    r = client.http.delete(f"/v1/admin/accounts/{name}")
+    if r.status_code >= 400:
+        client.call("DELETE", f"/v1/admin/accounts/{name}")  # renders the problem
+    click.echo(f"deleted account {name}")
+
+
+@admin.command("quota")
+@click.argument("name")
+@click.option("--max-gpus", type=int)
+@click.option("--max-gpus-slurm", type=int)
+@click.option("--max-gpus-kubernetes", type=int)
+@click.option("--budget-gpu-hours", type=float)
+@click.option("--budget-period", type=click.Choice(["month", "rolling"]))
+@click.option("--budget-window-days", type=int)
+@click.option("--max-queued-jobs", type=int)
+@click.option("--max-queued-jobs-per-user", type=int)
+@click.option("--unset", multiple=True, help="remove a limit (field name, repeatable), e.g. --unset max_gpus")
+@client_options
+def quota(name, unset, url, token, as_json, **limits) -> None:
+    """Set an account's quotas (unset limits are inherited from ancestors)."""
+    body = {k: v for k, v in limits.items() if v is not None}
+    body.update({u.replace("-", "_"): None for u in unset})
+    data = Client(url, token).call("PUT", f"/v1/admin/accounts/{name}/quota", json=body)
+    _emit(data, as_json, lambda a: "\n".join(f"{k:26} {v['value']!s:>12}  (from {v['source'] or '-'})"
+                                             for k, v in a["quota"].items() if isinstance(v, dict)))
+
+
+@admin.group()
+def members() -> None:
+    """Recorded members and coordinators."""
+
+
+@members.command("list")
+@click.argument("account")
+@client_options
+def members_list(account, url, token, as_json) -> None:
+    data = Client(url, token).call("GET", f"/v1/admin/accounts/{account}/members")
+    _emit(data, as_json, lambda rows: _table(rows, [("username", "USER"), ("role", "ROLE")]))
+
+
+@members.command("add")
+@click.argument("account")
+@click.argument("username")
+@click.option("--coordinator", is_flag=True)
+@client_options
+def members_add(account, username, coordinator, url, token, as_json) -> None:
+    data = Client(url, token).call("PUT", f"/v1/admin/accounts/{account}/members/{username}",
+                                   json={"role": "coordinator" if coordinator else "member"})
+    _emit(data, as_json, lambda m: f"{m['username']} is {m['role']} of {m['account']}")
+
+
+@members.command("remove")
+@click.argument("account")
+@click.argument("username")
+@client_options
+def members_remove(account, username, url, token, as_json) -> None:
+    client = Client(url, token)
+    r = client.http.delete(f"/v1/admin/accounts/{account}/members/{username}")
+    if r.status_code >= 400:
+        client.call("DELETE", f"/v1/admin/accounts/{account}/members/{username}")
+    click.echo(f"removed {username} from {account}")
+
+
+def _adjust(kind: str):
+    @click.argument("account")
+    @click.argument("gpu_hours", type=float)
+    @click.option("--reason", required=True)
+    @click.option("--job", "job_id")
+    @click.option("--pool", type=click.Choice(["slurm", "kubernetes"]))
+    @client_options
+    def cmd(account, gpu_hours, reason, job_id, pool, url, token, as_json) -> None:
+        body = {"account": account, "kind": kind, "gpu_hours": gpu_hours, "reason": reason}
+        if job_id:
+            body["job_id"] = job_id
+        if pool:
+            body["pool"] = pool
+        e = Client(url, token).call("POST", "/v1/admin/ledger/adjustments", json=body)
+        _emit(e, as_json, lambda x: f"ledger entry {x['id']}: {kind} {gpu_hours} GPU-h on {account}")
+
+    cmd.__doc__ = {"credit": "Grant GPU-hours back to an account's budget.",
+                   "debit": "Take GPU-hours from an account's budget (revokes a credit).",
+                   "refund": "Give back (part of) a finished job's usage (--job)."}[kind]
+    return cmd
+
+
+for _kind in ("credit", "debit", "refund"):
+    admin.command(_kind)(_adjust(_kind))
+
+
+@admin.command("ledger")
+@click.option("--account")
+@click.option("--subaccounts", is_flag=True)
+@click.option("--job", "job_id")
+@click.option("--kind", multiple=True)
+@click.option("--pool", type=click.Choice(["slurm", "kubernetes"]))
+@click.option("--since")
+@click.option("--until")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--all", "all_pages", is_flag=True)
+@client_options
+def ledger_cmd(account, subaccounts, job_id, kind, pool, since, until, limit, all_pages, url, token, as_json):
+    """Ledger entries, oldest first."""
+    params: dict[str, Any] = {"limit": limit, "include_subaccounts": subaccounts}
+    for k, v in (("account", account), ("job_id", job_id), ("pool", pool), ("since", since), ("until", until)):
+        if v:
+            params[k] = v
+    if kind:
+        params["kind"] = list(kind)
+    client, items = Client(url, token), []
+    while True:
+        page = client.call("GET", "/v1/admin/ledger", params=params)
+        items += page["items"]
+        if not (all_pages and page["next_cursor"]):
+            break
+        params["cursor"] = page["next_cursor"]
+    _emit(items, as_json, lambda rows: _table(rows, LEDGER_COLUMNS))
+
+
+@admin.command("usage")
+@click.option("--since")
+@click.option("--until")
+@click.option("--period", type=click.Choice(["month", "day"]), default="month", show_default=True)
+@click.option("--account")
+@click.option("--csv", "as_csv", is_flag=True, help="print CSV (for spreadsheets)")
+@client_options
+def usage(since, until, period, account, as_csv, url, token, as_json) -> None:
+    """Usage per account x pool x period."""
+    params = {k: v for k, v in (("since", since), ("until", until), ("period", period), ("account", account)) if v}
+    client = Client(url, token)
+    if as_csv:
+        r = client.http.get("/v1/admin/usage", params={**params, "format": "csv"})
+        if r.status_code >= 400:
+            client.call("GET", "/v1/admin/usage", params=params)
+        click.echo(r.text, nl=False)
+        return
+    data = client.call("GET", "/v1/admin/usage", params=params)
+    _emit(data, as_json, lambda d: _table(d["items"], [("account", "ACCOUNT"), ("pool", "POOL"),
+                                                        ("period", "PERIOD"), ("jobs", "JOBS"),
+                                                        ("net_gpu_hours", "GPU_HOURS")]))
+
+
+@admin.command("fairshare")
+@client_options
+def fairshare(url, token, as_json) -> None:
+    """The fair-share table (like sshare)."""
+    data = Client(url, token).call("GET", "/v1/admin/fairshare")
+
+    def render(d: dict) -> str:
+        depth = {}
+        rows = []
+        for f in d["items"]:
+            depth[f["account"]] = depth.get(f["parent"], -1) + 1 if f["parent"] else 0
+            rows.append({**f, "account": " " * depth[f["account"]] + f["account"],
+                         **{k: f"{f[k]:.6f}" for k in ("norm_shares", "effective_usage", "factor")},
+                         "raw_usage_gpu_hours": f"{f['raw_usage_gpu_hours']:.1f}"})
+        return _table(rows, SSHARE_COLUMNS)
+
+    _emit(data, as_json, render)
+
+
+@admin.command("weight")
+@click.argument("pool", type=click.Choice(["slurm", "kubernetes"]))
+@click.argument("gpu_type")
+@click.argument("weight", type=float)
+@client_options
+def weight(pool, gpu_type, weight, url, token, as_json) -> None:
+    """Set a GPU type's billing weight in a pool ('*' = pool default)."""
+    data = Client(url, token).call("PUT", f"/v1/admin/billing-weights/{pool}/{gpu_type}", json={"weight": weight})
+    _emit(data, as_json, lambda w: f"{w['pool']}/{w['gpu_type']}: weight {w['weight']}")
