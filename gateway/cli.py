@@ -278,5 +278,8 @@ def cancel(job_id, url, token, as_json) -> None:
     _emit(data, as_json, lambda j: f"job {j['id']}: {j['state']}")
 
 
+main.add_command(__import__("gateway.admin.cli", fromlist=["admin"]).admin)  # `isthmus admin ...`
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
