@@ -141,7 +141,9 @@ class Authenticator:
         if not token.isascii():
             raise InvalidToken("malformed token")
         parts = token.split(".")
-        if len(parts) != 3 or not all(parts):
+        # An empty signature is let through to the algorithm check: that is what an
+        # "alg: none" token looks like, and it deserves the precise reason.
+        if len(parts) != 3 or not all(parts[:2]):
             raise InvalidToken("malformed token")
         try:
             header = _b64json(parts[0])
@@ -194,12 +196,14 @@ def _reason(exc: JoseError) -> str:
         return f"missing claim {exc.claim}"
     if isinstance(exc, InvalidClaimError):
         claim = getattr(exc, "claim", "") or ""
+        description = str(exc.description or "")
+        if claim == "nbf" and "not yet valid" in description:
+            return "token not yet valid"
+        if claim == "iat" and "future" in description:
+            return "token issued in the future"
         return {
-            "nbf": "token not yet valid",
-            "iat": "token issued in the future",
             "iss": "wrong issuer",
             "aud": "wrong audience",
-            "exp": "invalid claim exp",
         }.get(claim, f"invalid claim {claim}" if claim.isidentifier() else "invalid claim")
     if getattr(exc, "error", "") in ("unsupported_algorithm", "missing_algorithm"):
         return "algorithm not allowed"
