@@ -1,0 +1,42 @@
+# Isthmus: the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test install stack stack-down openapi bench lint clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## run: the gateway on the embedded default (SQLite, dev issuer) at http://127.0.0.1:8080
+run: install
+	ISTHMUS_DEV_MODE=true $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
+
+## stack: every real system the tests use, on loopback (idempotent)
+stack: install
+	bash stack/up.sh
+
+stack-down:
+	bash stack/down.sh
+
+## test: start the whole test stack, then run every test (SQLite and Postgres)
+test: install stack
+	ISTHMUS_REQUIRE_STACK=1 bash stack/run-tests.sh $(PYTEST_ARGS)
+
+openapi: install
+	$(BIN)/isthmus openapi -o docs/openapi.json
+
+bench: install stack
+	bash bench/run.sh
+
+clean:
+	rm -rf $(VENV) .stack .pytest_cache .hypothesis isthmus.db .isthmus

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Start every real system the test suite needs, on loopback. Idempotent.
+# Caches (downloaded distributions, built binaries, chroots) live in $ISTHMUS_CACHE,
+# outside the repository; runtime state in .stack/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export ISTHMUS_CACHE=${ISTHMUS_CACHE:-/var/cache/isthmus}
+mkdir -p .stack "$ISTHMUS_CACHE"
+t0=$SECONDS
+step() { local s=$SECONDS; echo "== stack: $*"; "$@"; echo "== stack: $1 ${2:-} done in $((SECONDS - s)) s"; }
+step bash stack/postgres.sh up
+for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 kube}; do
+  case $part in
+    oidc) [ -f stack/oidc/up.sh ] && step bash stack/oidc/up.sh ;;
+    slurm-*) [ -f stack/slurm/up.sh ] && step bash stack/slurm/up.sh "${part#slurm-}" ;;
+    kube) [ -f stack/kube/up.sh ] && step bash stack/kube/up.sh ;;
+  esac
+done
+echo "== stack: all up in $((SECONDS - t0)) s"
