@@ -18,6 +18,7 @@ slurm_version_layout "$VER"
 TEST_USERS=(alice:2001 bob:2002 carol:2003 slurmrest:2010)
 CONF="$STATE/etc/slurm.conf"
 mkdir -p "$STATE" "$CACHE"
+# Daemons started below get "9>&-" so they do not inherit (and hold) this lock.
 exec 9>"$STATE/.up.lock"
 flock -w 600 9 || { log "another up.sh holds $STATE/.up.lock"; exit 1; }
 
@@ -155,16 +156,16 @@ if ! pid_alive "$STATE/munge/munged.pid" munged; then
   "${CH[@]}" runuser -u munge -- /usr/sbin/munged --force \
     --key-file="$STATE/munge/munge.key" --socket="$STATE/munge/munge.socket" \
     --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" \
-    --seed-file="$STATE/munge/munged.seed"
+    --seed-file="$STATE/munge/munged.seed" 9>&-
 fi
 if ! pid_alive "$STATE/run/slurmctld.pid" slurmctld; then
   log "starting slurmctld on port $CTLD_PORT"
-  "${CH[@]}" "${RUN_ENV[@]}" /usr/sbin/slurmctld -f "$CONF"
+  "${CH[@]}" "${RUN_ENV[@]}" /usr/sbin/slurmctld -f "$CONF" 9>&-
 fi
 for n in 1 2 3 4; do
   if ! pid_alive "$STATE/run/slurmd-gpu$n.pid" slurmd; then
     log "starting slurmd gpu$n"
-    "${CH[@]}" "${RUN_ENV[@]}" /usr/sbin/slurmd -f "$CONF" -N "gpu$n"
+    "${CH[@]}" "${RUN_ENV[@]}" /usr/sbin/slurmd -f "$CONF" -N "gpu$n" 9>&-
   fi
 done
 
@@ -178,7 +179,7 @@ if ! pid_alive "$STATE/run/slurmrestd.pid" slurmrestd; then
     setsid "${CH[@]}" env SLURM_CONF="$CONF" SLURM_JWT=daemon \
       /usr/sbin/slurmrestd -f "$CONF" -u slurmrest -g slurmrest -a rest_auth/jwt \
       -s "$REST_PLUGINS" "127.0.0.1:$REST_PORT" \
-      </dev/null >>"$STATE/log/slurmrestd.log" 2>&1 &
+      </dev/null >>"$STATE/log/slurmrestd.log" 2>&1 9>&- &
     echo $! >"$STATE/run/slurmrestd.pid"
   )
 fi
