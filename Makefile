@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test install stack stack-down openapi bench lint clean
+.PHONY: run run-slurm test install stack stack-down openapi bench lint clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
@@ -20,6 +20,12 @@ install: $(STAMP)
 ## run: the gateway on the embedded default (SQLite, dev issuer) at http://127.0.0.1:8080
 run: install
 	ISTHMUS_DEV_MODE=true $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
+
+## run-slurm: the same, with the local Slurm 22.05 test cluster as its backend (jobs run)
+run-slurm: install
+	bash stack/slurm/up.sh 22.05
+	ISTHMUS_DEV_MODE=true ISTHMUS_BACKENDS="$$($(BIN)/python stack/backends_json.py slurm-22.05)" \
+	  $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
 
 ## stack: every real system the tests use, on loopback (idempotent)
 stack: install
