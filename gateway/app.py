@@ -12,6 +12,8 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.accounts.router import router as accounts_router
 from gateway.admin.router import router as admin_router
+from gateway.dispatch.backends import build_backends
+from gateway.dispatch.service import Dispatcher
 from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
@@ -46,9 +48,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.dev_mode:
             log.warning("DEV MODE: the local development issuer is trusted; do not use in production")
             _seed_dev_accounts(app, settings)
+        app.state.backends = build_backends(settings.backends)
+        app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
+                                          settings=settings)
+        if app.state.backends and settings.dispatch_in_serve:
+            app.state.dispatcher.start()
         try:
             yield
         finally:
+            app.state.dispatcher.stop()
+            for backend in app.state.backends.values():
+                backend.close()
             engine.dispose()
 
     app = FastAPI(title="Isthmus", version=__version__, description=DESCRIPTION, openapi_tags=TAGS,

@@ -70,6 +70,37 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
 
 
 @main.command()
+@click.option("--once", is_flag=True, help="run one recover/dispatch/reconcile round and exit")
+def worker(once: bool) -> None:
+    """Run the dispatcher/reconciler without the HTTP API (any number may run at once)."""
+    import logging
+    import signal
+
+    from gateway.dispatch.backends import build_backends
+    from gateway.dispatch.service import Dispatcher
+    from gateway.kit.db import make_engine, make_sessionmaker
+
+    settings = _settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    backends = build_backends(settings.backends)
+    if not backends:
+        raise click.ClickException("no backends configured: set ISTHMUS_BACKENDS (see docs/dispatch.md)")
+    engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
+    dispatcher = Dispatcher(sessions=make_sessionmaker(engine), backends=backends, settings=settings)
+    if once:
+        dispatcher.run_once()
+        return
+    signal.signal(signal.SIGTERM, lambda *_: dispatcher._stop.set())
+    click.echo(f"worker: dispatching to {', '.join(sorted(backends))}", err=True)
+    try:
+        dispatcher.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.dispose()
+
+
+@main.command()
 @click.option("--revision", default="head", show_default=True)
 def migrate(revision: str) -> None:
     """Apply database migrations (ISTHMUS_DATABASE_URL)."""

@@ -56,6 +56,25 @@ def _decode_cursor(cursor: str) -> str:
     return raw
 
 
+def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
+    """A job pinned to a pool that can never fit it is refused now, not left pending forever.
+
+    Uses the dispatcher's latest capacity snapshot; with none yet, the job is accepted and
+    the dispatcher fails it with the same reason once it knows.
+    """
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    views = dict(getattr(dispatcher, "_views", {}) or {})
+    if not views:
+        return
+    from gateway.routing.service import JobShape, check_pinned
+
+    shape = JobShape(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
+                     image=spec.image, gpu_type=spec.gpu_type)
+    reason = check_pinned(shape, spec.backend.value, views)
+    if reason:
+        raise Invalid("body.backend" if spec.backend.value != "auto" else "body", f"this job can never run: {reason}")
+
+
 @router.post(
     "", status_code=202, response_model=JobOut, operation_id="submitJob",
     summary="Submit a job",
@@ -78,6 +97,7 @@ def submit_job(
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
     settings = request.app.state.settings
+    _refuse_if_never_fits(request, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
                                   max_time_limit_s=settings.max_time_limit_s)

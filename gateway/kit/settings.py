@@ -30,6 +30,19 @@ class Settings(BaseSettings):
     audience: str = "isthmus"
     leeway_s: int = Field(default=30, ge=0, le=300)
 
+    # Backends: JSON object {"slurm": {...adapter kwargs}, "kubernetes": {...}}; see docs/dispatch.md.
+    backends: str = "{}"
+    # The dispatcher runs inside `isthmus serve` unless turned off (then run `isthmus worker`).
+    dispatch_in_serve: bool = True
+    dispatch_interval_s: float = Field(default=1.0, gt=0, le=60)
+    dispatch_batch: int = Field(default=100, ge=1, le=10000)
+    dispatch_lease_s: int = Field(default=120, ge=5, le=3600)  # a DISPATCHING claim expires after this
+    retry_backoff_base_s: float = Field(default=2.0, gt=0, le=600)
+    retry_backoff_max_s: float = Field(default=300.0, gt=0, le=3600)
+    capacity_ttl_s: float = Field(default=2.0, ge=0, le=600)
+    # Routing policy: preference weight per pool (higher wins ties), see docs/dispatch.md.
+    routing_weights: str = '{"slurm": 1.0, "kubernetes": 1.0}'
+
     default_time_limit_s: int = Field(default=3600, ge=60)
     max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
 

@@ -1,0 +1,431 @@
+"""The control loop: fair-share dispatch, routing, submission, reconciliation, recovery.
+
+Exactly-once dispatch rests on three rules (docs/dispatch.md):
+
+1. A job is claimed (pending -> dispatching, ledger reservation, routing decision) in ONE
+   transaction, with ``FOR UPDATE SKIP LOCKED`` on Postgres so concurrent dispatchers
+   never claim the same row. The claim carries a lease (``next_attempt_at``).
+2. The backend call happens outside any transaction and is idempotent by the gateway job
+   id: adapters look the id up on the backend before creating anything.
+3. A claim whose process died (lease expired while still ``dispatching``) is re-driven by
+   any dispatcher: the idempotent submit adopts the backend job if it exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from adapters.base import (
+    Backend,
+    BackendError,
+    BackendForbidden,
+    BackendState,
+    BackendUnavailable,
+    JobNotFound,
+    JobStatus,
+    SubmitRequest,
+    Unsupported,
+)
+from gateway.jobs import service as jobs
+from gateway.jobs.models import Job
+from gateway.jobs.schemas import parse_memory_mib
+from gateway.jobs.states import JobState
+from gateway.kit.db import transaction
+from gateway.kit.errors import QuotaExceeded
+from gateway.kit.settings import Settings
+from gateway.kit.timeutil import as_utc, utcnow
+from gateway.ledger import service as ledger
+from gateway.routing.service import JobShape, PoolView, parse_weights, route, take
+
+log = logging.getLogger("isthmus.dispatch")
+
+ACTOR = "system:dispatcher"
+RECONCILER = "system:reconciler"
+
+BACKEND_TO_JOB = {
+    BackendState.QUEUED: JobState.QUEUED,
+    BackendState.STARTING: JobState.STARTING,
+    BackendState.RUNNING: JobState.RUNNING,
+    BackendState.REQUEUED: JobState.REQUEUED,
+    BackendState.SUCCEEDED: JobState.SUCCEEDED,
+    BackendState.FAILED: JobState.FAILED,
+    BackendState.CANCELLED: JobState.CANCELLED,
+}
+FOLLOWED = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.REQUEUED, JobState.CANCELLING)
+
+
+def submit_request(job: Job) -> SubmitRequest:
+    spec = job.spec
+    return SubmitRequest(
+        gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
+        command=list(spec["command"]), workers=job.workers, gpus_per_worker=job.gpus_per_worker,
+        cpus_per_worker=int(spec.get("cpus_per_worker", 1)),
+        memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
+        time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
+        env=dict(spec.get("env") or {}), labels=dict(spec.get("labels") or {}), priority=job.priority,
+    )
+
+
+def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
+                  factors: dict[str, float]) -> list[Job]:
+    """The next ``limit`` dispatchable pending jobs in fair-share order.
+
+    Accounts by fair-share factor (highest first), within an account by priority then
+    age. Uses the (state, account_name, priority, id) index: one small query per account
+    with pending work, never a scan of every pending job.
+    """
+    due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
+    accounts = session.execute(
+        select(Job.account_name).where(Job.state == JobState.PENDING.value, due).group_by(Job.account_name)
+    ).scalars().all()
+    accounts = sorted(accounts, key=lambda a: (-factors.get(a, 0.0), a))
+    picked: list[Job] = []
+    for account in accounts:
+        if len(picked) >= limit:
+            break
+        stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
+                .order_by(Job.priority.desc(), Job.id).limit(limit - len(picked)))
+        if lock:
+            stmt = stmt.with_for_update(skip_locked=True)
+        picked.extend(session.scalars(stmt))
+    return picked
+
+
+class Dispatcher:
+    def __init__(self, *, sessions: sessionmaker[Session], backends: dict[str, Backend], settings: Settings,
+                 clock: Callable[[], datetime] = utcnow):
+        self.sessions = sessions
+        self.backends = backends
+        self.settings = settings
+        self.clock = clock
+        self.weights = parse_weights(settings.routing_weights)
+        self._views: dict[str, PoolView] = {}
+        self._views_at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --------------------------------------------------------------- capacity
+
+    def views(self, *, fresh: bool = False) -> dict[str, PoolView]:
+        if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
+            depth = self._queue_depths()
+            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0)) for name, b in self.backends.items()}
+            self._views_at = time.monotonic()
+        return self._views
+
+    def _queue_depths(self) -> dict[str, int]:
+        with transaction(self.sessions) as s:
+            rows = s.execute(select(Job.backend, func.count()).where(
+                Job.state.in_([JobState.DISPATCHING.value, JobState.QUEUED.value])).group_by(Job.backend)).all()
+        return {b: n for b, n in rows if b}
+
+    # ---------------------------------------------------------------- dispatch
+
+    def dispatch_round(self) -> list[str]:
+        """Claim and submit up to ``dispatch_batch`` jobs. Returns the claimed job ids."""
+        if not self.backends:
+            return []
+        views = {name: _copy(v) for name, v in self.views(fresh=True).items()}
+        now = self.clock()
+        claimed: list[str] = []
+        is_pg = not self.settings.is_sqlite
+        with transaction(self.sessions) as s:
+            factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
+            for position, job in enumerate(pending_order(s, now=now, limit=self.settings.dispatch_batch,
+                                                        lock=is_pg, factors=factors), start=1):
+                self._claim_one(s, job, views, now, position)
+                if job.state == JobState.DISPATCHING.value:
+                    claimed.append(job.id)
+        for job_id in claimed:
+            self.submit_claimed(job_id)
+        return claimed
+
+    def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
+        shape = JobShape.of(job)
+        refusals: dict[str, str] = {}
+        for name in views if job.requested_backend == "auto" else [job.requested_backend]:
+            if name in views:
+                ok, why = ledger.admission_check(s, job=job, pool=name, now=now)
+                if not ok:
+                    refusals[name] = why
+        decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights)
+        if decision.rejected:
+            jobs.set_state(s, job, JobState.FAILED, actor=ACTOR, reason=f"cannot run: {decision.reason}")
+            job.ended_at = now
+            return
+        if decision.pool is None:
+            self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
+            return
+        try:
+            with s.begin_nested():
+                ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now)
+        except QuotaExceeded as exc:
+            self._note_waiting(s, job, f"quota: {exc.detail}")
+            return
+        job.backend = decision.pool
+        job.routing_reason = decision.reason
+        job.next_attempt_at = now + timedelta(seconds=self.settings.dispatch_lease_s)
+        job.dispatch_attempts += 1
+        jobs.set_state(s, job, JobState.DISPATCHING, actor=ACTOR, reason=decision.reason,
+                       data={"pool": decision.pool, "fairshare_position": position})
+        take(shape, views[decision.pool])
+
+    def _note_waiting(self, s: Session, job: Job, reason: str) -> None:
+        """Keep the latest 'why is my job not running' on the job; an event when it changes."""
+        if job.state_reason == reason:
+            return
+        core = reason.split(" (fair-share position")[0]
+        if job.state_reason.split(" (fair-share position")[0] != core:
+            jobs.record_event(s, job, actor=ACTOR, kind="waiting", reason=reason)
+        job.state_reason = reason
+
+    def submit_claimed(self, job_id: str) -> None:
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id)
+            if job is None or job.state not in (JobState.DISPATCHING.value, JobState.CANCELLING.value):
+                return
+            if job.backend_job_id:
+                return
+            pool, request = job.backend, submit_request(job)
+        backend = self.backends.get(pool or "")
+        if backend is None:
+            return
+        try:
+            result = backend.submit(request)
+        except BackendUnavailable as exc:
+            self._after_outage(job_id, pool, exc)
+            return
+        except (BackendForbidden, Unsupported, BackendError) as exc:
+            self._after_rejection(job_id, pool, exc)
+            return
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id, with_for_update=True)
+            final = False
+            job.backend_job_id = result.backend_job_id
+            job.next_attempt_at = None
+            how = "adopted existing" if result.adopted else "submitted as"
+            if job.state == JobState.DISPATCHING.value:
+                jobs.set_state(s, job, JobState.QUEUED, actor=ACTOR,
+                               reason=f"{how} {pool} job {result.backend_job_id}",
+                               data={"backend_job_id": result.backend_job_id, "adopted": result.adopted})
+            else:
+                jobs.record_event(s, job, actor=ACTOR, kind="submitted",
+                                  reason=f"{how} {pool} job {result.backend_job_id}; cancelling it")
+                final = JobState(job.state).final
+        if job.state != JobState.QUEUED.value and final:
+            # Cancelled while the submission was in flight: do not leave it running.
+            try:
+                backend.cancel(result.backend_job_id)
+            except BackendError as exc:
+                log.warning("could not cancel %s on %s after a cancel: %s", job_id, pool, exc.message)
+
+    def _backoff_s(self, attempts: int) -> float:
+        base = self.settings.retry_backoff_base_s * (2 ** max(0, attempts - 1))
+        return min(self.settings.retry_backoff_max_s, base) * random.uniform(0.8, 1.2)
+
+    def _after_outage(self, job_id: str, pool: str, exc: BackendError) -> None:
+        """Backend down: the job goes back to pending (reservation released) and is retried.
+
+        The submission may have reached the backend before the outage; the retry's
+        idempotent submit adopts it, so nothing is doubled.
+        """
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id, with_for_update=True)
+            now = self.clock()
+            delay = self._backoff_s(job.dispatch_attempts)
+            if job.state == JobState.DISPATCHING.value:
+                ledger.release(s, job=job, actor=ACTOR, reason=f"{pool} unavailable")
+                jobs.set_state(s, job, JobState.PENDING, actor=ACTOR,
+                               reason=f"{pool} unavailable ({exc.message}); retry in {delay:.0f} s")
+                job.backend = None
+            else:  # cancelling: the reconciler finishes it once the backend answers
+                jobs.record_event(s, job, actor=ACTOR, kind="retry", reason=f"{pool} unavailable: {exc.message}")
+            job.next_attempt_at = now + timedelta(seconds=delay)
+        self._views_at = 0.0
+
+    def _after_rejection(self, job_id: str, pool: str, exc: BackendError) -> None:
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id, with_for_update=True)
+            ledger.release(s, job=job, actor=ACTOR, reason=f"rejected by {pool}")
+            target = JobState.CANCELLED if job.state == JobState.CANCELLING.value else JobState.FAILED
+            jobs.set_state(s, job, target, actor=ACTOR, reason=f"rejected by {pool}: {exc.message}")
+            job.ended_at = self.clock()
+            job.next_attempt_at = None
+
+    # --------------------------------------------------------------- recovery
+
+    def recover_round(self) -> list[str]:
+        """Re-drive claims whose dispatcher died (lease expired while dispatching)."""
+        now = self.clock()
+        with transaction(self.sessions) as s:
+            stmt = (select(Job).where(Job.state == JobState.DISPATCHING.value, Job.backend_job_id.is_(None),
+                                      Job.next_attempt_at <= now).limit(self.settings.dispatch_batch))
+            if not self.settings.is_sqlite:
+                stmt = stmt.with_for_update(skip_locked=True)
+            stale = list(s.scalars(stmt))
+            for job in stale:
+                job.next_attempt_at = now + timedelta(seconds=self.settings.dispatch_lease_s)
+                jobs.record_event(s, job, actor=ACTOR, kind="recovery",
+                                  reason="dispatch claim expired; re-driving the submission idempotently")
+            ids = [j.id for j in stale]
+        for job_id in ids:
+            self.submit_claimed(job_id)
+        return ids
+
+    # ------------------------------------------------------------- reconcile
+
+    def reconcile_round(self) -> int:
+        """Follow every job on its backend; returns how many changed."""
+        with transaction(self.sessions) as s:
+            rows = s.execute(select(Job.id, Job.backend, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
+                Job.state.in_([st.value for st in FOLLOWED]))).all()
+        changed = 0
+        now = self.clock()
+        for job_id, pool, backend_job_id, state, lease in rows:
+            backend = self.backends.get(pool or "")
+            if backend is None:
+                continue
+            if backend_job_id is None and lease is not None and as_utc(lease) > now:
+                continue  # a dispatcher holds the claim and its submission may be in flight
+            try:
+                if state == JobState.CANCELLING.value:
+                    status = self._cancel_on_backend(backend, job_id, backend_job_id)
+                else:
+                    status = backend.status(backend_job_id)
+            except JobNotFound:
+                status = None
+            except BackendError as exc:
+                log.warning("reconcile %s on %s: %s", job_id, pool, exc.message)
+                continue
+            changed += self.apply_status(job_id, status)
+        return changed
+
+    def _cancel_on_backend(self, backend: Backend, job_id: str, backend_job_id: str | None) -> JobStatus | None:
+        if backend_job_id is None:
+            found = backend.find_by_gateway_id(job_id)
+            if found is None:
+                return None
+            backend_job_id = found.backend_job_id
+        backend.cancel(backend_job_id)
+        return backend.status(backend_job_id)
+
+    def apply_status(self, job_id: str, status: JobStatus | None) -> int:
+        """Record what the backend says about one job; charge the ledger from real times."""
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id, with_for_update=True)
+            if job is None or JobState(job.state).final:
+                return 0
+            now = self.clock()
+            if status is None:
+                if job.state == JobState.CANCELLING.value:
+                    return self._finish(s, job, JobState.CANCELLED, "cancelled (no job left on the backend)",
+                                        None, now, None)
+                if job.state == JobState.DISPATCHING.value:
+                    return 0
+                return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.backend}", None, now, None)
+            if status.backend_job_id and not job.backend_job_id:
+                job.backend_job_id = status.backend_job_id
+            if status.nodes:
+                job.nodes = list(status.nodes)
+            target = BACKEND_TO_JOB[status.state]
+            reason = status.reason or status.raw_state or target.value
+            if job.state == JobState.CANCELLING.value and not target.final:
+                return 0  # still waiting for the backend to confirm the cancel
+            if target in (JobState.RUNNING,) and job.started_at is None:
+                job.started_at = as_utc(status.started_at) or now
+                ledger.record_start(s, job=job, started_at=job.started_at, actor=RECONCILER)
+            if target.final:
+                started = job.started_at or as_utc(status.started_at)
+                ended = as_utc(status.ended_at) or now
+                if started and job.started_at is None:
+                    job.started_at = started
+                return self._finish(s, job, target, reason, status.exit_code, ended, started, status)
+            if job.state == target.value:
+                if reason != job.state_reason:
+                    jobs.record_event(s, job, actor=RECONCILER, kind="backend", reason=reason,
+                                      data={"raw_state": status.raw_state})
+                    job.state_reason = reason
+                    return 1
+                return 0
+            jobs.set_state(s, job, target, actor=RECONCILER, reason=reason,
+                           data={"raw_state": status.raw_state, "nodes": list(status.nodes),
+                                 "allocated_gpus": status.allocated_gpus})
+            return 1
+
+    def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
+                ended: datetime, started: datetime | None, status: JobStatus | None = None) -> int:
+        job.exit_code = exit_code
+        job.ended_at = ended
+        if started is not None:
+            ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER)
+        else:
+            ledger.release(s, job=job, actor=RECONCILER, reason=f"ended without starting: {reason}")
+        data = {"exit_code": exit_code}
+        if status is not None:
+            data.update(raw_state=status.raw_state, nodes=list(status.nodes))
+        jobs.set_state(s, job, target, actor=RECONCILER, reason=reason, data=data)
+        return 1
+
+    # ------------------------------------------------------------ orphans
+
+    def orphans(self) -> list[dict]:
+        """Backend jobs carrying a gateway id the registry does not know."""
+        out: list[dict] = []
+        for name, backend in self.backends.items():
+            try:
+                listed = list(backend.list_gateway_jobs())
+            except BackendError as exc:
+                out.append({"backend": name, "error": exc.message})
+                continue
+            ids = [st.gateway_job_id for st in listed if st.gateway_job_id]
+            with transaction(self.sessions) as s:
+                known = set(s.scalars(select(Job.id).where(Job.id.in_(ids)))) if ids else set()
+            for st in listed:
+                if st.gateway_job_id and st.gateway_job_id not in known:
+                    out.append({"backend": name, "backend_job_id": st.backend_job_id,
+                                "gateway_job_id": st.gateway_job_id, "state": st.state.value})
+        return out
+
+    # ---------------------------------------------------------------- loop
+
+    def run_once(self) -> None:
+        self.recover_round()
+        self.dispatch_round()
+        self.reconcile_round()
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
+                log.exception("dispatch loop iteration failed; retrying")
+                self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
+                continue
+            self._stop.wait(self.settings.dispatch_interval_s)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name="isthmus-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout_s)
+
+
+def _copy(view: PoolView) -> PoolView:
+    import dataclasses
+
+    return dataclasses.replace(view)
+
+
+def iter_states(values: Iterable[str]) -> list[JobState]:
+    return [JobState(v) for v in values]

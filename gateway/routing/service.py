@@ -1,0 +1,180 @@
+"""Routing: which pool a gang goes to, and why, in words a user can read.
+
+A pool is a candidate when the job can EVER fit it (static limits: GPUs per node, node
+count, total GPUs, container support, GPU type) and the account's per-pool quota allows
+it. Among candidates, the job goes to a pool where the WHOLE gang fits now (Slurm:
+enough idle nodes for exclusive allocation; Kubernetes: enough free GPUs in the
+ClusterQueue); ties are broken by the configured weight, the free share left after
+placement, and the pool's queue depth. If no pool has room now the job stays pending in
+the gateway, where fair share orders it, rather than queueing in a backend's own FIFO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+from adapters.base import Backend, BackendError, Capacity, Feature, Unsupported
+
+
+@dataclasses.dataclass
+class PoolView:
+    """One backend's capacity as seen at the start of a dispatch round."""
+
+    name: str
+    backend: Backend | None
+    capacity: Capacity | None
+    error: str = ""
+    free_gpus: int = 0
+    idle_nodes: int = 0
+    total_gpus: int = 0
+    total_nodes: int = 0
+    gpus_per_node: int = 0
+    gpu_types: frozenset[str] = frozenset()
+    queue_depth: int = 0
+
+    @classmethod
+    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0) -> "PoolView":
+        try:
+            cap = backend.capacity()
+        except BackendError as exc:
+            return cls(name=name, backend=backend, capacity=None, error=exc.message, queue_depth=queue_depth)
+        return cls(
+            name=name, backend=backend, capacity=cap,
+            free_gpus=sum(p.free_gpus for p in cap.pools), idle_nodes=sum(p.idle_nodes for p in cap.pools),
+            total_gpus=sum(p.total_gpus for p in cap.pools), total_nodes=sum(p.total_nodes for p in cap.pools),
+            gpus_per_node=max((p.gpus_per_node for p in cap.pools), default=0),
+            gpu_types=frozenset(t for p in cap.pools for t in p.gpu_types), queue_depth=queue_depth,
+        )
+
+    @property
+    def node_exclusive(self) -> bool:
+        # Slurm allocates whole nodes (--exclusive); Kubernetes packs pods by GPU.
+        return self.name == "slurm"
+
+    def describe(self) -> str:
+        if self.capacity is None:
+            return f"{self.name}: unavailable ({self.error})"
+        details = "; ".join(p.detail for p in self.capacity.pools if p.detail)
+        if details:
+            return f"{self.name}: {details}"
+        if self.node_exclusive:
+            return (f"{self.name}: {self.idle_nodes} of {self.total_nodes} nodes idle "
+                    f"({self.free_gpus} of {self.total_gpus} GPUs free)")
+        return f"{self.name}: {self.free_gpus} of {self.total_gpus} GPUs free"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobShape:
+    workers: int
+    gpus_per_worker: int
+    total_gpus: int
+    image: str | None
+    gpu_type: str | None
+
+    @classmethod
+    def of(cls, job) -> "JobShape":
+        spec = job.spec
+        return cls(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
+                   image=spec.get("image"), gpu_type=spec.get("gpu_type"))
+
+
+def never_fits(shape: JobShape, view: PoolView) -> str | None:
+    """Why this job can never run on this pool, or None. Needs a capacity snapshot."""
+    backend = view.backend
+    if backend is not None:
+        if shape.image and Feature.CONTAINER_IMAGE in backend.unsupported_features:
+            return backend.unsupported_features[Feature.CONTAINER_IMAGE]
+    if view.capacity is None:
+        return None  # unknown now; not a reason to refuse forever
+    if shape.gpu_type and view.gpu_types and shape.gpu_type not in view.gpu_types:
+        return f"no {shape.gpu_type} GPUs (has {', '.join(sorted(view.gpu_types))})"
+    if view.gpus_per_node and shape.gpus_per_worker > view.gpus_per_node:
+        return f"a worker asks {shape.gpus_per_worker} GPUs; nodes have {view.gpus_per_node}"
+    if view.node_exclusive and shape.workers > view.total_nodes:
+        return f"{shape.workers} workers need {shape.workers} whole nodes; the pool has {view.total_nodes}"
+    if shape.total_gpus > view.total_gpus:
+        return f"the gang needs {shape.total_gpus} GPUs; the pool has {view.total_gpus}"
+    return None
+
+
+def fits_now(shape: JobShape, view: PoolView) -> bool:
+    if view.capacity is None:
+        return False
+    if view.node_exclusive:
+        return view.idle_nodes >= shape.workers
+    return view.free_gpus >= shape.total_gpus
+
+
+def take(shape: JobShape, view: PoolView) -> None:
+    """Account for a placement within the round, so one snapshot is not handed out twice."""
+    view.free_gpus -= shape.total_gpus
+    if view.node_exclusive:
+        view.idle_nodes -= shape.workers
+        view.free_gpus = min(view.free_gpus, view.idle_nodes * view.gpus_per_node) if view.gpus_per_node else view.free_gpus
+    view.queue_depth += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    pool: str | None  # None: stays pending
+    reason: str  # shown on the job
+    rejected: bool = False  # True: can never run where it was pinned -> reject
+
+
+def parse_weights(raw: str) -> dict[str, float]:
+    try:
+        value = json.loads(raw or "{}")
+        return {str(k): float(v) for k, v in value.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
+          quota_refusals: Mapping[str, str] | None = None, weights: Mapping[str, float] | None = None) -> Decision:
+    """Pick a pool for one job now (see module docstring)."""
+    quota_refusals = quota_refusals or {}
+    weights = weights or {}
+    names = [requested] if requested != "auto" else sorted(views)
+    if requested != "auto" and requested not in views:
+        return Decision(None, f"pool {requested!r} is not configured on this gateway", rejected=True)
+    notes: list[str] = []
+    scored: list[tuple[float, str]] = []
+    for name in names:
+        view = views[name]
+        why_never = never_fits(shape, view)
+        if why_never:
+            notes.append(f"{name}: cannot run this job ({why_never})")
+            continue
+        if name in quota_refusals:
+            notes.append(f"{name}: quota ({quota_refusals[name]})")
+            continue
+        notes.append(view.describe())
+        if fits_now(shape, view):
+            left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
+            scored.append((weights.get(name, 1.0) + left - 0.05 * view.queue_depth, name))
+    if scored:
+        scored.sort(key=lambda t: (-t[0], t[1]))
+        chosen = scored[0][1]
+        return Decision(chosen, f"routed to {chosen}; " + "; ".join(notes))
+    every_never = all(n.split(":", 1)[1].strip().startswith("cannot run") for n in notes) and notes
+    if every_never:
+        return Decision(None, "; ".join(notes), rejected=True)
+    return Decision(None, "waiting for capacity: " + "; ".join(notes))
+
+
+def check_pinned(shape: JobShape, requested: str, views: Mapping[str, PoolView]) -> str | None:
+    """At submit time: the reason a job can never run where it asks to, or None."""
+    if requested == "auto":
+        if views and all(never_fits(shape, v) for v in views.values()):
+            return "; ".join(f"{n}: {never_fits(shape, v)}" for n, v in views.items())
+        return None
+    if requested not in views:
+        return f"pool {requested!r} is not configured on this gateway"
+    reason = never_fits(shape, views[requested])
+    return f"{requested}: {reason}" if reason else None
+
+
+def unsupported_reason(exc: Unsupported) -> str:
+    return exc.message

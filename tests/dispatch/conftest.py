@@ -1,0 +1,81 @@
+"""Gateways wired to the real local backends, driven round by round."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import pytest
+
+from tests.conftest import REPO, Gateway, _clean, missing_system, read_env_file
+
+
+def slurm_env(version: str = "22.05") -> dict[str, str]:
+    path = REPO / ".stack" / f"slurm-{version}" / "env"
+    if not path.exists():
+        missing_system(f"Slurm {version} cluster not running (run stack/slurm/up.sh {version})")
+    return read_env_file(path)
+
+
+def kube_env() -> dict[str, str]:
+    path = REPO / ".stack" / "kube" / "env"
+    if not path.exists():
+        missing_system("Kubernetes control plane not running (run stack/kube/up.sh)")
+    return read_env_file(path)
+
+
+def slurm_backend_options(env: dict[str, str], transport: str = "rest") -> dict:
+    return {"transport": transport, "rest_url": env["SLURMRESTD_URL"], "jwt_key_path": env["SLURM_JWT_KEY"],
+            "partition": env["SLURM_PARTITION"], "work_dir": env["SLURM_WORK_DIR"], "slurm_conf": env["SLURM_CONF"],
+            "cli_prefix": env.get("SLURM_CLI_PREFIX", "")}
+
+
+def kube_backend_options(env: dict[str, str]) -> dict:
+    opts = {"kubeconfig": env["KUBECONFIG"]}
+    for key, opt in (("CLUSTER_QUEUE", "cluster_queue"), ("LOCAL_QUEUE", "local_queue")):
+        if env.get(key):
+            opts[opt] = env[key]
+    return opts
+
+
+@contextlib.contextmanager
+def wired_gateway(database_url: str, dev_key_path, backends: dict, **overrides):
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.identity.setup import build_dev_issuer
+    from gateway.kit.settings import Settings
+
+    settings = Settings(database_url=database_url, dev_mode=True, dev_key_path=dev_key_path,
+                        dev_accounts="team-a,team-b", backends=json.dumps(backends), dispatch_in_serve=False,
+                        retry_backoff_base_s=0.2, retry_backoff_max_s=1.0, capacity_ttl_s=0,
+                        **overrides)
+    app = create_app(settings)
+    with TestClient(app) as client:
+        _clean(app)
+        yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
+        _clean(app)
+
+
+def drive_until(gw: Gateway, predicate, timeout_s: float = 120, interval_s: float = 0.5):
+    """Run dispatcher rounds until ``predicate()`` is truthy."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gw.app.state.dispatcher.run_once()
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the gateway to get there")
+        time.sleep(interval_s)
+
+
+def job_state(gw: Gateway, job_id: str, *states: str, headers=None):
+    job = gw.client.get(f"/v1/jobs/{job_id}", headers=headers or gw.headers(admin=True, user="root", groups=())).json()
+    return job if job["state"] in states else None
+
+
+@pytest.fixture(scope="module")
+def slurm22():
+    return slurm_env("22.05")

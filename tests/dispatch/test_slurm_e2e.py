@@ -1,0 +1,72 @@
+"""End to end on the real Slurm cluster: POST /v1/jobs -> sbatch -> run -> final state in the registry."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from gateway.ledger.models import LedgerEntry
+from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
+
+pytestmark = pytest.mark.slurm
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture
+def gw(database_url, dev_key_path, slurm22):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+        yield gw
+
+
+def submit(gw, **spec):
+    body = {"name": "e2e", "account": "team-a", "backend": "slurm", "workers": 1, "gpus_per_worker": 8,
+            "time_limit": "5m", **spec}
+    r = gw.client.post("/v1/jobs", json=body, headers=gw.headers("alice", ("team-a",)))
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def test_job_runs_on_slurm_and_reports_final_state_exit_code_and_times(gw):
+    ok = submit(gw, command=["/bin/sh", "-c", "id -un; hostname"], workers=2)
+    bad = submit(gw, command=["/bin/sh", "-c", "exit 3"])
+    done = drive_until(gw, lambda: all(job_state(gw, j, *FINAL) for j in (ok, bad)), timeout_s=120)
+    assert done
+    h = gw.headers("alice", ("team-a",))
+    good = gw.client.get(f"/v1/jobs/{ok}", headers=h).json()
+    assert good["state"] == "succeeded", good
+    assert good["assigned_backend"] == "slurm" and good["backend_job_id"]
+    assert good["exit_code"] == 0
+    assert good["started_at"] and good["ended_at"] and good["ended_at"] >= good["started_at"]
+    assert len(good["nodes"]) == 2
+    assert "routed to slurm" in good["routing_reason"]
+
+    failed = gw.client.get(f"/v1/jobs/{bad}", headers=h).json()
+    assert failed["state"] == "failed" and failed["exit_code"] == 3, failed
+
+    events = gw.client.get(f"/v1/jobs/{ok}/events", headers=h).json()["items"]
+    states = [e["to_state"] for e in events if e["kind"] == "state"]
+    assert states[:3] == ["pending", "dispatching", "queued"]
+    assert "running" in states and states[-1] == "succeeded"
+    # the ledger charged real usage and released the rest
+    with gw.session() as s:
+        kinds = [e.kind for e in s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == ok))]
+    assert "reserve" in kinds and "start" in kinds and "usage" in kinds, kinds
+
+
+def test_cancel_running_job_on_slurm(gw):
+    job = submit(gw, command=["sleep", "300"])
+    drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+    h = gw.headers("alice", ("team-a",))
+    r = gw.client.post(f"/v1/jobs/{job}/cancel", headers=h)
+    assert r.status_code == 202 and r.json()["state"] == "cancelling"
+    final = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=60)
+    assert final["state"] == "cancelled"
+
+
+def test_pinned_job_that_can_never_fit_is_rejected_at_submit(gw):
+    gw.app.state.dispatcher.views(fresh=True)  # what a running gateway has after one round
+    r = gw.client.post("/v1/jobs", json={"name": "huge", "account": "team-a", "backend": "slurm",
+                                         "command": ["true"], "workers": 64, "gpus_per_worker": 8},
+                       headers=gw.headers("alice", ("team-a",)))
+    assert r.status_code == 422, r.text
+    assert "never run" in r.json()["detail"] and "nodes" in r.json()["detail"]
