@@ -18,8 +18,10 @@ import math
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import case, func, literal, select, update
+from sqlalchemy.orm import aliased
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm import Session, object_session
 
 from gateway.accounts import service as accounts
 from gateway.accounts.models import POOLS, Account, AccountQuota
@@ -79,18 +81,34 @@ def _insert_missing_balances(session: Session, names: list[str]) -> None:
                     .on_conflict_do_nothing(index_elements=["account_name"]))
 
 
+def _chain_cte(leaf: str):
+    """Recursive CTE of ``leaf`` and its ancestors with their depth below the leaf."""
+    up = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
+          .where(Account.name == leaf).cte("up", recursive=True))
+    a = aliased(Account)
+    return up.union_all(select(a.name, a.parent_name, up.c.depth + 1).where(a.name == up.c.parent, up.c.depth < 64))
+
+
 def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[str, AccountBalance]]:
-    names = [a.name for a in accounts.chain(session, account_name)]
-    for _ in range(3):
-        rows = _balance_rows(session, names, lock=True)
-        # The chain was read before the locks (possibly from this session's cache); a
-        # concurrent re-parent may have changed it. Re-read it now that we hold the locks.
-        session.scalars(select(Account).where(Account.name.in_(names))
-                        .execution_options(populate_existing=True)).all()
-        fresh = [a.name for a in accounts.chain(session, account_name)]
-        if fresh == names:
-            return names, rows
-        names = fresh
+    """Lock the balance rows of the chain, root first, in one statement; return (names, rows)."""
+    for _ in range(4):
+        up = _chain_cte(account_name)
+        stmt = (select(AccountBalance).join(up, AccountBalance.account_name == up.c.name)
+                .order_by(up.c.depth.desc()).with_for_update(of=AccountBalance)
+                .execution_options(populate_existing=True))
+        rows = {b.account_name: b for b in session.scalars(stmt)}
+        # Re-read the chain now that we hold the locks: a concurrent re-parent (which locks
+        # the moved account's row) may have changed it while we waited.
+        up = _chain_cte(account_name)
+        names = list(session.scalars(select(up.c.name).order_by(up.c.depth.desc())))
+        if not names:
+            raise NotFound(f"no account {account_name!r}")
+        if len(names) > accounts.MAX_DEPTH:
+            raise Conflict(f"account tree has a cycle above {account_name!r}")
+        missing = [n for n in names if n not in rows]
+        if not missing:
+            return names, {n: rows[n] for n in names}
+        _insert_missing_balances(session, missing)
     raise Conflict(f"the account tree above {account_name!r} is being changed; retry")
 
 
@@ -98,13 +116,9 @@ def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[st
 
 
 def billing_weight(session: Session, pool: str, gpu_type: str | None) -> float:
-    keys = [(pool, gpu_type)] if gpu_type else []
-    keys.append((pool, "*"))
-    for key in keys:
-        row = session.get(GpuBillingWeight, key)
-        if row is not None:
-            return float(row.weight)
-    return 1.0
+    weights = dict(session.execute(select(GpuBillingWeight.gpu_type, GpuBillingWeight.weight).where(
+        GpuBillingWeight.pool == pool, GpuBillingWeight.gpu_type.in_([gpu_type or "*", "*"]))).all())
+    return float(weights.get(gpu_type or "*", weights.get("*", 1.0)))
 
 
 def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
@@ -215,12 +229,19 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
 
 
 def _apply(balances: dict[str, AccountBalance], names: list[str], now: datetime, **deltas: int) -> None:
-    for n in names:
+    """Add ``deltas`` to the chain's running totals in one UPDATE (rows are locked by us)."""
+    deltas = {c: d for c, d in deltas.items() if d}
+    if not names:
+        return
+    session = object_session(balances[names[0]])
+    values = {c: getattr(AccountBalance, c) + d for c, d in deltas.items()}
+    session.execute(update(AccountBalance).where(AccountBalance.account_name.in_(names))
+                    .values(**values, updated_at=now).execution_options(synchronize_session=False))
+    for n in names:  # keep the loaded objects current without another UPDATE at flush
         b = balances[n]
-        for col, d in deltas.items():
-            if d:
-                setattr(b, col, getattr(b, col) + d)
-        b.updated_at = now
+        for c, d in deltas.items():
+            set_committed_value(b, c, getattr(b, c) + d)
+        set_committed_value(b, "updated_at", now)
 
 
 def _entry(session: Session, **kw: Any) -> LedgerEntry:
