@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from adapters.base import (
@@ -74,6 +74,24 @@ def submit_request(job: Job) -> SubmitRequest:
     )
 
 
+# A loose index scan over ix_job_queue: one index probe per account with pending jobs,
+# instead of reading every pending row (100,000 rows -> ~1,000 probes). Works on SQLite too.
+_ACCOUNTS_WITH_PENDING = text("""
+WITH RECURSIVE acc(name) AS (
+    SELECT (SELECT account_name FROM job WHERE state = :state ORDER BY account_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT account_name FROM job WHERE state = :state AND account_name > acc.name
+            ORDER BY account_name LIMIT 1)
+    FROM acc WHERE acc.name IS NOT NULL
+)
+SELECT name FROM acc WHERE name IS NOT NULL
+""")
+
+
+def accounts_with_pending(session: Session) -> list[str]:
+    return list(session.execute(_ACCOUNTS_WITH_PENDING, {"state": JobState.PENDING.value}).scalars())
+
+
 def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
                   factors: dict[str, float]) -> list[Job]:
     """The next ``limit`` dispatchable pending jobs in fair-share order.
@@ -83,10 +101,7 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
     with pending work, never a scan of every pending job.
     """
     due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
-    accounts = session.execute(
-        select(Job.account_name).where(Job.state == JobState.PENDING.value, due).group_by(Job.account_name)
-    ).scalars().all()
-    accounts = sorted(accounts, key=lambda a: (-factors.get(a, 0.0), a))
+    accounts = sorted(accounts_with_pending(session), key=lambda a: (-factors.get(a, 0.0), a))
     picked: list[Job] = []
     for account in accounts:
         if len(picked) >= limit:

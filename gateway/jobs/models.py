@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, validates
 
 from gateway.jobs.states import JobState, check_transition
@@ -16,7 +16,9 @@ STATE_LEN = 16
 class Job(Base):
     __tablename__ = "job"
     __table_args__ = (
-        Index("ix_job_state_priority", "state", "priority", "id"),
+        # The dispatcher's queue: pending jobs per account by priority then age
+        # (gateway/dispatch/service.py pending_order); also serves the distinct-account scan.
+        Index("ix_job_queue", "state", "account_name", text("priority DESC"), "id"),
         Index("ix_job_account_id", "account_name", "id"),
     )
 
