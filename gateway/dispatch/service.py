@@ -159,6 +159,8 @@ class Dispatcher:
                 self._claim_one(s, job, views, now, position)
                 if job.state == JobState.DISPATCHING.value:
                     claimed.append(job.id)
+        if claimed and self.settings.debug_pause_after_claim_s:
+            time.sleep(self.settings.debug_pause_after_claim_s)  # crash window 1 (tests)
         for job_id in claimed:
             self.submit_claimed(job_id)
         return claimed
@@ -221,6 +223,8 @@ class Dispatcher:
         except (BackendForbidden, Unsupported, BackendError) as exc:
             self._after_rejection(job_id, pool, exc)
             return
+        if self.settings.debug_pause_after_submit_s:
+            time.sleep(self.settings.debug_pause_after_submit_s)  # crash window 2 (tests)
         with transaction(self.sessions) as s:
             job = s.get(Job, job_id, with_for_update=True)
             final = False

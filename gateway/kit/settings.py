@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     retry_backoff_base_s: float = Field(default=2.0, gt=0, le=600)
     retry_backoff_max_s: float = Field(default=300.0, gt=0, le=3600)
     capacity_ttl_s: float = Field(default=2.0, ge=0, le=600)
+    # Fault-injection hooks for the crash tests (docs/dispatch.md); keep 0 in production.
+    debug_pause_after_claim_s: float = Field(default=0.0, ge=0, le=600)
+    debug_pause_after_submit_s: float = Field(default=0.0, ge=0, le=600)
     # Routing policy: preference weight per pool (higher wins ties), see docs/dispatch.md.
     routing_weights: str = '{"slurm": 1.0, "kubernetes": 1.0}'
 
