@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from adapters.base import BackendUnavailable, JobNotFound
-from adapters.slurm.errors import AmbiguousSubmit, classify, is_done
+from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done
 from adapters.slurm.script import JobSpec
 from adapters.slurm.transport import Record, Transport
 
@@ -81,9 +81,14 @@ class CliTransport(Transport):
         if proc.returncode != 0:
             raise classify(self._message(proc))
         try:
-            return json.loads(proc.stdout)
+            data = json.loads(proc.stdout)
         except ValueError as exc:
             raise BackendUnavailable(f"{argv[0]} printed invalid JSON", backend="slurm") from exc
+        # 22.05 exits 0 with the failure (e.g. slurmctld down) inside "errors".
+        exc = error_from(data)
+        if exc is not None:
+            raise exc
+        return data
 
     # ------------------------------------------------------------------ requests
 
@@ -137,9 +142,13 @@ class CliTransport(Transport):
             if proc.returncode == 0:
                 self._json_scontrol = True
                 try:
-                    return list(json.loads(proc.stdout).get("nodes") or [])
+                    data = json.loads(proc.stdout)
                 except ValueError as exc:
                     raise BackendUnavailable("scontrol printed invalid JSON", backend="slurm") from exc
+                err = error_from(data)
+                if err is not None:
+                    raise err
+                return list(data.get("nodes") or [])
             if "unrecognized option" not in (proc.stderr or ""):
                 raise classify(self._message(proc))
             self._json_scontrol = False   # 22.05: no scontrol --json

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from adapters.base import (
     BackendError,
     BackendForbidden,
@@ -10,6 +12,7 @@ from adapters.base import (
     SubmissionRejected,
 )
 
+SLURM_PROTOCOL_AUTHENTICATION_ERROR = 1007
 ESLURM_INVALID_JOB_ID = 2017
 ESLURM_ALREADY_DONE = 2021
 
@@ -41,6 +44,13 @@ def classify(message: str, number: int | None = None, *, submitting: bool = Fals
     text = message.lower()
     if number == ESLURM_INVALID_JOB_ID or any(t in text for t in _NOT_FOUND_TEXT):
         return JobNotFound(message, backend="slurm")
+    if number == SLURM_PROTOCOL_AUTHENTICATION_ERROR:
+        return BackendForbidden(f"slurmctld rejected the credentials: {message}", backend="slurm")
+    if number == -1 and text.startswith("unspecified error") and not submitting:
+        # Slurm 22.05 reports both "slurmctld unreachable" and "token rejected" as -1.
+        return BackendUnavailable(
+            f"{message} (slurmctld unreachable, or it rejected the token; see its log)",
+            backend="slurm")
     if number is not None and (1000 <= number < 2000 or 5000 <= number < 6000):
         return BackendUnavailable(message, backend="slurm")
     if any(t in text for t in _FORBIDDEN_TEXT):
@@ -50,3 +60,28 @@ def classify(message: str, number: int | None = None, *, submitting: bool = Fals
     if submitting:
         return SubmissionRejected(message, backend="slurm")
     return BackendUnavailable(message, backend="slurm")
+
+
+def slurm_errors(data: Any) -> list[tuple[str, int | None]]:
+    """``(text, number)`` for each entry of a Slurm JSON ``errors`` list."""
+    out = []
+    for err in (data or {}).get("errors") or [] if isinstance(data, dict) else []:
+        num = err.get("error_number", err.get("error_code", err.get("errno")))
+        text = "; ".join(str(t) for t in (err.get("error"), err.get("description")) if t)
+        if num in (0, None) and not text:
+            continue
+        out.append((text or "unknown slurm error", num))
+    return out
+
+
+def error_from(data: Any, *, submitting: bool = False) -> BackendError | None:
+    """The typed error for a Slurm JSON answer, or None when it carries no error.
+
+    The most specific entry decides; Slurm often adds a generic one next to it.
+    """
+    classified = [classify(t, n, submitting=submitting) for t, n in slurm_errors(data)]
+    for kind in (JobNotFound, BackendForbidden, SubmissionRejected):
+        for exc in classified:
+            if type(exc) is kind:
+                return exc
+    return classified[0] if classified else None

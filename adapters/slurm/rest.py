@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from adapters.base import BackendForbidden, BackendUnavailable, JobNotFound, SubmissionRejected
-from adapters.slurm.errors import AmbiguousSubmit, classify, is_done
+from adapters.slurm.errors import AmbiguousSubmit, error_from, is_done, slurm_errors
 from adapters.slurm.script import JobSpec
 from adapters.slurm.token import TokenSource
 from adapters.slurm.transport import Record, Transport
@@ -73,28 +73,14 @@ class RestTransport(Transport):
 
     @staticmethod
     def _errors(data: Any) -> list[tuple[str, int | None]]:
-        out = []
-        for err in (data or {}).get("errors") or []:
-            num = err.get("error_number", err.get("error_code"))
-            if num in (0, None) and not err.get("description") and not err.get("error"):
-                continue
-            text = "; ".join(t for t in (err.get("error"), err.get("description")) if t)
-            out.append((text or "unknown slurm error", num))
-        return out
+        return slurm_errors(data)
 
     def _raise_for(self, status: int, data: Any, *, submitting: bool = False) -> None:
-        errors = self._errors(data)
-        if not errors and status < 400:
-            return
-        if not errors:
+        exc = error_from(data, submitting=submitting)
+        if exc is not None:
+            raise exc
+        if status >= 400:
             raise BackendUnavailable(f"slurmrestd answered {status}", backend="slurm")
-        # The most specific error decides; Slurm sometimes adds a generic one.
-        classified = [classify(t, n, submitting=submitting) for t, n in errors]
-        for kind in (JobNotFound, BackendForbidden, SubmissionRejected):
-            for exc in classified:
-                if type(exc) is kind:
-                    raise exc
-        raise classified[0]
 
     # --------------------------------------------------------------- negotiation
 

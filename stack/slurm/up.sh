@@ -117,6 +117,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu
 MpiDefault=none
+# Reject at submit time what the partition can never run (else it pends forever).
+EnforcePartLimits=ALL
 ReturnToService=2
 # Fast turnaround for tests: finished jobs stay visible 5 min, quick kill and backfill.
 MinJobAge=300
