@@ -206,6 +206,7 @@ def main() -> None:
     body = f"""## Ledger (`bench/bench_ledger.py`)
 
 Postgres {pg}, Python {platform.python_version()}, {os.cpu_count()} CPUs, {datetime.now(timezone.utc):%Y-%m-%d}.
+Host load average during the run: {os.getloadavg()[0]:.1f} (shared with other test suites).
 Medians over {a.repeats} runs ({max(a.repeats, 5)} for the recompute). Targets: recompute <= 1 s, >= 300 reservations/s.
 
 | measurement | result | target |
@@ -213,8 +214,8 @@ Medians over {a.repeats} runs ({max(a.repeats, 5)} for the recompute). Targets: 
 | fair-share recompute, {fs['accounts']:,} accounts, {fs['entries']:,} usage entries | **{fs['recompute_s'] * 1000:.0f} ms** | <= 1 s |
 | (for comparison) decaying every entry at query time | {fs['scan_s'] * 1000:.0f} ms | - |
 | (one-off) backfilling the decayed-usage table from the entries | {fs['backfill_s'] * 1000:.0f} ms | - |
-| reservations/s, one hot account (org > hot), 1 dispatcher | **{rv['hot_1']:.0f}/s** | >= 300/s |
-| reservations/s, one hot account, 8 concurrent dispatchers | **{rv['hot_8']:.0f}/s** | >= 300/s |
+| reservations/s, one hot account (org > hot), 1 dispatcher | **{rv['hot_1']:.0f}/s**{'' if rv['hot_1'] >= 300 else ' (target missed)'} | >= 300/s |
+| reservations/s, one hot account, 8 concurrent dispatchers | **{rv['hot_8']:.0f}/s**{'' if rv['hot_8'] >= 300 else ' (target missed)'} | >= 300/s |
 | reservations/s, 8 accounts in 8 separate trees, 8 dispatchers | **{rv['many_8']:.0f}/s** | - |
 
 Each reservation is its own transaction (lock the chain's balance rows root first, check
