@@ -339,3 +339,26 @@ def test_time_limit_reports_failed_timeout(backend, slurm_version):
     assert st.state is BackendState.FAILED, st
     assert "TIMEOUT" in st.reason and st.raw_state.startswith("TIMEOUT"), st
     assert st.started_at and st.ended_at and (st.ended_at - st.started_at).total_seconds() >= 60
+
+
+@pytest.mark.phase(1)
+@pytest.mark.parametrize("api_version", ["v0.0.38", "v0.0.40", "v0.0.41", "v0.0.42"])
+def test_each_offered_api_version_round_trips(cluster_env, slurm_version, api_version):
+    """Negotiation picks the newest; every older version slurmrestd still offers works too."""
+    b = SlurmBackend(SlurmSettings.from_env_file(env_path(slurm_version), transport="rest",
+                                                 api_version=api_version))
+    try:
+        b.capacity()
+    except SubmissionRejected as exc:
+        pytest.skip(f"Slurm {slurm_version}: {exc.message}")
+    job = b.submit(request(gid("api"), ["sh", "-c", "exit 7"], gpus=2, workers=2)).backend_job_id
+    st = wait_for(b, job, lambda s: s.state.final)
+    assert st.state is BackendState.FAILED and st.exit_code == 7, st
+    assert len(st.nodes) == 2 and st.started_at and st.ended_at
+
+
+@pytest.mark.phase(1)
+def test_negotiates_newest_supported_version(cluster_env, slurm_version):
+    b = SlurmBackend(SlurmSettings.from_env_file(env_path(slurm_version), transport="rest"))
+    expected = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.42"}[slurm_version]
+    assert b.transport.negotiate() == expected
