@@ -7,11 +7,8 @@
 # Idempotent: only missing binaries are built. Log: $CACHE/build.log (and stdout).
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.35.4}"      # Kueue v0.17.0 is built on k8s.io/* v0.35.3
-KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
-KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"     # v0.7.0 fits k8s 0.35 libs; v0.8.0 needs 0.36 + controller-runtime 0.24
-ETCD_DEB_SUITE="${ETCD_DEB_SUITE:-trixie}"   # Debian 13 ships etcd-server 3.5.x (kube-apiserver needs >= 3.5.13)
-ETCD_GO_VERSION="${ETCD_GO_VERSION:-v3.6.16}" # fallback: build go.etcd.io/etcd/server/v3
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/versions.sh"
 
 CACHE_ROOT="${ISTHMUS_CACHE:-/var/cache/isthmus}"
 CACHE="$CACHE_ROOT/kube"
@@ -33,23 +30,23 @@ declare -A PKG=(
   [kube-controller-manager]="k8s.io/kubernetes/cmd/kube-controller-manager"
   [kube-scheduler]="k8s.io/kubernetes/cmd/kube-scheduler"
   [kueue]="sigs.k8s.io/kueue/cmd/kueue"
-  [kwok]="sigs.k8s.io/kwok/cmd/kwok"
 )
 declare -A VER=(
   [kube-apiserver]="$K8S_VERSION" [kube-controller-manager]="$K8S_VERSION"
-  [kube-scheduler]="$K8S_VERSION" [kueue]="$KUEUE_VERSION" [kwok]="$KWOK_VERSION"
+  [kube-scheduler]="$K8S_VERSION" [kueue]="$KUEUE_VERSION"
 )
 missing=()
-for c in kube-apiserver kube-controller-manager kube-scheduler kueue kwok; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kueue; do
   [[ -x "$(bin_path "$c" "${VER[$c]}")" ]] || missing+=("$c")
 done
 
 if ((${#missing[@]})); then
   echo "building: ${missing[*]}"
   # One wrapper module for every Go binary: they share k8s.io/* and compile it once.
-  W="$CACHE/src/wrapper-$K8S_VERSION-kueue-$KUEUE_VERSION-kwok-$KWOK_VERSION"
+  W="$CACHE/src/wrapper-$K8S_VERSION-kueue-$KUEUE_VERSION"
   mkdir -p "$W"
   if [[ ! -f "$W/.ready" ]]; then
+    t_mod=$(date +%s)
     (
       cd "$W"
       rm -f go.mod go.sum
@@ -63,15 +60,14 @@ if ((${#missing[@]})); then
         go mod edit -replace="$m=$m@$staging_ver"
       done
       go mod edit -require="k8s.io/kubernetes@$K8S_VERSION" \
-                  -require="sigs.k8s.io/kueue@$KUEUE_VERSION" \
-                  -require="sigs.k8s.io/kwok@$KWOK_VERSION"
+                  -require="sigs.k8s.io/kueue@$KUEUE_VERSION"
       go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
              "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
              "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
-             "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" \
-             "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+             "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
       touch .ready
     )
+    echo "$(date -u +%FT%TZ) wrapper module generation + module downloads: $(( $(date +%s) - t_mod ))s" >> "$CACHE/build-times.txt"
   fi
   out="$CACHE/src/out"; rm -rf "$out"; mkdir -p "$out"
   pkgs=(); for c in "${missing[@]}"; do pkgs+=("${PKG[$c]}"); done
@@ -79,17 +75,32 @@ if ((${#missing[@]})); then
   ld+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
   ld+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
   t0=$(date +%s)
-  (cd "$W" && go build -trimpath -ldflags "$ld" -o "$out/" "${pkgs[@]}")
-  echo "go build of ${missing[*]} took $(( $(date +%s) - t0 ))s"
+  rc=0; (cd "$W" && go build -trimpath -ldflags "$ld" -o "$out/" "${pkgs[@]}") || rc=$?
+  took=$(( $(date +%s) - t0 ))
+  echo "go build of ${missing[*]} took ${took}s"
+  echo "$(date -u +%FT%TZ) go build (one invocation, -p=2): ${missing[*]}: ${took}s" >> "$CACHE/build-times.txt"
+  # Keep every binary that did link, even when another one failed.
   for c in "${missing[@]}"; do
+    [[ -x "$out/$c" ]] || continue
     d="$CACHE/$c-${VER[$c]}"; mkdir -p "$d"; mv "$out/$c" "$d/$c"
   done
+  ((rc == 0)) || { echo "go build failed (rc=$rc); kept: $(ls "$CACHE" | tr '\n' ' ')"; exit "$rc"; }
+fi
+
+# kwok has no replace directives: build it from its own go.mod (its k8s.io/* minor
+# differs from Kueue's, so it cannot share the wrapper module).
+if [[ ! -x "$(bin_path kwok "$KWOK_VERSION")" ]]; then
+  t0=$(date +%s)
+  mkdir -p "$CACHE/kwok-$KWOK_VERSION"
+  GOBIN="$CACHE/kwok-$KWOK_VERSION" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  echo "$(date -u +%FT%TZ) go install kwok $KWOK_VERSION: $(( $(date +%s) - t0 ))s" >> "$CACHE/build-times.txt"
 fi
 
 # ------------------------------------------------------------------------- etcd
 etcd_bin=""
 for d in "$CACHE"/etcd-*/; do [[ -x "$d/etcd" ]] && etcd_bin="$d/etcd"; done
 if [[ -z "$etcd_bin" ]]; then
+  t_etcd=$(date +%s)
   tmp=$(mktemp -d)
   # Read the machine's own Debian mirror (deb822 or one-line format) and ask it for the
   # Debian 13 suite in a private apt state dir, so the system's sources stay untouched.
@@ -100,7 +111,7 @@ if [[ -z "$etcd_bin" ]]; then
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
     echo "deb $mirror $ETCD_DEB_SUITE main" > "$tmp/sources.list"
     aptopts=(-o "Dir::Etc::SourceList=$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
-             -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o Debug::NoLocking=1)
+             -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
     if apt-get "${aptopts[@]}" update -qq && (cd "$tmp" && apt-get "${aptopts[@]}" download etcd-server); then
       deb=$(ls "$tmp"/etcd-server_*.deb | head -1)
       v=$(dpkg-deb -f "$deb" Version | sed 's/[-+].*//')
@@ -120,6 +131,7 @@ if [[ -z "$etcd_bin" ]]; then
     etcd_bin="$CACHE/etcd-$ETCD_GO_VERSION/etcd"
   fi
   rm -rf "$tmp"
+  echo "$(date -u +%FT%TZ) etcd ($etcd_bin): $(( $(date +%s) - t_etcd ))s" >> "$CACHE/build-times.txt"
 fi
 "$etcd_bin" --version | head -1
 
@@ -130,6 +142,7 @@ if [[ ! -d "$crd_dir" ]]; then
   mkdir -p "$crd_dir.tmp" && cp "$kq"/config/components/crd/bases/*.yaml "$crd_dir.tmp/" && mv "$crd_dir.tmp" "$crd_dir"
 fi
 
+VER[kwok]="$KWOK_VERSION"
 for c in kube-apiserver kube-controller-manager kube-scheduler kueue kwok; do
   ls -la "$(bin_path "$c" "${VER[$c]}")"
 done

@@ -142,18 +142,56 @@ for f in "$CRDS"/*.yaml; do
     apply "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name" "$f"
   fi
 done
+# Kueue's cert rotator injects its CA into these CRDs' conversion webhooks and will not
+# start its controllers until it could (Kueue's kustomize adds the same stanza). Only
+# v1beta2, the storage version, is used, so the webhook is never called.
+for crd in localqueues clusterqueues workloads cohorts multikueueclusters; do
+  api -X PATCH "$URL/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$crd.kueue.x-k8s.io?fieldManager=isthmus-stack-conversion&force=true" \
+    -H "Content-Type: application/apply-patch+yaml" --data-binary @- > /dev/null <<Y
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: $crd.kueue.x-k8s.io}
+spec:
+  conversion:
+    strategy: Webhook
+    webhook:
+      clientConfig: {service: {name: kueue-webhook-service, namespace: kueue-system, path: /convert}}
+      conversionReviewVersions: [v1]
+Y
+done
 apply /api/v1/namespaces/kueue-system <<Y
 apiVersion: v1
 kind: Namespace
 metadata: {name: kueue-system}
 Y
-if ! api "$URL/api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert" >/dev/null 2>&1; then
-  apply /api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert <<Y
+# The webhook Secret, pre-filled with a valid CA + serving cert: Kueue's rotator keeps a
+# valid one ("no cert refresh needed") and finds the files in certDir at once, instead of
+# polling with exponential backoff for minutes (in a pod the Secret is a mounted volume).
+KW="$C/kueue-webhook"
+if [[ ! -f "$KW/tls.crt" ]]; then
+  mkdir -p "$KW"
+  # PKCS#1 keys: the rotator parses them with x509.ParsePKCS1PrivateKey.
+  openssl genrsa -traditional -out "$KW/ca.key" 2048 2>/dev/null
+  openssl genrsa -traditional -out "$KW/tls.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$KW/ca.key" -days 3650 -subj "/O=kueue/CN=kueue-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,digitalSignature" \
+    -out "$KW/ca.crt" 2>/dev/null
+  openssl req -new -key "$KW/tls.key" -subj "/CN=kueue-webhook-service.kueue-system.svc" -out "$KW/tls.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:kueue-webhook-service.kueue-system.svc\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n' > "$KW/ext.cnf"
+  openssl x509 -req -in "$KW/tls.csr" -CA "$KW/ca.crt" -CAkey "$KW/ca.key" -CAcreateserial -days 3650 \
+    -extfile "$KW/ext.cnf" -out "$KW/tls.crt" 2>/dev/null
+fi
+apply /api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert <<Y
 apiVersion: v1
 kind: Secret
 metadata: {name: kueue-webhook-server-cert, namespace: kueue-system}
+data:
+  ca.crt: $(base64 -w0 < "$KW/ca.crt")
+  ca.key: $(base64 -w0 < "$KW/ca.key")
+  tls.crt: $(base64 -w0 < "$KW/tls.crt")
+  tls.key: $(base64 -w0 < "$KW/tls.key")
 Y
-fi
+cp "$KW/ca.crt" "$KW/tls.crt" "$KW/tls.key" "$STATE/kueue-certs/"
 for kind in validating mutating; do
   K=$([[ $kind == validating ]] && echo ValidatingWebhookConfiguration || echo MutatingWebhookConfiguration)
   apply "/apis/admissionregistration.k8s.io/v1/${kind}webhookconfigurations/kueue-$kind-webhook-configuration" <<Y
@@ -188,7 +226,8 @@ leaderElection: {leaderElect: false}
 internalCertManagement: {enable: true}
 integrations: {frameworks: ["batch/job"]}
 Y
-start kueue env KUBECONFIG="$KUBECONFIG_FILE" "$KUEUE" --config="$STATE/kueue-config.yaml" --zap-log-level=info
+start kueue env KUBECONFIG="$KUBECONFIG_FILE" "$KUEUE" --config="$STATE/kueue-config.yaml" --zap-log-level=info \
+  --feature-gates=VisibilityOnDemand=false  # its API server wants in-cluster delegated auth
 start kwok "$KWOK" --kubeconfig "$KUBECONFIG_FILE" --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --config "$HERE/kwok-stages.yaml" --cidr 10.244.0.1/16 --node-ip 10.243.0.1
@@ -214,8 +253,6 @@ status:
 Y
 done
 
-wait_until "Kueue webhook certificate" bash -c "api() { curl -sf --cacert '$C/ca.crt' --cert '$C/admin.crt' --key '$C/admin.key' \"\$@\"; }; \
-  api '$URL/api/v1/namespaces/kueue-system/secrets/kueue-webhook-server-cert' | grep -q tls.crt"
 
 apply "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/isthmus-gpu-flavor" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
