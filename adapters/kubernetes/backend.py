@@ -372,8 +372,10 @@ class KubernetesBackend(Backend):
         if not meta.get("deletionTimestamp"):
             return
         api = self._connect()
-        patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
-                              "finalizers": [f for f in meta.get("finalizers") or [] if f != TOMBSTONE_FINALIZER]}}
+        # A JSON patch: a strategic-merge patch would merge the finalizer list, not shrink it.
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                 {"op": "replace", "path": "/metadata/finalizers",
+                  "value": [f for f in meta.get("finalizers") or [] if f != TOMBSTONE_FINALIZER]}]
         with contextlib.suppress(BackendError):
             with self._errors("releasing a cancelled Job"):
                 api.batch.patch_namespaced_job(meta["name"], meta["namespace"], patch,

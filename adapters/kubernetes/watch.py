@@ -1,7 +1,7 @@
 """Watch-based change feed for the gateway's reconciler (no busy polling).
 
-Two watches, on gateway Jobs (label selector) and on Kueue Workloads, run in daemon
-threads and feed one queue. Each event re-derives the owning Job's status; a status is
+Three watches, on gateway Jobs and their pods (label selector) and on Kueue Workloads,
+run in daemon threads and feed one queue. Each event re-derives the owning Job's status; a status is
 yielded only when it changed. A dropped watch resumes from its last resourceVersion; a
 410 Gone (history compacted) re-lists, yields every current status, and watches from
 the list's resourceVersion.
@@ -42,6 +42,7 @@ class JobEventStream:
         self._threads = [
             threading.Thread(target=self._run, args=("jobs", since_resource_version), daemon=True),
             threading.Thread(target=self._run, args=("workloads", since_resource_version), daemon=True),
+            threading.Thread(target=self._run, args=("pods", since_resource_version), daemon=True),
         ]
         for t in self._threads:
             t.start()
@@ -51,6 +52,9 @@ class JobEventStream:
         api = self.backend._connect()
         if kind == "jobs":
             return (api.batch.list_job_for_all_namespaces, (),
+                    {"label_selector": f"{LABEL_MANAGED}={MANAGED_VALUE}"})
+        if kind == "pods":  # a worker starting/stopping changes RUNNING vs STARTING
+            return (api.core.list_pod_for_all_namespaces, (),
                     {"label_selector": f"{LABEL_MANAGED}={MANAGED_VALUE}"})
         from .backend import KUEUE_GROUP, KUEUE_VERSION
         return (api.custom.list_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, "workloads"), {})
@@ -102,6 +106,9 @@ class JobEventStream:
         meta = obj.get("metadata") or {}
         if kind == "jobs":
             return f"{meta['namespace']}/{meta['name']}"
+        if kind == "pods":
+            name = (meta.get("labels") or {}).get("batch.kubernetes.io/job-name")
+            return f"{meta['namespace']}/{name}" if name else None
         for o in meta.get("ownerReferences") or []:
             if o.get("kind") == "Job" and o.get("name", "").startswith("isthmus-"):
                 return f"{meta['namespace']}/{o['name']}"

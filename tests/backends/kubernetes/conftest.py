@@ -79,8 +79,9 @@ class Kube:
             for sel in (f"{LABEL_MANAGED}={MANAGED_VALUE}", SEED_LABEL):
                 for job in self.batch.list_namespaced_job(ns, label_selector=sel).items:
                     if TOMBSTONE_FINALIZER in (job.metadata.finalizers or []):
-                        self.batch.patch_namespaced_job(job.metadata.name, ns, {"metadata": {
-                            "finalizers": [f for f in job.metadata.finalizers if f != TOMBSTONE_FINALIZER]}})
+                        self.batch.patch_namespaced_job(job.metadata.name, ns, [{
+                            "op": "replace", "path": "/metadata/finalizers",
+                            "value": [f for f in job.metadata.finalizers if f != TOMBSTONE_FINALIZER]}])
                     try:
                         self.batch.delete_namespaced_job(job.metadata.name, ns, propagation_policy="Background")
                     except Exception:

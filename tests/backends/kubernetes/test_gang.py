@@ -129,8 +129,9 @@ def test_preemption_by_higher_priority_is_reported_as_requeued(backend, kube, ac
         assert "preempt" in st.reason.lower() or "evict" in st.reason.lower(), st.reason
         wait_state(backend, high, {BackendState.RUNNING})
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any(
-                e.backend_job_id == low and e.state is BackendState.REQUEUED for e in seen):
+        while time.monotonic() < deadline and not (
+                any(e.backend_job_id == low and e.state is BackendState.REQUEUED for e in seen)
+                and any(e.backend_job_id == high and e.state is BackendState.RUNNING for e in seen)):
             time.sleep(0.2)
         # The reconciler's watch saw the whole story without polling.
         low_states = [e.state for e in seen if e.backend_job_id == low]
