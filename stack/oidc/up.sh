@@ -86,7 +86,7 @@ else
       --http-host=127.0.0.1 --http-port="$PORT" --hostname="$BASE_URL" \
       --db=dev-file --db-url="jdbc:h2:file:$STATE/h2/keycloakdb;NON_KEYWORDS=VALUE" \
       --log=file --log-file="$STATE/log/keycloak.log" \
-      </dev/null >"$STATE/log/stdout.log" 2>&1 &
+      </dev/null >"$STATE/log/stdout.log" 2>&1 9>&- &   # 9>&-: the server must not hold our lock
   echo $! >"$PIDFILE"
   deadline=$(( $(date +%s) + ${ISTHMUS_OIDC_START_TIMEOUT_S:-300} ))
   until curl -sf -o /dev/null --max-time 2 "$BASE_URL/realms/master/.well-known/openid-configuration"; do
