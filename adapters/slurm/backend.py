@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -155,6 +156,9 @@ class SlurmBackend(Backend):
         self._transport = transport or make_transport(self.settings)
         # How long submit() looks for a job whose submission answer was lost.
         self.reconcile_delays_s: tuple[float, ...] = (0.5, 1.0, 2.0)
+        # job id -> comment of jobs seen in slurmctld (comments never change).
+        self._comments: dict[str, str] = {}
+        self._comments_lock = threading.Lock()
 
     @property
     def transport(self) -> Transport:
@@ -185,7 +189,10 @@ class SlurmBackend(Backend):
                           account=self._slurm_account(request.account),
                           work_dir=self.settings.work_dir)
         try:
-            return SubmitResult(self._transport.submit(spec, self.settings.job_environment))
+            job_id = self._transport.submit(spec, self.settings.job_environment)
+            with self._comments_lock:
+                self._comments[job_id] = spec.comment
+            return SubmitResult(job_id)
         except AmbiguousSubmit as exc:
             # The request left; the job may exist. Look before anyone retries, so a
             # lost answer never turns into a second job.
@@ -221,11 +228,17 @@ class SlurmBackend(Backend):
 
     def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
         comment = parse.GATEWAY_COMMENT_PREFIX + gateway_job_id
-        matches = [r for r in self._transport.jobs() if (r.get("comment") or "") == comment]
-        if not matches:
-            return None
-        newest = max(matches, key=lambda r: parse.number(r.get("job_id")) or 0)
-        return parse.job_status(newest)
+        with self._comments_lock:
+            known = dict(self._comments)
+        current = self._transport.comments(known)
+        with self._comments_lock:
+            self._comments = dict(current)  # forget jobs slurmctld no longer holds
+        matches = [job_id for job_id, c in current.items() if c == comment]
+        for job_id in sorted(matches, key=lambda j: int(j) if j.isdigit() else 0, reverse=True):
+            record = self._transport.job(job_id)
+            if record is not None:
+                return parse.job_status(record)
+        return None
 
     def list_gateway_jobs(self) -> Iterable[JobStatus]:
         return [parse.job_status(r) for r in self._transport.jobs() if parse.gateway_id_of(r)]

@@ -103,9 +103,10 @@ class RestTransport(Transport):
             else:
                 raise BackendUnavailable(
                     f"slurmrestd offers none of {SUPPORTED_VERSIONS}", backend="slurm")
-            for key in ("jobs", "job/submit", "nodes", "ping"):
+            for key in ("jobs", "job/submit", "nodes", "ping", "jobs/state"):
                 base = f"/slurm/{chosen}/{key}"
-                self._paths[key] = base + "/" if base + "/" in paths else base
+                if base in paths or base + "/" in paths or key != "jobs/state":
+                    self._paths[key] = base + "/" if base + "/" in paths else base
             self._paths["job"] = f"/slurm/{chosen}/job/"
             self._version = chosen
             return chosen
@@ -177,6 +178,28 @@ class RestTransport(Transport):
         status, data = self._send("GET", self._paths["jobs"])
         self._raise_for(status, data)
         return list(data.get("jobs") or [])
+
+    # Above this many unseen jobs one full listing is cheaper than one GET per job.
+    FETCH_ONE_BY_ONE_MAX = 16
+
+    def comments(self, known: Mapping[str, str]) -> dict[str, str]:
+        self.negotiate()
+        if "jobs/state" not in self._paths:  # v0.0.38: only the full listing exists
+            return super().comments(known)
+        # 23.02+: /jobs/state lists ids and states only (~5 ms for 300 jobs where the
+        # full listing takes ~200 ms); fetch the comment only of jobs not seen before.
+        status, data = self._send("GET", self._paths["jobs/state"])
+        self._raise_for(status, data)
+        ids = [str(r.get("job_id")) for r in data.get("jobs") or []]
+        unseen = [i for i in ids if i not in known]
+        if len(unseen) > self.FETCH_ONE_BY_ONE_MAX:
+            return super().comments(known)
+        out = {i: known[i] for i in ids if i in known}
+        for i in unseen:
+            rec = self.job(i)
+            if rec is not None:
+                out[i] = str(rec.get("comment") or "")
+        return out
 
     def job(self, job_id: str) -> Record | None:
         self.negotiate()

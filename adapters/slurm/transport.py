@@ -33,6 +33,15 @@ class Transport(abc.ABC):
                 return rec
         return None
 
+    def comments(self, known: Mapping[str, str]) -> dict[str, str]:
+        """``job id -> comment`` of every job slurmctld holds: the idempotency look-up.
+
+        ``known`` is what an earlier call returned; comments never change, so a
+        transport may fetch only the jobs it has not seen (much cheaper than listing
+        every full job record on each submit).
+        """
+        return {str(r.get("job_id")): str(r.get("comment") or "") for r in self.jobs()}
+
     @abc.abstractmethod
     def cancel(self, job_id: str) -> None:
         """Cancel; a finished or unknown job is silently ignored."""

@@ -202,7 +202,8 @@ while :; do
   sleep 1
 done
 deadline=$((SECONDS + 30))
-until curl -s -o /dev/null "http://127.0.0.1:$REST_PORT/openapi/v3" 2>/dev/null; do
+# bash's /dev/tcp: a fresh Debian has no curl.
+until (exec 3<>"/dev/tcp/127.0.0.1/$REST_PORT") 2>/dev/null; do
   pid_alive "$STATE/run/slurmrestd.pid" slurmrestd || { log "slurmrestd died:"; tail -5 "$STATE/log/slurmrestd.log" >&2; exit 1; }
   [ $SECONDS -ge $deadline ] && { log "slurmrestd not answering"; exit 1; }
   sleep 0.5
