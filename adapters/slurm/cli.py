@@ -125,6 +125,28 @@ class CliTransport(Transport):
         # 22.05 ignores squeue filters with --json, so filter client-side everywhere.
         return list(self._json(["squeue", "--json", "--states=all"]).get("jobs") or [])
 
+    def job(self, job_id: str) -> Record | None:
+        if self._json_scontrol is not False:  # 23.02+: ask for this one job only
+            proc = self._run(["scontrol", "--json", "show", "job", str(job_id)],
+                             user=self._admin_user)
+            if proc.returncode == 0 or "unrecognized option" not in (proc.stderr or ""):
+                self._json_scontrol = True
+                try:
+                    data = json.loads(proc.stdout) if proc.stdout.strip() else {}
+                except ValueError as exc:
+                    raise BackendUnavailable("scontrol printed invalid JSON", backend="slurm") from exc
+                err = error_from(data) or (None if proc.returncode == 0 else classify(self._message(proc)))
+                if isinstance(err, JobNotFound):
+                    return None
+                if err is not None:
+                    raise err
+                for rec in data.get("jobs") or []:
+                    if str(rec.get("job_id")) == str(job_id):
+                        return rec
+                return None
+            self._json_scontrol = False  # 22.05: no scontrol --json
+        return super().job(job_id)
+
     def comments(self, known: Mapping[str, str]) -> dict[str, str]:
         # Plain-text squeue is ~10x cheaper than --json and prints the whole comment.
         proc = self._run(["squeue", "--noheader", "--states=all", "--format=%i|%k"],
