@@ -384,6 +384,8 @@ class Dispatcher:
         job.exit_code = exit_code
         job.ended_at = ended
         if started is not None:
+            # A short job can start and end between two rounds: record its start too.
+            ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
             ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER)
         else:
             ledger.release(s, job=job, actor=RECONCILER, reason=f"ended without starting: {reason}")

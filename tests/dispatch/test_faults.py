@@ -62,8 +62,11 @@ class Workers:
                "ISTHMUS_CAPACITY_TTL_S": "0", "ISTHMUS_LOG_LEVEL": "info"}
         env.update({f"ISTHMUS_{k.upper()}": str(v) for k, v in settings.items()})
         log = (self.tmp / f"worker-{len(self.procs)}.log").open("w")
+        path = log.name
         proc = subprocess.Popen([ISTHMUS, "worker"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         self.procs.append(proc)
+        time.sleep(1.0)
+        assert proc.poll() is None, f"worker exited at start: {Path(path).read_text()[-3000:]}"
         return proc
 
     def stop_all(self):

@@ -27,7 +27,7 @@ def submit(gw, **spec):
 
 
 def test_job_runs_on_slurm_and_reports_final_state_exit_code_and_times(gw):
-    ok = submit(gw, command=["/bin/sh", "-c", "id -un; hostname"], workers=2)
+    ok = submit(gw, command=["/bin/sh", "-c", "id -un; hostname; sleep 4"], workers=2)
     bad = submit(gw, command=["/bin/sh", "-c", "exit 3"])
     done = drive_until(gw, lambda: all(job_state(gw, j, *FINAL) for j in (ok, bad)), timeout_s=120)
     assert done
