@@ -40,6 +40,10 @@ ALLOWED_ALGS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "
 # Access tokens of the common providers are 1-4 KiB; Entra ID with many groups ~6 KiB.
 MAX_TOKEN_BYTES = 16 * 1024
 REQUIRED_CLAIMS = ("iss", "sub", "aud", "exp", "iat")
+# Keycloak marks its tokens with a "typ" claim. An ID token is addressed to the client
+# that logged the user in ("aud": "isthmus" when the CLI's client id is isthmus), so
+# without this check it would pass for an access token.
+NOT_ACCESS_TOKEN_TYPES = frozenset({"ID", "Refresh", "Offline", "Logout"})
 
 # joserfc only verifies with algorithms named in the registry; restricting it to the
 # asymmetric ones is a second, independent guard behind the per-issuer allow-list.
@@ -173,6 +177,8 @@ class Authenticator:
             raise InvalidToken(_reason(exc)) from None
         except (ValueError, TypeError, UnicodeError):
             raise InvalidToken("malformed token") from None
+        if claims.get("typ") in NOT_ACCESS_TOKEN_TYPES:
+            raise InvalidToken("not an access token")
         # joserfc only checks iat when present; it is required here, and must be a number.
         iat = claims.get("iat")
         if isinstance(iat, bool) or not isinstance(iat, (int, float)):

@@ -188,8 +188,10 @@ class JwksKeySource:
 
     def key_for(self, kid: str | None):
         now = time.monotonic()
-        stale = now - max(self.last_success_at, self.last_attempt_at) >= self.refresh_interval_s
-        if stale:
+        # After a failed fetch retry sooner than the schedule, so /readyz recovers
+        # shortly after the provider does; still in the background, still bounded.
+        interval = self.refresh_interval_s if self.error is None else max(self.min_refresh_interval_s, 10)
+        if now - self.last_attempt_at >= interval:
             self._refresh_in_background()
         key = self._lookup(kid)
         if key is not None:

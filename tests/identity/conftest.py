@@ -261,9 +261,9 @@ def local_client(make_client, local_signer) -> Iterator[TestClient]:
 class TcpProxy:
     """A loopback TCP forwarder to the provider that a test can cut (provider down)."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, listen_port: int = 0):
         self.target = ("127.0.0.1", target_port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", listen_port))
         self.port = self.listener.getsockname()[1]
         self.conns: list[socket.socket] = []
         self.running = True

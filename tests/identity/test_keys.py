@@ -106,6 +106,13 @@ def test_provider_going_down_keeps_cached_keys_in_service(make_client, provider,
         _, payload, _ = segments(alice)
         r = client.get("/v1/jobs", headers=bearer(LocalSigner().sign(payload, kid="rotated-maybe")))
         assert r.status_code == 401 and r.json()["detail"] == "unknown key id"
+
+        # the provider comes back: a background retry (not the 10-minute schedule) heals /readyz
+        proxy = TcpProxy(port, listen_port=proxy.port)
+        keys.last_attempt_at -= 11
+        assert client.get("/v1/jobs", headers=bearer(alice)).status_code == 200
+        assert _wait(lambda: keys.error is None)
+        assert client.get("/readyz").json()["status"] == "ok"
     finally:
         proxy.stop()
 

@@ -105,3 +105,14 @@ def test_real_token_stops_working_after_its_exp(make_client, provider, oidc_env)
     time.sleep(6.5)
     r = client.get("/v1/jobs", headers=bearer(token))
     assert r.status_code == 401 and r.json()["detail"] == "token expired"
+
+
+def test_id_token_is_not_an_access_token(oidc_client, provider, oidc_env):
+    r = provider.http.post(oidc_env["OIDC_TOKEN_ENDPOINT"], data={
+        "grant_type": "password", "client_id": "isthmus", "username": "alice",
+        "password": "alice" + oidc_env["OIDC_PASSWORD_SUFFIX"], "scope": "openid"})
+    id_token = r.json()["id_token"]  # signed by the same key, aud "isthmus" (the client)
+    before = job_count(oidc_client)
+    r = submit(oidc_client, id_token, "team-a")
+    assert r.status_code == 401 and r.json()["detail"] == "not an access token"
+    assert job_count(oidc_client) == before
