@@ -28,8 +28,15 @@ for p in /proc/[0-9]*; do
 done
 stop_pidfile "$STATE/munge/munged.pid" munged
 if [ "$MODE" = chroot ]; then
-  for m in "$ROOTFS$STATE" "$ROOTFS/dev" "$ROOTFS/proc"; do
-    mountpoint -q "$m" && { umount "$m" 2>/dev/null || umount -l "$m"; }
+  # The chroot up.sh used (recorded in the state dir), else this environment's cache.
+  roots=("$ROOTFS"); [ -s "$STATE/rootfs" ] && roots=("$(cat "$STATE/rootfs")" "$ROOTFS")
+  for r in "${roots[@]}"; do
+    for m in "$r$STATE" "$r/dev" "$r/proc"; do
+      if mountpoint -q "$m"; then umount "$m" 2>/dev/null || umount -l "$m"; fi
+    done
+  done
+  for r in "${roots[@]}"; do
+    if grep -q " $r/" /proc/mounts; then log "still mounted under $r (do not delete it)"; exit 1; fi
   done
 fi
 rm -f "$STATE/env"

@@ -52,13 +52,23 @@ CH_SAVE=("${CH[@]}"); CH=(); ensure_users; CH=("${CH_SAVE[@]}")
 
 # ---------------------------------------------------------------------- mounts
 if [ "$MODE" = chroot ]; then
-  for m in proc dev; do
-    mountpoint -q "$ROOTFS/$m" || mount --bind "/$m" "$ROOTFS/$m"
-  done
+  mountpoint -q "$ROOTFS/proc" || mount --bind /proc "$ROOTFS/proc"
+  # A private /dev with the few nodes the daemons use, never a bind of the host's /dev:
+  # a bind would let an rm -rf of the cache delete the host's device nodes.
+  if ! mountpoint -q "$ROOTFS/dev"; then
+    mount -t tmpfs -o mode=755,size=1m isthmus-slurm-dev "$ROOTFS/dev"
+    for spec in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+      IFS=: read -r n ma mi <<<"$spec"; mknod -m 666 "$ROOTFS/dev/$n" c "$ma" "$mi"
+    done
+    ln -s /proc/self/fd "$ROOTFS/dev/fd"
+    for i in 0 1 2; do ln -s "/proc/self/fd/$i" "$ROOTFS/dev/$(echo stdin stdout stderr | cut -d' ' -f$((i + 1)))"; done
+    mkdir -m 1777 "$ROOTFS/dev/shm"
+  fi
   # The state dir appears at the same path inside, so every path in slurm.conf,
   # the env file and job output is valid on both sides.
   mkdir -p "$ROOTFS$STATE"
   mountpoint -q "$ROOTFS$STATE" || mount --bind "$STATE" "$ROOTFS$STATE"
+  echo "$ROOTFS" >"$STATE/rootfs"   # down.sh unmounts this even if ISTHMUS_CACHE differs
 fi
 
 # ------------------------------------------------------------------ state dirs
