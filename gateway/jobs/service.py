@@ -84,25 +84,35 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
         created_at=utcnow(), updated_at=utcnow(),
     )
-    try:
-        with session.begin_nested():
-            session.add(job)
-            session.flush()
-            if idempotency_key is not None:
-                session.add(IdempotencyKey(subject=principal.subject, key=idempotency_key,
-                                           request_hash=digest, job_id=job.id, created_at=utcnow()))
-                session.flush()
-    except IntegrityError:
+    if idempotency_key is None:
+        session.add(job)
+        session.flush()
+    elif not _insert_with_key(session, job, principal, idempotency_key, digest):
         # A concurrent request with the same key won the race; answer as it did.
-        if idempotency_key is None:
-            raise
         existing = repository.get_idempotency(session, principal.subject, idempotency_key)
-        if existing is None:
-            raise
         return _replay(session, existing, digest), False
     record_event(session, job, actor=principal.subject, kind="state", to_state=JobState.PENDING.value,
                  reason="submitted", data={"idempotency_key": idempotency_key} if idempotency_key else None)
     return job, True
+
+
+def _insert_with_key(session: Session, job: Job, principal: Principal, key: str, digest: str) -> bool:
+    """Insert the job and its key; False when a concurrent request took the key first.
+
+    The savepoint (two extra round trips) is only paid when a unique key can collide.
+    """
+    try:
+        with session.begin_nested():
+            session.add(job)
+            session.flush()
+            session.add(IdempotencyKey(subject=principal.subject, key=key, request_hash=digest, job_id=job.id,
+                                       created_at=utcnow()))
+            session.flush()
+    except IntegrityError:
+        if repository.get_idempotency(session, principal.subject, key) is None:
+            raise
+        return False
+    return True
 
 
 def _replay(session: Session, existing: IdempotencyKey, digest: str) -> Job:
