@@ -68,7 +68,7 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
     # The gang started when its last worker started; fall back to the Job's own start.
     started_at = (max(pod_starts) if len(pod_starts) >= workers else None) or parse_time(jstatus.get("startTime"))
     raw = " ".join(
-        [f"job:{','.join(k for k in jc if _true(jc, k)) or ('Suspended' if spec.get('suspend') else 'Active')}"]
+        [f"job:{','.join(['suspended' if spec.get('suspend') else 'unsuspended'] + [k for k in jc if _true(jc, k)])}"]
         + ([f"workload:{','.join(k for k in wc if _true(wc, k)) or 'Pending'}"] if workload else ["workload:none"])
     )
     base = dict(backend_job_id=backend_job_id(job), gateway_job_id=ann.get(ANN_GATEWAY_ID), raw_state=raw)
