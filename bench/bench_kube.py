@@ -218,8 +218,9 @@ JSON (`_preload_content=False`), which is why it can be as fast or faster. Admis
 Kueue's own time to create the Workload and reserve quota; back-to-back submissions queue
 behind Kueue's one-workload-per-cycle scheduler on this 2-core machine.
 
-Cold build of the control plane (`stack/kube/build.sh`, empty Go build cache and module
-cache, 2 cores, `GOFLAGS=-p=2`):
+Cold build of the control plane (`stack/kube/build.sh`, 2 cores, `GOFLAGS=-p=2`, Go build
+cache without any k8s.io package, machine shared with other builds; about 13.5 min in
+all, see docs/kubernetes.md), from `build-times.txt` in the cache:
 
 ```
 {r['build']}
