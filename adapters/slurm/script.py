@@ -15,6 +15,11 @@ import shlex
 from adapters.base import SubmissionRejected, SubmitRequest
 from adapters.slurm.parse import GATEWAY_COMMENT_PREFIX
 
+# Slurm terminates a step by sending TERM to every process in it; the wrapper's own TERM
+# may arrive just after its child died of it, hence the short grace before reporting a
+# signal death as the worker's own failure.
+TASK_WRAPPER = ('trap "exit 0" TERM; "$@" & wait "$!"; rc=$?; '
+                'if [ "$rc" -gt 128 ]; then sleep 1; fi; exit "$rc"')
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"[^A-Za-z0-9_.:-]+")
 
@@ -51,10 +56,15 @@ def render_script(command: list[str] | tuple[str, ...], env: dict[str, str], nod
     for arg in command:
         if "\0" in arg:
             raise SubmissionRejected("command contains a NUL byte", backend="slurm")
-    # One task per node; srun starts the command on every node of the gang at once.
+    # One task per node; srun starts the command on every node of the gang at once and
+    # kills the gang when one worker fails. srun then reports the highest task code, and
+    # the killed peers' 143 would hide the real failure, so each task runs under a tiny
+    # wrapper that exits 0 when Slurm terminates the step. (The job state still says
+    # CANCELLED/TIMEOUT when that is why it ended; the command's stdin is /dev/null.)
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
-            "--kill-on-bad-exit=1", "--"]
-    lines.append("exec " + " ".join(srun) + " " + " ".join(shlex.quote(a) for a in command))
+            "--kill-on-bad-exit=1", "--", "/bin/sh", "-c", TASK_WRAPPER, "isthmus-task"]
+    lines.append("exec " + " ".join(shlex.quote(a) for a in srun) + " "
+                 + " ".join(shlex.quote(a) for a in command))
     return "\n".join(lines) + "\n"
 
 

@@ -79,5 +79,6 @@ def test_script_quotes_every_word():
     assert out.stdout == "$(id)|`id`|a'b|x\ny|; echo no|"
     assert out.stderr == "$(id) ' \n"
     assert "exec srun --nodes=2" in script and shlex.quote("$(id)") in script
+    assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 -- /bin/sh -c" in script
     with pytest.raises(SubmissionRejected):
         render_script(["true"], {"BAD NAME": "x"}, nodes=1)

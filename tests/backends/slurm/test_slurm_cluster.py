@@ -204,9 +204,12 @@ def test_invalid_env_name_is_rejected(backend):
 
 
 @pytest.mark.phase(1)
-def test_failing_command_reports_exit_code(backend):
-    job = backend.submit(request(gid("exit"), ["sh", "-c", "exit 42"], gpus=1, workers=2)).backend_job_id
-    st = wait_for(backend, job, lambda s: s.state.final)
+def test_failing_worker_fails_the_gang_with_its_exit_code(backend):
+    # Worker 0 fails, worker 1 would run for 10 minutes: the gang ends at once and
+    # reports worker 0's code, not the 143 of the peer Slurm killed.
+    cmd = ["sh", "-c", 'if [ "$SLURM_PROCID" = 0 ]; then sleep 1; exit 42; fi; sleep 600']
+    job = backend.submit(request(gid("exit"), cmd, gpus=1, workers=2)).backend_job_id
+    st = wait_for(backend, job, lambda s: s.state.final, timeout_s=60)
     assert st.state is BackendState.FAILED and st.exit_code == 42, st
     assert "FAILED" in st.reason and st.raw_state
 
