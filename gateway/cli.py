@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+from gateway.cli_client import Client, _emit, _table, client_options
+
 
 
 def _settings():
@@ -141,8 +142,13 @@ def openapi_json() -> str:
     from gateway.app import create_app
     from gateway.kit.settings import Settings
 
-    app = create_app(Settings(dev_mode=True, database_url="sqlite://"))
-    return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
+    import tempfile
+
+    # Dev mode only so the app builds without an identity provider; the throwaway key
+    # must not land in the working directory.
+    with tempfile.TemporaryDirectory() as tmp:
+        app = create_app(Settings(dev_mode=True, database_url="sqlite://", dev_key_path=Path(tmp) / "k.pem"))
+        return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
 
 
 @main.group()
@@ -172,56 +178,8 @@ def account_create(name: str, parent: str | None, shares: int) -> None:
 # ----------------------------------------------------------------- client side
 
 
-class Client:
-    def __init__(self, url: str, token: str | None):
-        import httpx
-
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=30)
-
-    def call(self, method: str, path: str, **kw) -> Any:
-        import httpx
-
-        try:
-            r = self.http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise click.ClickException(f"cannot reach the gateway: {exc}") from None
-        if r.status_code >= 400:
-            try:
-                p = r.json()
-                msg = f"{p.get('status')} {p.get('title')}: {p.get('detail') or ''}"
-                for e in p.get("errors") or []:
-                    msg += f"\n  {e['field']}: {e['message']}"
-            except ValueError:
-                msg = f"{r.status_code}: {r.text[:500]}"
-            raise click.ClickException(msg)
-        return r.json()
-
-
-def client_options(f):
-    f = click.option("--url", envvar="ISTHMUS_URL", default=DEFAULT_URL, show_default=True)(f)
-    f = click.option("--token", envvar="ISTHMUS_TOKEN", default=None, help="bearer token (or ISTHMUS_TOKEN)")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="print JSON")(f)
-    return f
-
-
-def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    cells = [[str(r.get(k) if r.get(k) is not None else "-") for k, _ in columns] for r in rows]
-    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
-    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
-
-
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("account", "ACCOUNT"), ("user", "USER"), ("state", "STATE"),
                ("assigned_backend", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
-
-
-def _emit(data: Any, as_json: bool, render) -> None:
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-    else:
-        click.echo(render(data))
 
 
 def _job_detail(job: dict) -> str:
@@ -309,7 +267,9 @@ def cancel(job_id, url, token, as_json) -> None:
     _emit(data, as_json, lambda j: f"job {j['id']}: {j['state']}")
 
 
-main.add_command(__import__("gateway.admin.cli", fromlist=["admin"]).admin)  # `isthmus admin ...`
+from gateway.admin.cli import admin as _admin  # noqa: E402  (after main exists)
+
+main.add_command(_admin)  # `isthmus admin ...`
 
 
 if __name__ == "__main__":  # pragma: no cover

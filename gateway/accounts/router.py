@@ -11,6 +11,7 @@ from gateway.accounts.schemas import (
 )
 from gateway.identity.dependency import get_principal
 from gateway.identity.principal import Principal
+from gateway.kit.params import AccountName, UserName
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import as_utc
@@ -51,7 +52,7 @@ def quota_out(eff: dict) -> QuotaOut:
                     max_queued_jobs=lim("max_queued_jobs"), max_queued_jobs_per_user=lim("max_queued_jobs_per_user"))
 
 
-def usage_out(session: Session, name: str, half_life_s: float) -> AccountUsageOut:
+def usage_out(session: Session, name: AccountName, half_life_s: float) -> AccountUsageOut:
     u = ledger.account_usage(session, account=name, half_life_s=half_life_s)
     b = u["balance"]
     hours = (lambda v: None if v is None else round(v / 3600, 3))
@@ -69,7 +70,7 @@ def usage_out(session: Session, name: str, half_life_s: float) -> AccountUsageOu
                         "all accounts for admins. Each with its current fair-share factor.",
             responses=problem_responses(401))
 def list_accounts(request: Request, principal: Principal = Depends(get_principal),
-                  session: Session = Depends(get_session)) -> AccountPage:
+                  session: Session = Depends(get_session, scope="function")) -> AccountPage:
     names = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                      is_admin=principal.is_admin)
     tree = service.load_tree(session)
@@ -87,8 +88,8 @@ def list_accounts(request: Request, principal: Principal = Depends(get_principal
                         "factor with its inputs. Accounts you may not see are reported as not found.",
             responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}},
                        **problem_responses(401, 404)})
-def account_usage(name: str, request: Request, principal: Principal = Depends(get_principal),
-                  session: Session = Depends(get_session)) -> AccountUsageOut:
+def account_usage(name: AccountName, request: Request, principal: Principal = Depends(get_principal),
+                  session: Session = Depends(get_session, scope="function")) -> AccountUsageOut:
     visible = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                        is_admin=principal.is_admin)
     if name not in visible:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from gateway.cli import Client, _emit, _table, client_options
+from gateway.cli_client import Client, _emit, _table, client_options
 
 ACCOUNT_COLUMNS = [("name", "ACCOUNT"), ("parent", "PARENT"), ("shares", "SHARES"), ("gpus", "GPUS"),
                    ("max_gpus", "MAX_GPUS"), ("used_gpu_hours", "USED_H"), ("remaining_gpu_hours", "LEFT_H"),

@@ -27,6 +27,7 @@ from gateway.admin.schemas import (
 )
 from gateway.identity.dependency import require_admin
 from gateway.identity.principal import Principal
+from gateway.kit.params import AccountName, UserName
 from gateway.kit.db import get_session
 from gateway.kit.errors import Invalid, problem_responses
 from gateway.kit.timeutil import as_utc, utcnow
@@ -75,7 +76,7 @@ def _member_out(m: AccountMember) -> MemberOut:
              responses=problem_responses(401, 403, 409, 422))
 def create_account(request: Request, response: Response, body: AccountCreate,
                    principal: Principal = Depends(require_admin),
-                   session: Session = Depends(get_session)) -> AdminAccountOut:
+                   session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     accounts.create(session, name=body.name, parent_name=body.parent, shares=body.shares,
                     description=body.description)
     if body.quota is not None:
@@ -86,13 +87,13 @@ def create_account(request: Request, response: Response, body: AccountCreate,
 
 @router.get("/accounts", response_model=list[AdminAccountOut], operation_id="listAllAccounts",
             summary="List all accounts with quotas, usage and fair share", responses=problem_responses(401, 403))
-def list_all_accounts(request: Request, session: Session = Depends(get_session)) -> list[AdminAccountOut]:
+def list_all_accounts(request: Request, session: Session = Depends(get_session, scope="function")) -> list[AdminAccountOut]:
     return [_admin_account(session, n, _half_life(request)) for n in sorted(accounts.load_tree(session))]
 
 
 @router.get("/accounts/{name}", response_model=AdminAccountOut, operation_id="getAccount", summary="Get an account",
             responses=problem_responses(401, 403, 404))
-def get_account(name: str, request: Request, session: Session = Depends(get_session)) -> AdminAccountOut:
+def get_account(name: AccountName, request: Request, session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     return _admin_account(session, name, _half_life(request))
 
 
@@ -101,9 +102,9 @@ def get_account(name: str, request: Request, session: Session = Depends(get_sess
               description="Moving an account moves its subtree's running totals to the new ancestors. "
                           "A move below itself (a cycle) is a 422 naming `body.parent`.",
               responses=problem_responses(401, 403, 404, 409, 422))
-def update_account(name: str, request: Request, body: AccountUpdate,
+def update_account(name: AccountName, request: Request, body: AccountUpdate,
                    principal: Principal = Depends(require_admin),
-                   session: Session = Depends(get_session)) -> AdminAccountOut:
+                   session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     accounts.update(session, name=name, changes=body.model_dump(include=body.model_fields_set),
                     actor=principal.subject)
     return _admin_account(session, name, _half_life(request))
@@ -113,7 +114,7 @@ def update_account(name: str, request: Request, body: AccountUpdate,
                description="Refused (409) while the account has child accounts, active jobs, held reservations "
                            "or any job history. Its ledger entries are kept.",
                responses=problem_responses(401, 403, 404, 409))
-def delete_account(name: str, session: Session = Depends(get_session)) -> Response:
+def delete_account(name: AccountName, session: Session = Depends(get_session, scope="function")) -> Response:
     accounts.delete(session, name=name)
     return Response(status_code=204)
 
@@ -123,15 +124,15 @@ def delete_account(name: str, session: Session = Depends(get_session)) -> Respon
             description="Fields present are set; `null` removes a limit (the nearest ancestor's then applies); "
                         "absent fields are unchanged. Negative or absurd values are a 422 naming the field.",
             responses=problem_responses(401, 403, 404, 422))
-def set_quota(name: str, request: Request, body: QuotaIn, principal: Principal = Depends(require_admin),
-              session: Session = Depends(get_session)) -> AdminAccountOut:
+def set_quota(name: AccountName, request: Request, body: QuotaIn, principal: Principal = Depends(require_admin),
+              session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     accounts.set_quota(session, name=name, values=_quota_values(body), actor=principal.subject)
     return _admin_account(session, name, _half_life(request))
 
 
 @router.get("/accounts/{name}/members", response_model=list[MemberOut], operation_id="listAccountMembers",
             summary="List recorded members", responses=problem_responses(401, 403, 404))
-def list_members(name: str, session: Session = Depends(get_session)) -> list[MemberOut]:
+def list_members(name: AccountName, session: Session = Depends(get_session, scope="function")) -> list[MemberOut]:
     accounts.get_or_raise(session, name=name)
     return [_member_out(m) for m in accounts.members(session, name)]
 
@@ -141,8 +142,8 @@ def list_members(name: str, session: Session = Depends(get_session)) -> list[Mem
             description="Records `username` as member or coordinator. Who may submit is decided by the token's "
                         "groups; see docs/ledger.md.",
             responses=problem_responses(401, 403, 404, 422))
-def set_member(name: str, username: Annotated[str, "user"], body: Annotated[MemberIn, Body()] = MemberIn(),
-               session: Session = Depends(get_session)) -> MemberOut:
+def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, Body()] = MemberIn(),
+               session: Session = Depends(get_session, scope="function")) -> MemberOut:
     import re
 
     if not re.match(USER, username):
@@ -152,7 +153,7 @@ def set_member(name: str, username: Annotated[str, "user"], body: Annotated[Memb
 
 @router.delete("/accounts/{name}/members/{username}", status_code=204, operation_id="removeAccountMember",
                summary="Remove a member", responses=problem_responses(401, 403, 404))
-def remove_member(name: str, username: str, session: Session = Depends(get_session)) -> Response:
+def remove_member(name: AccountName, username: UserName, session: Session = Depends(get_session, scope="function")) -> Response:
     accounts.remove_member(session, name=name, username=username)
     return Response(status_code=204)
 
@@ -188,7 +189,7 @@ def _entry_out(e) -> LedgerEntryOut:
                          "a debit.",
              responses=problem_responses(401, 403, 422))
 def create_adjustment(body: AdjustmentIn, principal: Principal = Depends(require_admin),
-                      session: Session = Depends(get_session)) -> LedgerEntryOut:
+                      session: Session = Depends(get_session, scope="function")) -> LedgerEntryOut:
     e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=int(round(body.gpu_hours * 3600)),
                       actor=principal.subject, reason=body.reason, job_id=body.job_id, pool=body.pool)
     return _entry_out(e)
@@ -207,7 +208,7 @@ def list_ledger(
     until: Annotated[datetime | None, Query(description="Entries before (ISO 8601).")] = None,
     cursor: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    session: Session = Depends(get_session),
+    session: Session = Depends(get_session, scope="function"),
 ) -> LedgerPage:
     if since and until and as_utc(until) <= as_utc(since):
         raise Invalid("query.until", "must be after `since`")
@@ -236,7 +237,7 @@ def usage_report(
     period: Annotated[Literal["month", "day"], Query()] = "month",
     account: Annotated[str | None, Query(pattern=NAME, description="This account and its descendants.")] = None,
     format: Annotated[Literal["json", "csv"] | None, Query()] = None,
-    session: Session = Depends(get_session),
+    session: Session = Depends(get_session, scope="function"),
 ):
     today = utcnow().date()
     since = since or today.replace(day=1)
@@ -269,7 +270,7 @@ def usage_report(
             summary="Fair-share table (like sshare)",
             description="Every account with raw and normalised shares, decayed usage, effective usage and the "
                         "factor F = 2^(-U_E/S), tree order.", responses=problem_responses(401, 403))
-def fairshare_table(request: Request, session: Session = Depends(get_session)) -> FairShareTable:
+def fairshare_table(request: Request, session: Session = Depends(get_session, scope="function")) -> FairShareTable:
     now = utcnow()
     fs = ledger.fairshare(session, now=now, half_life_s=_half_life(request))
     tree = accounts.load_tree(session)
@@ -285,7 +286,7 @@ def fairshare_table(request: Request, session: Session = Depends(get_session)) -
 
 @router.get("/billing-weights", response_model=list[BillingWeightOut], operation_id="listBillingWeights",
             summary="GPU billing weights", responses=problem_responses(401, 403))
-def list_weights(session: Session = Depends(get_session)) -> list[BillingWeightOut]:
+def list_weights(session: Session = Depends(get_session, scope="function")) -> list[BillingWeightOut]:
     return [BillingWeightOut(pool=w.pool, gpu_type=w.gpu_type, weight=w.weight)
             for w in session.scalars(select(GpuBillingWeight).order_by(GpuBillingWeight.pool, GpuBillingWeight.gpu_type))]
 
@@ -295,7 +296,7 @@ def list_weights(session: Session = Depends(get_session)) -> list[BillingWeightO
             description="`gpu_type` `*` sets the pool's default. Applies to reservations made from now on.",
             responses=problem_responses(401, 403, 422))
 def set_weight(pool: Literal["slurm", "kubernetes"], gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
-               session: Session = Depends(get_session)) -> BillingWeightOut:
+               session: Session = Depends(get_session, scope="function")) -> BillingWeightOut:
     import re
 
     if not re.match(r"^(\*|[a-z0-9][a-z0-9._-]{0,31})$", gpu_type):
