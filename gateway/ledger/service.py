@@ -18,7 +18,7 @@ import math
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, literal, select, update
+from sqlalchemy import bindparam, case, func, literal, select, update
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm import Session, object_session
@@ -81,26 +81,31 @@ def _insert_missing_balances(session: Session, names: list[str]) -> None:
                     .on_conflict_do_nothing(index_elements=["account_name"]))
 
 
-def _chain_cte(leaf: str):
-    """Recursive CTE of ``leaf`` and its ancestors with their depth below the leaf."""
+def _chain_cte():
+    """Recursive CTE of the account bound as ``:leaf`` and its ancestors, with depth below it."""
     up = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
-          .where(Account.name == leaf).cte("up", recursive=True))
+          .where(Account.name == bindparam("leaf")).cte("up", recursive=True))
     a = aliased(Account)
     return up.union_all(select(a.name, a.parent_name, up.c.depth + 1).where(a.name == up.c.parent, up.c.depth < 64))
 
 
+# Built once: rebuilding these recursive statements per call cost ~2 ms of SQLAlchemy
+# cache-key work on every reservation (bench/bench_ledger.py).
+_UP = _chain_cte()
+_LOCK_CHAIN = (select(AccountBalance).join(_UP, AccountBalance.account_name == _UP.c.name)
+               .order_by(_UP.c.depth.desc()).with_for_update(of=AccountBalance)
+               .execution_options(populate_existing=True))
+_CHAIN_NAMES = select(_UP.c.name).order_by(_UP.c.depth.desc())
+
+
 def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[str, AccountBalance]]:
     """Lock the balance rows of the chain, root first, in one statement; return (names, rows)."""
+    params = {"leaf": account_name}
     for _ in range(4):
-        up = _chain_cte(account_name)
-        stmt = (select(AccountBalance).join(up, AccountBalance.account_name == up.c.name)
-                .order_by(up.c.depth.desc()).with_for_update(of=AccountBalance)
-                .execution_options(populate_existing=True))
-        rows = {b.account_name: b for b in session.scalars(stmt)}
+        rows = {b.account_name: b for b in session.scalars(_LOCK_CHAIN, params)}
         # Re-read the chain now that we hold the locks: a concurrent re-parent (which locks
         # the moved account's row) may have changed it while we waited.
-        up = _chain_cte(account_name)
-        names = list(session.scalars(select(up.c.name).order_by(up.c.depth.desc())))
+        names = list(session.scalars(_CHAIN_NAMES, params))
         if not names:
             raise NotFound(f"no account {account_name!r}")
         if len(names) > accounts.MAX_DEPTH:
@@ -136,11 +141,18 @@ def period_label(period: str, window_days: int) -> str:
     return "this month" if period == "month" else f"in the last {window_days} days"
 
 
+def _subtree_names():
+    sub = select(Account.name.label("name")).where(Account.name == bindparam("root")).cte("subtree", recursive=True)
+    return select(sub.union_all(select(Account.name).where(Account.parent_name == sub.c.name)).c.name)
+
+
+_CHARGED_SINCE = select(func.coalesce(func.sum(UsageBucket.gpu_seconds), 0)).where(
+    UsageBucket.account_name.in_(_subtree_names()), UsageBucket.day >= bindparam("since"))
+
+
 def charged_in_period(session: Session, account_name: str, since: date) -> int:
     """Net charges (usage + debits - credits - refunds) of a subtree since ``since``."""
-    stmt = select(func.coalesce(func.sum(UsageBucket.gpu_seconds), 0)).where(
-        UsageBucket.account_name.in_(accounts.subtree_select(account_name)), UsageBucket.day >= since)
-    return int(session.scalar(stmt) or 0)
+    return int(session.scalar(_CHARGED_SINCE, {"root": account_name, "since": since}) or 0)
 
 
 def _queued_by_user(session: Session, account_name: str, username: str) -> int:
