@@ -24,9 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from adapters.base import SubmitRequest  # noqa: E402
-from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file  # noqa: E402
-from bench.common import machine, pct, write_section  # noqa: E402
+from adapters.base import SubmitRequest
+from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file
+from bench.common import machine, pct, write_section
 
 USER = "alice"
 
@@ -96,14 +96,14 @@ def render(rows: list[dict], jobs: int, repeats: int, argv: list[str]) -> str:
         "## Slurm submission",
         "",
         f"`python bench/bench_slurm.py {' '.join(argv)}` ({machine()}; run {dt.date.today()}).",
-        f"{jobs} sequential submissions per round, medians of {repeats} rounds; each job is a "
+        (f"{jobs} sequential submissions per round, medians of {repeats} rounds; each job is a "
         "1-node exclusive job with 1 GPU running `true` as `alice`. *raw* is `sbatch --parsable` "
         "via `runuser` in a loop. The adapter's submit() first looks for a job with the same "
         "gateway id among all jobs slurmctld holds (idempotency): REST on 23.02+ via "
         "`GET /jobs/state` plus the comments it has already seen, the CLI via plain-text "
         "`squeue --format=%i|%k`, REST on 22.05 (v0.0.38) via a full `GET /jobs`, which grows "
         "with the jobs in memory. The first submission of a fresh backend lists everything "
-        "once (it shows in p99). The machine is shared with other test suites: compare ratios.",
+        "once (it shows in p99). The machine is shared with other test suites: compare ratios."),
         "",
         "| Slurm | mode | jobs/s | adapter / raw | submit p50 (ms) | submit p99 (ms) | jobs in slurmctld |",
         "|---|---|---|---|---|---|---|",

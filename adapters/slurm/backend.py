@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal
 
 from adapters.base import (
@@ -142,13 +143,13 @@ class SlurmBackend(Backend):
     """A Slurm cluster (one partition) behind the gateway."""
 
     name = "slurm"
-    unsupported_features = {
+    unsupported_features = MappingProxyType({
         Feature.CONTAINER_IMAGE: "this Slurm pool runs commands on the nodes' own OS; "
                                  "container images are not configured (no pyxis/enroot)",
         Feature.PRIORITY: "Slurm orders jobs by the site's priority policy; the gateway "
                           "does not override it",
         Feature.WATCH: "Slurm has no change feed; the gateway polls status()",
-    }
+    })
 
     def __init__(self, settings: SlurmSettings | None = None, *, transport: Transport | None = None,
                  **kwargs):

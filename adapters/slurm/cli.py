@@ -16,7 +16,7 @@ from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done
 from adapters.slurm.script import JobSpec
 from adapters.slurm.transport import Record, Transport
 
-_SUBMIT_ERROR = re.compile(r"(?:sbatch: error: )?(?:Batch job submission failed: )?(.*)", re.S)
+_SUBMIT_ERROR = re.compile(r"(?:sbatch: error: )?(?:Batch job submission failed: )?(.*)", re.DOTALL)
 
 
 class CliTransport(Transport):

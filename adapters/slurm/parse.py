@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from adapters.base import BackendState, JobStatus, PoolCapacity
@@ -108,7 +108,7 @@ def timestamp(value: Any) -> datetime | None:
     n = number(value)
     if not n or n <= 0:
         return None
-    return datetime.fromtimestamp(n, tz=timezone.utc)
+    return datetime.fromtimestamp(n, tz=UTC)
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")

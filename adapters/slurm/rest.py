@@ -8,7 +8,12 @@ from typing import Any
 
 import httpx
 
-from adapters.base import BackendForbidden, BackendUnavailable, JobNotFound, SubmissionRejected
+from adapters.base import (
+    BackendForbidden,
+    BackendUnavailable,
+    JobNotFound,
+    SubmissionRejected,
+)
 from adapters.slurm.errors import AmbiguousSubmit, error_from, is_done, slurm_errors
 from adapters.slurm.script import JobSpec
 from adapters.slurm.token import TokenSource
@@ -89,7 +94,7 @@ class RestTransport(Transport):
         with self._lock:
             if self._version:
                 return self._version
-            status, spec = self._send("GET", "/openapi/v3")
+            _, spec = self._send("GET", "/openapi/v3")
             paths = list((spec or {}).get("paths") or {})
             offered = [v for v in SUPPORTED_VERSIONS if any(p.startswith(f"/slurm/{v}/") for p in paths)]
             if self._forced_version:

@@ -12,7 +12,13 @@ import subprocess
 import pytest
 
 from adapters.base import BackendState, SubmissionRejected
-from adapters.slurm.parse import exit_code, expand_hostlist, job_status, map_state, pool_capacity
+from adapters.slurm.parse import (
+    exit_code,
+    expand_hostlist,
+    job_status,
+    map_state,
+    pool_capacity,
+)
 from adapters.slurm.script import render_script
 
 
@@ -75,7 +81,7 @@ def test_script_quotes_every_word():
     # Run the script with srun removed: the shell must hand over every word unchanged.
     local = script.replace("exec srun --nodes=2 --ntasks=2 --ntasks-per-node=1 "
                            "--kill-on-bad-exit=1 -- ", "") + 'printf "%s" "$V" >&2\n'
-    out = subprocess.run(["sh", "-c", local], capture_output=True, text=True)
+    out = subprocess.run(["sh", "-c", local], capture_output=True, text=True, check=False)
     assert out.stdout == "$(id)|`id`|a'b|x\ny|; echo no|"
     assert out.stderr == "$(id) ' \n"
     assert "exec srun --nodes=2" in script and shlex.quote("$(id)") in script

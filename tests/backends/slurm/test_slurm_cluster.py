@@ -23,7 +23,15 @@ from adapters.slurm.rest import RestTransport
 from adapters.slurm.token import KeyTokenSource
 from tests.contract.suite import BackendContract
 
-from .conftest import REPO, env_path, gid, wait_file, wait_for, wait_idle_nodes, wait_state
+from .conftest import (
+    REPO,
+    env_path,
+    gid,
+    wait_file,
+    wait_for,
+    wait_idle_nodes,
+    wait_state,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -181,10 +189,10 @@ HOSTILE_ENV = {
 def test_hostile_command_and_env_run_literally(backend, work_dir):
     g = gid("hostile")
     args_out, env_out = work_dir / f"{g}.args", work_dir / f"{g}.env"
-    cmd = ["sh", "-c",
-           'out="$1"; shift; printf "%s\\0" "$@" > "$out.args"; '
-           'for k in HOSTILE EMPTY ISTHMUS_X; do eval "printf \'%s\\0\' \\"\\${$k-UNSET}\\""; done > "$out.env"',
-           "sh", str(work_dir / g), *HOSTILE_ARGS]
+    script = ('out="$1"; shift; printf "%s\\0" "$@" > "$out.args"; '
+              'for k in HOSTILE EMPTY ISTHMUS_X; do eval "printf \'%s\\0\' \\"\\${$k-UNSET}\\""; '
+              'done > "$out.env"')
+    cmd = ["sh", "-c", script, "sh", str(work_dir / g), *HOSTILE_ARGS]
     try:
         os.unlink("/tmp/isthmus-pwned")
     except FileNotFoundError:
