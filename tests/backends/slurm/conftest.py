@@ -83,9 +83,10 @@ def cluster_env(slurm_version) -> dict[str, str]:
         probe.capacity()
     except Exception as exc:  # noqa: BLE001 - any failure means "not usable"
         missing(f"Slurm {slurm_version} env file exists but the cluster does not answer: {exc}")
-    # Leftovers of an interrupted earlier run would hold nodes the gang tests need.
+    # Leftovers of an interrupted earlier run of THESE tests would hold nodes the gang
+    # tests need; jobs of anyone else (e.g. the dispatcher's tests) are left alone.
     for job in probe.list_gateway_jobs():
-        if not job.state.final:
+        if not job.state.final and (job.gateway_job_id or "").startswith(OWN_PREFIXES):
             probe.cancel(job.backend_job_id)
     return env
 
@@ -107,8 +108,11 @@ def work_dir(cluster_env) -> Path:
     return Path(cluster_env["SLURM_WORK_DIR"])
 
 
+OWN_PREFIXES = ("slurmtest-", "contract-")  # contract- ids come from tests/contract/suite.py
+
+
 def gid(tag: str = "t") -> str:
-    return f"{tag}-{uuid.uuid4().hex[:12]}"
+    return f"slurmtest-{tag}-{uuid.uuid4().hex[:12]}"
 
 
 def wait_for(backend: Backend, job_id: str, predicate, timeout_s: float = 60) -> JobStatus:
