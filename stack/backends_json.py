@@ -28,7 +28,9 @@ def main(parts: list[str]) -> None:
                                  "work_dir": env["SLURM_WORK_DIR"], "slurm_conf": env["SLURM_CONF"]}
         elif part == "kube":
             env = read_env(ROOT / ".stack" / "kube" / "env")
-            backends["kubernetes"] = {"kubeconfig": env["KUBECONFIG"]}
+            backends["kubernetes"] = {"kubeconfig": env["KUBECONFIG"],
+                                      "cluster_queue": env["ISTHMUS_KUBE_CLUSTER_QUEUE"],
+                                      "local_queue": env["ISTHMUS_KUBE_LOCAL_QUEUE"]}
     print(json.dumps(backends))
 
 

@@ -37,7 +37,7 @@ from adapters.base import (
 from gateway.jobs import service as jobs
 from gateway.jobs.models import Job
 from gateway.jobs.schemas import parse_memory_mib
-from gateway.jobs.states import JobState
+from gateway.jobs.states import JobState, can_transition
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.kit.settings import Settings
@@ -367,6 +367,10 @@ class Dispatcher:
                 if started and job.started_at is None:
                     job.started_at = started
                 return self._finish(s, job, target, reason, status.exit_code, ended, started, status)
+            if job.state != target.value and not can_transition(JobState(job.state), target):
+                # e.g. running -> starting when one worker finishes before its peers: the gang
+                # has run; keep the state and only note the backend's words.
+                target = JobState(job.state)
             if job.state == target.value:
                 if reason != job.state_reason:
                     jobs.record_event(s, job, actor=RECONCILER, kind="backend", reason=reason,

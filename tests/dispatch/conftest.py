@@ -32,11 +32,10 @@ def slurm_backend_options(env: dict[str, str], transport: str = "rest") -> dict:
 
 
 def kube_backend_options(env: dict[str, str]) -> dict:
-    opts = {"kubeconfig": env["KUBECONFIG"]}
-    for key, opt in (("CLUSTER_QUEUE", "cluster_queue"), ("LOCAL_QUEUE", "local_queue")):
-        if env.get(key):
-            opts[opt] = env[key]
-    return opts
+    return {"kubeconfig": env["KUBECONFIG"], "cluster_queue": env["ISTHMUS_KUBE_CLUSTER_QUEUE"],
+            "local_queue": env["ISTHMUS_KUBE_LOCAL_QUEUE"],
+            "namespace_template": env.get("ISTHMUS_KUBE_NAMESPACE_TEMPLATE", "isthmus-{account}"),
+            "request_timeout_s": 15.0}
 
 
 @contextlib.contextmanager
@@ -79,3 +78,13 @@ def job_state(gw: Gateway, job_id: str, *states: str, headers=None):
 @pytest.fixture(scope="module")
 def slurm22():
     return slurm_env("22.05")
+
+
+@pytest.fixture(scope="module")
+def kube():
+    return kube_env()
+
+
+# kwok runs no containers: these labels pick its stages (stack/kube/kwok-stages.yaml).
+KWOK_RUN_FOR = "isthmus.io/fake-run-for"
+KWOK_EXIT_CODE = "isthmus.io/fake-exit-code"

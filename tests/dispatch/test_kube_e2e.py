@@ -1,0 +1,65 @@
+"""End to end on the real control plane: POST /v1/jobs -> suspended Job -> Kueue admission -> kwok pods -> final state."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from gateway.ledger.models import LedgerEntry
+from tests.dispatch.conftest import (
+    KWOK_EXIT_CODE,
+    KWOK_RUN_FOR,
+    drive_until,
+    job_state,
+    kube_backend_options,
+    wired_gateway,
+)
+
+pytestmark = pytest.mark.kubernetes
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture
+def gw(database_url, dev_key_path, kube):
+    with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)}) as gw:
+        yield gw
+
+
+def submit(gw, **spec):
+    body = {"name": "e2e", "account": "team-a", "backend": "kubernetes", "workers": 2, "gpus_per_worker": 4,
+            "command": ["python", "train.py"], "image": "registry.example/trainer:1", "time_limit": "10m", **spec}
+    r = gw.client.post("/v1/jobs", json=body, headers=gw.headers("alice", ("team-a",)))
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def test_job_is_admitted_runs_on_kwok_and_reports_final_state(gw):
+    ok = submit(gw, labels={KWOK_RUN_FOR: "4s"})
+    bad = submit(gw, labels={KWOK_RUN_FOR: "2s", KWOK_EXIT_CODE: "3"})
+    drive_until(gw, lambda: all(job_state(gw, j, *FINAL) for j in (ok, bad)), timeout_s=120)
+    h = gw.headers("alice", ("team-a",))
+    good = gw.client.get(f"/v1/jobs/{ok}", headers=h).json()
+    assert good["state"] == "succeeded", good
+    assert good["assigned_backend"] == "kubernetes" and good["backend_job_id"]
+    assert good["started_at"] and good["ended_at"] and good["ended_at"] >= good["started_at"]
+    states = [e["to_state"] for e in gw.client.get(f"/v1/jobs/{ok}/events", headers=h).json()["items"]
+              if e["kind"] == "state"]
+    assert states[:3] == ["pending", "dispatching", "queued"] and states[-1] == "succeeded"
+    assert "running" in states
+
+    failed = gw.client.get(f"/v1/jobs/{bad}", headers=h).json()
+    assert failed["state"] == "failed" and failed["exit_code"] == 3, failed
+    with gw.session() as s:
+        kinds = [e.kind for e in s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == ok))]
+    assert kinds.count("reserve") == 1 and "start" in kinds and "usage" in kinds, kinds
+
+
+def test_cancel_on_kubernetes_removes_the_job(gw):
+    job = submit(gw)  # no run-for label: runs until cancelled
+    drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+    h = gw.headers("alice", ("team-a",))
+    assert gw.client.post(f"/v1/jobs/{job}/cancel", headers=h).json()["state"] == "cancelling"
+    final = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=60)
+    assert final["state"] == "cancelled"
+    assert gw.app.state.backends["kubernetes"].find_by_gateway_id(job) is None or \
+        gw.app.state.backends["kubernetes"].find_by_gateway_id(job).state.value == "cancelled"
