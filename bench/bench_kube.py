@@ -214,13 +214,15 @@ of `stack/kube` (kube-apiserver/etcd/Kueue/kwok as processes, 4 fake 8-GPU nodes
 {r['jobs']} jobs per series, sequential, in 5 interleaved rounds (adapter and direct, alternating which goes first, then clean-up);
 medians of {r['repeats']} repeats (adapter, direct jobs/s per repeat: {r['all_rates']}).
 The direct client decodes each response into its typed models; the adapter asks for raw
-JSON (`_preload_content=False`), which is why it can be as fast or faster. Admission is
+JSON (`_preload_content=False`), so per request it is as fast or faster (a 60-job
+microbenchmark without pauses: adapter 164-212/s, direct 150-172/s); here each round of
+20 starts after a >30 s clean-up, so it also pays the fit check's cache refresh (a node list
+and a ClusterQueue read), which is the gap in the ratio. Admission is
 Kueue's own time to create the Workload and reserve quota; back-to-back submissions queue
 behind Kueue's one-workload-per-cycle scheduler on this 2-core machine.
 
-Cold build of the control plane (`stack/kube/build.sh`, 2 cores, `GOFLAGS=-p=2`, Go build
-cache without any k8s.io package, machine shared with other builds; about 13.5 min in
-all, see docs/kubernetes.md), from `build-times.txt` in the cache:
+Cold build of the control plane (`stack/kube/build.sh`, fresh clone, empty Go build and
+module caches, 2 cores, `GOFLAGS=-p=2`; see docs/kubernetes.md), from `build-times.txt`:
 
 ```
 {r['build']}

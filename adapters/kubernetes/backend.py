@@ -142,7 +142,10 @@ class KubernetesBackend(Backend):
     def _raw(self, fn, *args, **kwargs) -> dict:
         """Call a client method and return the JSON as dicts (skips slow model decoding)."""
         resp = fn(*args, _preload_content=False, _request_timeout=self._t(), **kwargs)
-        return json.loads(resp.data)
+        try:
+            return json.loads(resp.data)
+        finally:
+            resp.release_conn()  # unpreloaded responses must hand the connection back
 
     @staticmethod
     def _split(backend_job_id: str) -> tuple[str | None, str]:
