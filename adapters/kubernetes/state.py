@@ -100,7 +100,10 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
     if evicted and (not reserved or (evicted.get("lastTransitionTime") or "") >= (reserved.get("lastTransitionTime") or "")):
         return JobStatus(**base, state=BackendState.REQUEUED, reason=_msg(evicted, "evicted by Kueue"))
     if reserved:
-        all_running = len(running) >= workers or _true(wc, "PodsReady") is not None
+        # Workers that already finished count: the whole gang did start (a step back to
+        # STARTING while the peers of an early finisher still run would be wrong).
+        started = [p for p in live if (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")]
+        all_running = (len(started) >= workers and running) or _true(wc, "PodsReady") is not None
         if all_running and not spec.get("suspend"):
             return JobStatus(**base, state=BackendState.RUNNING, reason=_msg(_true(wc, "Admitted") or reserved),
                              started_at=started_at, nodes=nodes, allocated_gpus=gpus)

@@ -98,11 +98,25 @@ class Kube:
             if left == 0 and self.reserved_gpus() == 0:
                 return
             time.sleep(0.5)
-        raise AssertionError("cluster did not become clean")
+        left = [f"{ns}/{o.metadata.name}" for ns in self.namespaces
+                for o in self.core.list_namespaced_pod(ns).items + self.batch.list_namespaced_job(ns).items]
+        raise AssertionError(f"cluster did not become clean: left {left}, {self.reserved_gpus()} GPUs reserved")
 
 
 @pytest.fixture(scope="session")
-def kube(settings, kube_env):
+def kube_lock(kube_env):
+    """Hold .stack/kube/test.lock: these tests assert on the whole pool's quota, so they
+    must not overlap with another process's tests on the same control plane."""
+    import fcntl
+
+    with open(ENV_FILE.parent / "test.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+        fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def kube(settings, kube_env, kube_lock):
     k = Kube(settings, kube_env["ISTHMUS_KUBE_NAMESPACES"].split(","))
     yield k
     k.api_client.close()

@@ -74,3 +74,9 @@ def test_job_names_are_deterministic_and_valid():
     assert job_name("Abc_1") == job_name("Abc_1") != job_name("abc-1")
     assert len(job_name("x" * 200)) <= 63
     assert label_value("ok-1") == "ok-1" and label_value("not ok!").startswith("h-")
+
+
+def test_worker_finished_before_its_peers_is_still_running():
+    w = wl(c("QuotaReserved"), c("Admitted"))
+    s = derive_status(job(), w, [pod("Succeeded", node="n1", code=0), pod("Running", node="n2")])
+    assert s.state is BackendState.RUNNING and s.allocated_gpus == 16
