@@ -124,6 +124,7 @@ class Dispatcher:
         self.weights = parse_weights(settings.routing_weights)
         self._views: dict[str, PoolView] = {}
         self._views_at = 0.0
+        self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -349,7 +350,11 @@ class Dispatcher:
                                         None, now, None)
                 if job.state == JobState.DISPATCHING.value:
                     return 0
-                return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.backend}", None, now, None)
+                if not self._missing_long_enough(job.id):
+                    return 0  # one miss is not a loss (backend restarting, a stale listing)
+                return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.backend}", None, now,
+                                    job.started_at)
+            self._misses.pop(job.id, None)
             if status.backend_job_id and not job.backend_job_id:
                 job.backend_job_id = status.backend_job_id
             if status.nodes:
@@ -382,6 +387,14 @@ class Dispatcher:
                            data={"raw_state": status.raw_state, "nodes": list(status.nodes),
                                  "allocated_gpus": status.allocated_gpus})
             return 1
+
+    LOST_AFTER_MISSES = 3
+    LOST_AFTER_S = 10.0
+
+    def _missing_long_enough(self, job_id: str) -> bool:
+        count, first = self._misses.get(job_id, (0, time.monotonic()))
+        self._misses[job_id] = (count + 1, first)
+        return count + 1 >= self.LOST_AFTER_MISSES and time.monotonic() - first >= self.LOST_AFTER_S
 
     def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
                 ended: datetime, started: datetime | None, status: JobStatus | None = None) -> int:
