@@ -9,7 +9,7 @@ Rules every adapter follows:
 * ``submit`` is idempotent by ``SubmitRequest.gateway_job_id``: the gateway id is stored
   on the backend job (Slurm comment/name, Kubernetes label) and ``submit`` first looks
   it up with ``find_by_gateway_id``; a job that already exists is returned, never
-  created twice.
+  created twice. (The look-up may be skipped when ``first_attempt`` is set.)
 * Library exceptions (httpx, kubernetes, subprocess) never escape: they become one of
   the typed errors below, raised ``from`` the original.
 * A gang is all-or-nothing: ``BackendState.RUNNING`` is reported only when every worker
@@ -106,6 +106,10 @@ class SubmitRequest:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     priority: int = 0
+    # True only when the gateway knows no earlier submission of this gateway id can exist
+    # (the job's first dispatch claim, not a retry or a crash recovery). An adapter whose
+    # duplicate look-up is expensive (Slurm cannot filter jobs by comment) may skip it.
+    first_attempt: bool = False
 
     @property
     def total_gpus(self) -> int:

@@ -183,9 +183,12 @@ class SlurmBackend(Backend):
 
     def submit(self, request: SubmitRequest) -> SubmitResult:
         self.check_supported(request)
-        existing = self.find_by_gateway_id(request.gateway_job_id)
-        if existing is not None:
-            return SubmitResult(existing.backend_job_id, adopted=True)
+        # Listing jobs to find a duplicate is most of a submit's cost on Slurm (no server-side
+        # filter by comment); on a first attempt the gateway guarantees there is none.
+        if not request.first_attempt:
+            existing = self.find_by_gateway_id(request.gateway_job_id)
+            if existing is not None:
+                return SubmitResult(existing.backend_job_id, adopted=True)
         spec = build_spec(request, partition=self.settings.partition,
                           account=self._slurm_account(request.account),
                           work_dir=self.settings.work_dir)

@@ -62,7 +62,7 @@ BACKEND_TO_JOB = {
 FOLLOWED = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.REQUEUED, JobState.CANCELLING)
 
 
-def submit_request(job: Job) -> SubmitRequest:
+def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
     spec = job.spec
     return SubmitRequest(
         gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
@@ -71,6 +71,7 @@ def submit_request(job: Job) -> SubmitRequest:
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
         env=dict(spec.get("env") or {}), labels=dict(spec.get("labels") or {}), priority=job.priority,
+        first_attempt=first_attempt,
     )
 
 
@@ -205,14 +206,17 @@ class Dispatcher:
             jobs.record_event(s, job, actor=ACTOR, kind="waiting", reason=reason)
         job.state_reason = reason
 
-    def submit_claimed(self, job_id: str) -> None:
+    def submit_claimed(self, job_id: str, *, recovering: bool = False) -> None:
         with transaction(self.sessions) as s:
             job = s.get(Job, job_id)
             if job is None or job.state not in (JobState.DISPATCHING.value, JobState.CANCELLING.value):
                 return
             if job.backend_job_id:
                 return
-            pool, request = job.backend, submit_request(job)
+            # The first claim of a job is the only one that can have submitted it; a retry
+            # or a recovery must let the adapter look for an earlier submission.
+            first = job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
+            pool, request = job.backend, submit_request(job, first_attempt=first)
         backend = self.backends.get(pool or "")
         if backend is None:
             return
@@ -297,7 +301,7 @@ class Dispatcher:
                                   reason="dispatch claim expired; re-driving the submission idempotently")
             ids = [j.id for j in stale]
         for job_id in ids:
-            self.submit_claimed(job_id)
+            self.submit_claimed(job_id, recovering=True)
         return ids
 
     # ------------------------------------------------------------- reconcile

@@ -124,3 +124,15 @@ class BackendContract:
         assert exc.value.message
         assert not exc.value.retryable
         assert isinstance(exc.value, BackendError)
+
+    def test_first_attempt_submit_creates_one_job(self, backend, scenario):
+        import dataclasses
+
+        gid = new_gateway_id()
+        result = backend.submit(dataclasses.replace(scenario("long", gid), first_attempt=True))
+        try:
+            assert result.adopted is False
+            again = backend.submit(scenario("long", gid))  # a retry looks first and adopts
+            assert again.backend_job_id == result.backend_job_id and again.adopted is True
+        finally:
+            backend.cancel(result.backend_job_id)
