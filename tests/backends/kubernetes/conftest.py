@@ -18,6 +18,8 @@ ENV_FILE = REPO / ".stack" / "kube" / "env"
 FAKE_RUN_FOR = "isthmus.io/fake-run-for"  # kwok stage labels (stack/kube/kwok-stages.yaml)
 FAKE_EXIT_CODE = "isthmus.io/fake-exit-code"
 SEED_LABEL = "isthmus.io/seed-test"
+SUITE_LABEL = "isthmus.io/test-suite"  # on every Job/pod these tests create, and only those
+SUITE = "backends-kubernetes"
 
 
 @pytest.fixture(scope="session")
@@ -73,10 +75,13 @@ class Kube:
         return sum(int(r.get("total", "0")) for f in st.get("flavorsReservation") or []
                    for r in f["resources"] if r["name"] == "nvidia.com/gpu")
 
-    def clean(self, timeout_s: float = 60) -> None:
-        """Remove every gateway/test Job and pod, tombstones included; wait until gone."""
+    def clean(self, timeout_s: float = 90) -> None:
+        """Remove this suite's Jobs and pods (tombstones included) and wait until they are
+        gone and the ClusterQueue holds no reservation. Other suites' Jobs are left alone;
+        if they hold quota, this waits for them (the tests assert on the whole pool)."""
+        mine = (f"{SUITE_LABEL}={SUITE}", SEED_LABEL)
         for ns in self.namespaces:
-            for sel in (f"{LABEL_MANAGED}={MANAGED_VALUE}", SEED_LABEL):
+            for sel in mine:
                 for job in self.batch.list_namespaced_job(ns, label_selector=sel).items:
                     if TOMBSTONE_FINALIZER in (job.metadata.finalizers or []):
                         self.batch.patch_namespaced_job(job.metadata.name, ns, [{
@@ -91,16 +96,19 @@ class Kube:
                         self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
                     except Exception:
                         pass
+
+        def leftovers() -> list[str]:
+            return [f"{ns}/{o.metadata.name}" for ns in self.namespaces for sel in mine
+                    for o in self.core.list_namespaced_pod(ns, label_selector=sel).items
+                    + self.batch.list_namespaced_job(ns, label_selector=sel).items]
+
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            left = sum(len(self.core.list_namespaced_pod(ns).items) + len(self.batch.list_namespaced_job(ns).items)
-                       for ns in self.namespaces)
-            if left == 0 and self.reserved_gpus() == 0:
+            if not leftovers() and self.reserved_gpus() == 0:
                 return
             time.sleep(0.5)
-        left = [f"{ns}/{o.metadata.name}" for ns in self.namespaces
-                for o in self.core.list_namespaced_pod(ns).items + self.batch.list_namespaced_job(ns).items]
-        raise AssertionError(f"cluster did not become clean: left {left}, {self.reserved_gpus()} GPUs reserved")
+        raise AssertionError(f"cluster did not become clean: left {leftovers()}, "
+                             f"{self.reserved_gpus()} GPUs reserved (by this suite or another one)")
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +143,7 @@ def request(gid: str, *, account: str = "team-a", workers: int = 1, gpus: int = 
         gateway_job_id=gid, name=f"test {gid}", account=account, user="alice",
         command=["python", "-m", "train", "--epochs", "1"], workers=workers, gpus_per_worker=gpus,
         cpus_per_worker=cpus, memory_mib_per_worker=memory_mib, time_limit_s=3600,
-        env={"EXPERIMENT": "contract"}, labels=labels or {}, priority=priority,
+        env={"EXPERIMENT": "contract"}, labels={SUITE_LABEL: SUITE, **(labels or {})}, priority=priority,
     )
 
 
