@@ -127,6 +127,7 @@ class Dispatcher:
         self._views_at = 0.0
         self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --------------------------------------------------------------- capacity
@@ -175,7 +176,8 @@ class Dispatcher:
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now)
                 if not ok:
                     refusals[name] = why
-        decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights)
+        decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
+                         queue_depth=self.settings.pool_queue_depth)
         if decision.rejected:
             jobs.set_state(s, job, JobState.FAILED, actor=ACTOR, reason=f"cannot run: {decision.reason}")
             job.ended_at = now
@@ -443,15 +445,20 @@ class Dispatcher:
         self.dispatch_round()
         self.reconcile_round()
 
+    def wake(self) -> None:
+        """Start the next round now (a job was submitted or cancelled in this process)."""
+        self._wake.set()
+
     def run_forever(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.run_once()
             except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
                 log.exception("dispatch loop iteration failed; retrying")
                 self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
                 continue
-            self._stop.wait(self.settings.dispatch_interval_s)
+            self._wake.wait(self.settings.dispatch_interval_s)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run_forever, name="isthmus-dispatcher", daemon=True)
@@ -459,6 +466,7 @@ class Dispatcher:
 
     def stop(self, timeout_s: float = 10) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread:
             self._thread.join(timeout_s)
 

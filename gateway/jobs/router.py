@@ -7,7 +7,7 @@ import binascii
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Body, Header, Path, Query, Request, Response
 
 from gateway.identity.dependency import CurrentPrincipal
 from gateway.jobs import repository, service
@@ -56,6 +56,13 @@ def _decode_cursor(cursor: str) -> str:
     return raw
 
 
+def _wake_dispatcher(request: Request, background: BackgroundTasks) -> None:
+    # Background tasks run after the response, hence after the commit: the round sees the job.
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    if dispatcher is not None:
+        background.add_task(dispatcher.wake)
+
+
 def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     """A job pinned to a pool that can never fit it is refused now, not left pending forever.
 
@@ -89,6 +96,7 @@ def submit_job(
     session: DbSession,
     request: Request,
     response: Response,
+    background: BackgroundTasks,
     spec: Annotated[JobSpec, Body(openapi_examples={"four-node gang": {"summary": "4 x 8 GPUs",
                                                                         "value": EXAMPLE_SPEC}})],
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
@@ -104,6 +112,7 @@ def submit_job(
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
+    _wake_dispatcher(request, background)
     return to_out(job)
 
 
@@ -148,8 +157,11 @@ def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> J
                 "backend confirms. Cancelling a job that is already cancelling is a no-op.",
     responses=problem_responses(401, 404, 409, 422),
 )
-def cancel_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
-    return to_out(service.cancel(session, principal=principal, job_id=job_id))
+def cancel_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, request: Request,
+               background: BackgroundTasks) -> JobOut:
+    job = service.cancel(session, principal=principal, job_id=job_id)
+    _wake_dispatcher(request, background)
+    return to_out(job)
 
 
 @router.get("/{job_id}/events", response_model=JobEventPage, operation_id="listJobEvents",

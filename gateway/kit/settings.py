@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     retry_backoff_base_s: float = Field(default=2.0, gt=0, le=600)
     retry_backoff_max_s: float = Field(default=300.0, gt=0, le=3600)
     capacity_ttl_s: float = Field(default=2.0, ge=0, le=600)
+    # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
+    # the gateway, where fair share orders them, until the whole gang fits (docs/dispatch.md).
+    pool_queue_depth: int = Field(default=0, ge=0, le=100000)
     # Fault-injection hooks for the crash tests (docs/dispatch.md); keep 0 in production.
     debug_pause_after_claim_s: float = Field(default=0.0, ge=0, le=600)
     debug_pause_after_submit_s: float = Field(default=0.0, ge=0, le=600)

@@ -109,9 +109,9 @@ def fits_now(shape: JobShape, view: PoolView) -> bool:
 
 def take(shape: JobShape, view: PoolView) -> None:
     """Account for a placement within the round, so one snapshot is not handed out twice."""
-    view.free_gpus -= shape.total_gpus
+    view.free_gpus = max(0, view.free_gpus - shape.total_gpus)
     if view.node_exclusive:
-        view.idle_nodes -= shape.workers
+        view.idle_nodes = max(0, view.idle_nodes - shape.workers)
         view.free_gpus = min(view.free_gpus, view.idle_nodes * view.gpus_per_node) if view.gpus_per_node else view.free_gpus
     view.queue_depth += 1
 
@@ -132,7 +132,8 @@ def parse_weights(raw: str) -> dict[str, float]:
 
 
 def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
-          quota_refusals: Mapping[str, str] | None = None, weights: Mapping[str, float] | None = None) -> Decision:
+          quota_refusals: Mapping[str, str] | None = None, weights: Mapping[str, float] | None = None,
+          queue_depth: int = 0) -> Decision:
     """Pick a pool for one job now (see module docstring)."""
     quota_refusals = quota_refusals or {}
     weights = weights or {}
@@ -151,7 +152,7 @@ def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
             notes.append(f"{name}: quota ({quota_refusals[name]})")
             continue
         notes.append(view.describe())
-        if fits_now(shape, view):
+        if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth):
             left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
             scored.append((weights.get(name, 1.0) + left - 0.05 * view.queue_depth, name))
     if scored:
