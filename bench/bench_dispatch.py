@@ -14,10 +14,12 @@ import time
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import create_engine, insert, text
+from pathlib import Path
+
+from sqlalchemy import create_engine, func, insert, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import machine, median, pct, write_section  # noqa: E402
+from bench.common import REPO, machine, median, pct, write_section  # noqa: E402
 
 PG = os.environ.get("ISTHMUS_BENCH_POSTGRES_URL", "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus")
 
@@ -97,6 +99,157 @@ Target: pick <= 50 ms ({'met' if median(pick_ms) <= 50 else 'NOT met'}).
     write_section("dispatch-pick", body)
 
 
+def e2e(args) -> None:
+    """Dispatch throughput to each pool vs the raw backend client, and submit -> acceptance latency."""
+    import json
+    import subprocess
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.cli import run_migrations
+    from gateway.identity.setup import build_dev_issuer
+    from gateway.jobs.models import Job, JobEvent
+    from gateway.kit.settings import Settings
+    from sqlalchemy import select
+    sys.path.insert(0, str(REPO))
+    from stack.backends_json import main as _unused  # noqa: F401  (keeps the stack helper importable)
+    from stack.backends_json import read_env
+
+    slurm_env = read_env(REPO / ".stack" / "slurm-22.05" / "env")
+    kube_env = read_env(REPO / ".stack" / "kube" / "env")
+    backends = {
+        "slurm": {"transport": "rest", "rest_url": slurm_env["SLURMRESTD_URL"], "jwt_key_path": slurm_env["SLURM_JWT_KEY"],
+                  "partition": slurm_env["SLURM_PARTITION"], "work_dir": slurm_env["SLURM_WORK_DIR"]},
+        "kubernetes": {"kubeconfig": kube_env["KUBECONFIG"], "cluster_queue": kube_env["ISTHMUS_KUBE_CLUSTER_QUEUE"],
+                       "local_queue": kube_env["ISTHMUS_KUBE_LOCAL_QUEUE"]},
+    }
+    db = f"isthmus_bench_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{db}"'))
+    url = PG.rsplit("/", 1)[0] + "/" + db
+    results: dict[str, dict] = {}
+    try:
+        run_migrations(url)
+        settings = Settings(database_url=url, dev_mode=True, dev_key_path=Path(f"/tmp/{db}.pem"),
+                            dev_accounts="team-a", backends=json.dumps(backends), dispatch_in_serve=False,
+                            pool_queue_depth=100000, dispatch_batch=args.jobs, capacity_ttl_s=0)
+        app = create_app(settings)
+        token = build_dev_issuer(settings).mint(user="alice", groups=["team-a"], lifetime_s=7200)
+        h = {"Authorization": f"Bearer {token}"}
+        with TestClient(app) as client:
+            disp = app.state.dispatcher
+            disp.views(fresh=True)  # warm: the first Kubernetes connect costs ~1 s once per process
+
+            def submit(pool: str, n: int) -> list[str]:
+                body = {"name": "bench", "account": "team-a", "backend": pool, "workers": 1, "gpus_per_worker": 0,
+                        "command": ["true"], "labels": {"isthmus.io/fake-run-for": "1s"}, "time_limit": "5m"}
+                return [client.post("/v1/jobs", json=body, headers=h).json()["id"] for _ in range(n)]
+
+            def accepted(ids: list[str]) -> dict[str, float]:
+                with app.state.sessionmaker() as s:
+                    rows = s.execute(select(JobEvent.job_id, JobEvent.at).where(
+                        JobEvent.job_id.in_(ids), JobEvent.to_state == "queued")).all()
+                return {j: at for j, at in rows}
+
+            for pool in ("slurm", "kubernetes"):
+                rates, raw_rates, lat = [], [], []
+                for _ in range(args.repeats):
+                    ids = submit(pool, args.jobs)
+                    t0 = time.perf_counter()
+                    while len(accepted(ids)) < len(ids):
+                        disp.dispatch_round()
+                    rates.append(len(ids) / (time.perf_counter() - t0))
+                    raw_rates.append(RAW[pool](args.jobs, slurm_env, kube_env))
+                # latency: the dispatcher runs in the background; jobs arrive one by one
+                disp.settings = settings.model_copy(update={"dispatch_interval_s": 1.0})
+                disp._stop.clear()
+                disp.start()
+                try:
+                    for _ in range(args.latency_jobs):
+                        t = time.time()
+                        [jid] = submit(pool, 1)
+                        while not accepted([jid]):
+                            time.sleep(0.005)
+                        lat.append((time.time() - t) * 1e3)
+                        time.sleep(0.1)
+                finally:
+                    disp.stop()
+                    disp._thread = None
+                results[pool] = {"gw": median(rates), "raw": median(raw_rates), "p50": pct(lat, 50), "p99": pct(lat, 99)}
+                print(pool, results[pool], flush=True)
+                # let the backend drain the benchmark jobs before the next pool
+                deadline = time.time() + 120
+                while time.time() < deadline:
+                    disp.reconcile_round()
+                    with app.state.sessionmaker() as s:
+                        left = s.scalar(select(func.count()).select_from(Job).where(
+                            Job.state.in_(["queued", "starting", "running", "dispatching"])))
+                    if not left:
+                        break
+                    time.sleep(1)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        admin.dispose()
+    rows = "\n".join(
+        f"| {pool} | {r['gw']:.1f} | {r['raw']:.1f} | {r['gw'] / r['raw']:.2f} | {r['p50']:.0f} / {r['p99']:.0f} |"
+        for pool, r in results.items())
+    body = f"""## Dispatch end to end (gateway -> real backends)
+
+`python bench/bench_dispatch.py e2e --jobs {args.jobs} --repeats {args.repeats} --latency-jobs {args.latency_jobs}`
+({machine()}; Postgres; Slurm 22.05 over slurmrestd v0.0.38; Kubernetes 1.35 + Kueue 0.17 with kwok nodes;
+backends idle; run {time.strftime('%Y-%m-%d')}). Throughput: {args.jobs} jobs already pending, dispatcher rounds
+until the backend has accepted every one (claim + ledger reservation + submit + record, per job), against
+the raw client submitting the same number in a loop in the same run (Slurm: `sbatch` as the same user;
+Kubernetes: `create_namespaced_job` with the same Job body, suspended). Latency: one job at a time through
+`POST /v1/jobs` with the dispatcher thread running (it wakes on submit), until the backend accepted it.
+
+| pool | gateway jobs/s | raw jobs/s | gateway / raw | submit -> accepted p50 / p99 (ms) |
+|---|---|---|---|---|
+{rows}
+
+Target (issue 4): gateway/raw >= 0.8 for Slurm.
+"""
+    print(body)
+    write_section("dispatch-e2e", body)
+
+
+def _raw_slurm(n: int, slurm_env: dict, kube_env: dict) -> float:
+    import subprocess
+
+    env = {"SLURM_CONF": slurm_env["SLURM_CONF"], "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    t0 = time.perf_counter()
+    for i in range(n):
+        subprocess.run(["runuser", "-u", "alice", "--", "sbatch", "--parsable", "--exclusive", "-N", "1",
+                        "-p", slurm_env["SLURM_PARTITION"], "-t", "5", "-D", slurm_env["SLURM_WORK_DIR"],
+                        "--comment", f"isthmus:raw-{i}", "--wrap", "true"], env=env, check=True, capture_output=True)
+    return n / (time.perf_counter() - t0)
+
+
+def _raw_kube(n: int, slurm_env: dict, kube_env: dict) -> float:
+    from adapters.base import SubmitRequest
+    from adapters.kubernetes import KubernetesSettings
+    from adapters.kubernetes.render import render_job
+    from kubernetes import client, config
+
+    settings = KubernetesSettings(kubeconfig=kube_env["KUBECONFIG"])
+    api = client.BatchV1Api(config.new_client_from_config(kube_env["KUBECONFIG"]))
+    bodies = [render_job(SubmitRequest(gateway_job_id=f"raw-{uuid.uuid4().hex[:10]}", name="raw", account="team-a",
+                                       user="alice", command=["true"], workers=1, gpus_per_worker=0, cpus_per_worker=1,
+                                       memory_mib_per_worker=1024, time_limit_s=300,
+                                       labels={"isthmus.io/fake-run-for": "1s"}), settings) for _ in range(n)]
+    t0 = time.perf_counter()
+    for body in bodies:
+        api.create_namespaced_job("isthmus-team-a", body)
+    return n / (time.perf_counter() - t0)
+
+
+RAW = {"slurm": _raw_slurm, "kubernetes": _raw_kube}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="what", required=True)
@@ -104,9 +257,15 @@ def main() -> None:
     p.add_argument("--pending", type=int, default=100_000)
     p.add_argument("--accounts", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=20)
+    e = sub.add_parser("e2e")
+    e.add_argument("--jobs", type=int, default=40)
+    e.add_argument("--repeats", type=int, default=3)
+    e.add_argument("--latency-jobs", type=int, default=20)
     args = ap.parse_args()
     if args.what == "pick":
         pick(args)
+    else:
+        e2e(args)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -164,15 +165,27 @@ class Dispatcher:
                     claimed.append(job.id)
         if claimed and self.settings.debug_pause_after_claim_s:
             time.sleep(self.settings.debug_pause_after_claim_s)  # crash window 1 (tests)
-        for job_id in claimed:
-            self.submit_claimed(job_id)
+        self._submit_all(claimed)
         return claimed
+
+    def _submit_all(self, job_ids: list[str], *, recovering: bool = False) -> None:
+        """Submit claimed jobs concurrently: each is idempotent and records itself."""
+        if len(job_ids) <= 1 or self.settings.dispatch_concurrency == 1:
+            for job_id in job_ids:
+                self.submit_claimed(job_id, recovering=recovering)
+            return
+        workers = min(self.settings.dispatch_concurrency, len(job_ids))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="isthmus-submit") as pool:
+            for future in [pool.submit(self.submit_claimed, j, recovering=recovering) for j in job_ids]:
+                future.result()
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
         shape = JobShape.of(job)
         refusals: dict[str, str] = {}
-        for name in views if job.requested_backend == "auto" else [job.requested_backend]:
-            if name in views:
+        # For a pinned job, reserve() below applies the same rule; checking first only helps
+        # routing choose between pools.
+        if job.requested_backend == "auto" and len(views) > 1:
+            for name in views:
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now)
                 if not ok:
                     refusals[name] = why
@@ -302,37 +315,53 @@ class Dispatcher:
                 jobs.record_event(s, job, actor=ACTOR, kind="recovery",
                                   reason="dispatch claim expired; re-driving the submission idempotently")
             ids = [j.id for j in stale]
-        for job_id in ids:
-            self.submit_claimed(job_id, recovering=True)
+        self._submit_all(ids, recovering=True)
         return ids
 
     # ------------------------------------------------------------- reconcile
+
+    # Above this many followed jobs on one backend, one listing of every gateway job beats
+    # a status call per job (Slurm: one squeue/REST listing; Kubernetes: three list calls).
+    LIST_THRESHOLD = 5
 
     def reconcile_round(self) -> int:
         """Follow every job on its backend; returns how many changed."""
         with transaction(self.sessions) as s:
             rows = s.execute(select(Job.id, Job.backend, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
                 Job.state.in_([st.value for st in FOLLOWED]))).all()
-        changed = 0
         now = self.clock()
-        for job_id, pool, backend_job_id, state, lease in rows:
-            backend = self.backends.get(pool or "")
+        by_backend: dict[str, list] = {}
+        for row in rows:
+            if row.backend_job_id is None and row.next_attempt_at is not None and as_utc(row.next_attempt_at) > now:
+                continue  # a dispatcher holds the claim and its submission may be in flight
+            by_backend.setdefault(row.backend or "", []).append(row)
+        changed = 0
+        for pool, jobs_here in by_backend.items():
+            backend = self.backends.get(pool)
             if backend is None:
                 continue
-            if backend_job_id is None and lease is not None and as_utc(lease) > now:
-                continue  # a dispatcher holds the claim and its submission may be in flight
-            try:
-                if state == JobState.CANCELLING.value:
-                    status = self._cancel_on_backend(backend, job_id, backend_job_id)
-                else:
-                    status = backend.status(backend_job_id)
-            except JobNotFound:
-                status = None
-            except BackendError as exc:
-                log.warning("reconcile %s on %s: %s", job_id, pool, exc.message)
-                continue
-            changed += self.apply_status(job_id, status)
+            listed = self._list_statuses(backend) if len(jobs_here) > self.LIST_THRESHOLD else {}
+            for job_id, _pool, backend_job_id, state, _lease in jobs_here:
+                try:
+                    if state == JobState.CANCELLING.value:
+                        status = self._cancel_on_backend(backend, job_id, backend_job_id)
+                    elif job_id in listed:
+                        status = listed[job_id]
+                    else:  # not in the listing: ask directly (finished, purged or never listed)
+                        status = backend.status(backend_job_id)
+                except JobNotFound:
+                    status = None
+                except BackendError as exc:
+                    log.warning("reconcile %s on %s: %s", job_id, pool, exc.message)
+                    continue
+                changed += self.apply_status(job_id, status)
         return changed
+
+    def _list_statuses(self, backend: Backend) -> dict[str, JobStatus]:
+        try:
+            return {st.gateway_job_id: st for st in backend.list_gateway_jobs() if st.gateway_job_id}
+        except BackendError:  # Unsupported or a failed listing: fall back to one call per job
+            return {}
 
     def _cancel_on_backend(self, backend: Backend, job_id: str, backend_job_id: str | None) -> JobStatus | None:
         if backend_job_id is None:
@@ -445,20 +474,40 @@ class Dispatcher:
         self.dispatch_round()
         self.reconcile_round()
 
+    def _loop(self, rounds: Callable[[], None], wake: threading.Event | None) -> None:
+        while not self._stop.is_set():
+            if wake is not None:
+                wake.clear()
+            try:
+                rounds()
+            except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
+                log.exception("dispatch loop iteration failed; retrying")
+                self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
+                continue
+            (wake or self._stop).wait(self.settings.dispatch_interval_s)
+
+    def _dispatch_rounds(self) -> None:
+        self.recover_round()
+        self.dispatch_round()
+
     def wake(self) -> None:
         """Start the next round now (a job was submitted or cancelled in this process)."""
         self._wake.set()
 
     def run_forever(self) -> None:
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                self.run_once()
-            except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
-                log.exception("dispatch loop iteration failed; retrying")
-                self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
-                continue
-            self._wake.wait(self.settings.dispatch_interval_s)
+        """Dispatch (woken by submissions) and reconcile (polling) in two threads until stopped.
+
+        Separate threads keep a new job's dispatch from waiting behind the status calls of
+        every running job.
+        """
+        reconciler = threading.Thread(target=self._loop, args=(self.reconcile_round, None),
+                                      name="isthmus-reconciler", daemon=True)
+        reconciler.start()
+        try:
+            self._loop(self._dispatch_rounds, self._wake)
+        finally:
+            self._stop.set()
+            reconciler.join(10)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run_forever, name="isthmus-dispatcher", daemon=True)

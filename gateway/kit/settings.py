@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     dispatch_in_serve: bool = True
     dispatch_interval_s: float = Field(default=1.0, gt=0, le=60)
     dispatch_batch: int = Field(default=100, ge=1, le=10000)
+    # Claimed jobs of one round are submitted by this many threads (backend calls are I/O).
+    dispatch_concurrency: int = Field(default=8, ge=1, le=64)
     dispatch_lease_s: int = Field(default=120, ge=1, le=3600)  # a DISPATCHING claim expires after this
     retry_backoff_base_s: float = Field(default=2.0, gt=0, le=600)
     retry_backoff_max_s: float = Field(default=300.0, gt=0, le=3600)
