@@ -9,7 +9,7 @@ mkdir -p .stack "$ISTHMUS_CACHE"
 t0=$SECONDS
 step() { local s=$SECONDS; echo "== stack: $*"; "$@"; echo "== stack: $1 ${2:-} done in $((SECONDS - s)) s"; }
 step bash stack/postgres.sh up
-for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 kube}; do
+for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 slurm-26.05 kube}; do
   case $part in
     oidc) [ -f stack/oidc/up.sh ] && step bash stack/oidc/up.sh ;;
     slurm-*) [ -f stack/slurm/up.sh ] && step bash stack/slurm/up.sh "${part#slurm-}" ;;
