@@ -344,7 +344,10 @@ class KubernetesBackend(Backend):
                 "resourceVersion": job["metadata"]["resourceVersion"],  # no lost update
                 "finalizers": finalizers,
                 "annotations": {ANN_CANCELLED_AT: datetime.now(timezone.utc).isoformat()},
-            }}
+            },
+                # Suspending makes Kueue evict the Workload and release its quota now; without
+                # it the tombstoned Job kept its GPUs reserved for the whole retention.
+                "spec": {"suspend": True}}
             try:
                 with self._errors(f"marking Job {ns}/{name} cancelled", not_found="gone"):
                     api.batch.patch_namespaced_job(name, ns, patch, _request_timeout=self._t(),

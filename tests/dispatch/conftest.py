@@ -53,8 +53,27 @@ def wired_gateway(database_url: str, dev_key_path, backends: dict, **overrides):
     app = create_app(settings)
     with TestClient(app) as client:
         _clean(app)
-        yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
-        _clean(app)
+        try:
+            yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
+        finally:
+            _cancel_leftovers(app)
+            _clean(app)
+
+
+def _cancel_leftovers(app) -> None:
+    """A failed test must not leave jobs holding the shared clusters' nodes or quota."""
+    from sqlalchemy import select
+
+    from gateway.jobs.models import Job
+
+    with app.state.sessionmaker() as s:
+        live = s.execute(select(Job.backend, Job.backend_job_id).where(
+            Job.state.notin_(["succeeded", "failed", "cancelled"]), Job.backend_job_id.isnot(None))).all()
+    for pool, backend_job_id in live:
+        try:
+            app.state.backends[pool].cancel(backend_job_id)
+        except Exception:  # noqa: BLE001 - best effort clean-up
+            pass
 
 
 def drive_until(gw: Gateway, predicate, timeout_s: float = 120, interval_s: float = 0.5):

@@ -61,5 +61,11 @@ def test_cancel_on_kubernetes_removes_the_job(gw):
     assert gw.client.post(f"/v1/jobs/{job}/cancel", headers=h).json()["state"] == "cancelling"
     final = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=60)
     assert final["state"] == "cancelled"
+
+    # the gang's GPUs go back to the pool at once, not after the cancelled Job is purged
+    def freed():
+        view = gw.app.state.dispatcher.views(fresh=True)["kubernetes"]
+        return view.free_gpus == view.total_gpus
+    drive_until(gw, freed, timeout_s=30)
     assert gw.app.state.backends["kubernetes"].find_by_gateway_id(job) is None or \
         gw.app.state.backends["kubernetes"].find_by_gateway_id(job).state.value == "cancelled"
