@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("ISTHMUS_TEST_POSTGRES_URL",
@@ -46,7 +47,9 @@ def dev_key_path(tmp_path_factory) -> Path:
 
 def _postgres_database() -> Iterator[str]:
     name = f"isthmus_test_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    # No pool: a test restarts Postgres, and a pooled admin connection would be dead by the
+    # time the database is dropped.
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))

@@ -22,6 +22,7 @@ from gateway.accounts.models import AccountMember
 from gateway.accounts.router import fairshare_out, usage_out
 from gateway.accounts.schemas import QuotaIn
 from gateway.admin.schemas import (
+    OrphanOut,
     AccountCreate, AccountUpdate, AdjustmentIn, AdminAccountOut, BillingWeightIn, BillingWeightOut, FairShareTable,
     LedgerEntryOut, LedgerPage, MemberIn, MemberOut, UsageReport, UsageRow,
 )
@@ -308,3 +309,14 @@ def set_weight(pool: Literal["slurm", "kubernetes"], gpu_type: Annotated[str, "g
     w.weight, w.updated_at = body.weight, utcnow()
     session.flush()
     return BillingWeightOut(pool=pool, gpu_type=gpu_type, weight=w.weight)
+
+
+@router.get("/orphans", response_model=list[OrphanOut], operation_id="listOrphans",
+            summary="Backend jobs unknown to the registry",
+            description="Lists every job on every configured backend that carries a gateway id the "
+                        "registry does not know (e.g. submitted by another gateway against the same "
+                        "cluster, or left behind by a restore). Nothing is changed; cancel them on the "
+                        "backend if they should not run.",
+            responses=problem_responses(401, 403))
+def list_orphans(request: Request) -> list[OrphanOut]:
+    return [OrphanOut(**o) for o in request.app.state.dispatcher.orphans()]

@@ -130,3 +130,14 @@ class BillingWeightOut(BaseModel):
 
 
 AdminAccountOut.model_rebuild()
+
+
+class OrphanOut(BaseModel):
+    """A backend job that carries a gateway id the registry does not know (or a backend
+    that could not be listed: then only ``backend`` and ``error`` are set)."""
+
+    backend: str
+    backend_job_id: str | None = None
+    gateway_job_id: str | None = None
+    state: str | None = None
+    error: str | None = None

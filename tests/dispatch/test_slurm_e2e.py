@@ -70,3 +70,29 @@ def test_pinned_job_that_can_never_fit_is_rejected_at_submit(gw):
                        headers=gw.headers("alice", ("team-a",)))
     assert r.status_code == 422, r.text
     assert "never run" in r.json()["detail"] and "nodes" in r.json()["detail"]
+
+
+def test_orphans_are_reported_to_admins(gw):
+    """A Slurm job carrying a gateway id the registry never issued is listed; nothing else is."""
+    import uuid
+
+    from adapters.base import SubmitRequest
+
+    backend = gw.app.state.backends["slurm"]
+    ghost = f"ghost-{uuid.uuid4().hex[:10]}"
+    known = submit(gw, command=["sleep", "60"])
+    drive_until(gw, lambda: job_state(gw, known, "queued", "starting", "running"), timeout_s=60)
+    result = backend.submit(SubmitRequest(gateway_job_id=ghost, name="ghost", account="team-a", user="alice",
+                                          command=["sleep", "60"], workers=1, gpus_per_worker=0, cpus_per_worker=1,
+                                          memory_mib_per_worker=1024, time_limit_s=120))
+    try:
+        assert gw.client.get("/v1/admin/orphans", headers=gw.headers("alice", ("team-a",))).status_code == 403
+        r = gw.client.get("/v1/admin/orphans", headers=gw.headers("root", (), admin=True))
+        assert r.status_code == 200, r.text
+        ids = {o["gateway_job_id"] for o in r.json()}
+        assert ghost in ids
+        assert known not in ids
+        mine = next(o for o in r.json() if o["gateway_job_id"] == ghost)
+        assert mine["backend"] == "slurm" and mine["backend_job_id"] == result.backend_job_id
+    finally:
+        backend.cancel(result.backend_job_id)

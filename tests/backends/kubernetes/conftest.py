@@ -75,6 +75,33 @@ class Kube:
         return sum(int(r.get("total", "0")) for f in st.get("flavorsReservation") or []
                    for r in f["resources"] if r["name"] == "nvidia.com/gpu")
 
+    def _drop_tombstone(self, name: str, ns: str) -> None:
+        """Remove our finalizer. The garbage collector edits the same list (foregroundDeletion),
+        so the patch is guarded by resourceVersion and retried on a fresh read."""
+        from kubernetes.client.exceptions import ApiException
+
+        for _ in range(5):
+            try:
+                job = self.batch.read_namespaced_job(name, ns)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            finalizers = job.metadata.finalizers or []
+            if TOMBSTONE_FINALIZER not in finalizers:
+                return
+            try:
+                self.batch.patch_namespaced_job(name, ns, [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": job.metadata.resource_version},
+                    {"op": "replace", "path": "/metadata/finalizers",
+                     "value": [f for f in finalizers if f != TOMBSTONE_FINALIZER]}])
+                return
+            except ApiException as exc:
+                if exc.status not in (404, 409, 422):
+                    raise
+                if exc.status == 404:
+                    return
+
     def clean(self, timeout_s: float = 90) -> None:
         """Remove this suite's Jobs and pods (tombstones included) and wait until they are
         gone and the ClusterQueue holds no reservation. Other suites' Jobs are left alone;
@@ -83,10 +110,7 @@ class Kube:
         for ns in self.namespaces:
             for sel in mine:
                 for job in self.batch.list_namespaced_job(ns, label_selector=sel).items:
-                    if TOMBSTONE_FINALIZER in (job.metadata.finalizers or []):
-                        self.batch.patch_namespaced_job(job.metadata.name, ns, [{
-                            "op": "replace", "path": "/metadata/finalizers",
-                            "value": [f for f in job.metadata.finalizers if f != TOMBSTONE_FINALIZER]}])
+                    self._drop_tombstone(job.metadata.name, ns)
                     try:
                         self.batch.delete_namespaced_job(job.metadata.name, ns, propagation_policy="Background")
                     except Exception:

@@ -133,9 +133,11 @@ def test_preemption_by_higher_priority_is_reported_as_requeued(backend, kube, ac
                 any(e.backend_job_id == low and e.state is BackendState.REQUEUED for e in seen)
                 and any(e.backend_job_id == high and e.state is BackendState.RUNNING for e in seen)):
             time.sleep(0.2)
-        # The reconciler's watch saw the whole story without polling.
+        # The watch saw the preemption and the new gang start, without polling. It is
+        # level-triggered (each event re-derives the Job's state when processed), so under
+        # load it may skip low's brief RUNNING, which wait_state above already observed.
         low_states = [e.state for e in seen if e.backend_job_id == low]
-        assert BackendState.RUNNING in low_states and BackendState.REQUEUED in low_states, low_states
+        assert BackendState.REQUEUED in low_states, low_states
         assert any(e.backend_job_id == high and e.state is BackendState.RUNNING for e in seen)
         assert stream.resource_version
     finally:
