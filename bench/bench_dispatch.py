@@ -102,8 +102,6 @@ Target: pick <= 50 ms ({'met' if median(pick_ms) <= 50 else 'NOT met'}).
 def e2e(args) -> None:
     """Dispatch throughput to each pool vs the raw backend client, and submit -> acceptance latency."""
     import json
-    import subprocess
-    import threading
 
     from fastapi.testclient import TestClient
 
@@ -113,9 +111,7 @@ def e2e(args) -> None:
     from gateway.jobs.models import Job, JobEvent
     from gateway.kit.settings import Settings
     from sqlalchemy import select
-    sys.path.insert(0, str(REPO))
-    from stack.backends_json import main as _unused  # noqa: F401  (keeps the stack helper importable)
-    from stack.backends_json import read_env
+    from adapters.envfile import read_env_file as read_env
 
     slurm_env = read_env(REPO / ".stack" / "slurm-22.05" / "env")
     kube_env = read_env(REPO / ".stack" / "kube" / "env")

@@ -6,16 +6,9 @@ import json
 import sys
 from pathlib import Path
 
+from adapters.envfile import read_env_file as read_env
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def read_env(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip().strip("'\"")
-    return out
 
 
 def main(parts: list[str]) -> None:

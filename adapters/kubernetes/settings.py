@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from adapters.envfile import read_env_file  # noqa: E402,F401  (re-exported)
+
 ENV_PREFIX = "ISTHMUS_KUBE_"
 
 
@@ -93,13 +95,3 @@ class KubernetesSettings:
             kw["namespaces"] = dict(p.split("=", 1) for p in values[ENV_PREFIX + "NAMESPACE_MAP"].split(","))
         kw.update(overrides)
         return cls(**kw)
-
-
-def read_env_file(path: str | Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out

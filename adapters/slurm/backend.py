@@ -11,6 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from adapters.envfile import read_env_file  # noqa: F401  (re-exported)
 from adapters.base import (
     Backend,
     BackendUnavailable,
@@ -96,18 +97,6 @@ class SlurmSettings:
         }
         base.update(overrides)
         return cls(**base)
-
-
-def read_env_file(path: str | Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, raw = line.split("=", 1)
-        words = shlex.split(raw)
-        out[key] = words[0] if words else ""
-    return out
 
 
 def make_transport(settings: SlurmSettings) -> Transport:

@@ -13,12 +13,13 @@ Exactly-once dispatch rests on three rules (docs/dispatch.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, text
@@ -152,7 +153,7 @@ class Dispatcher:
         """Claim and submit up to ``dispatch_batch`` jobs. Returns the claimed job ids."""
         if not self.backends:
             return []
-        views = {name: _copy(v) for name, v in self.views(fresh=True).items()}
+        views = {name: dataclasses.replace(v) for name, v in self.views(fresh=True).items()}
         now = self.clock()
         claimed: list[str] = []
         is_pg = not self.settings.is_sqlite
@@ -518,13 +519,3 @@ class Dispatcher:
         self._wake.set()
         if self._thread:
             self._thread.join(timeout_s)
-
-
-def _copy(view: PoolView) -> PoolView:
-    import dataclasses
-
-    return dataclasses.replace(view)
-
-
-def iter_states(values: Iterable[str]) -> list[JobState]:
-    return [JobState(v) for v in values]

@@ -10,7 +10,6 @@ import hashlib
 import json
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -147,7 +146,3 @@ def cancel(session: Session, *, principal: Principal, job_id: str, reason: str =
         # moves it to cancelled when the backend confirms.
         set_state(session, job, JobState.CANCELLING, actor=principal.subject, reason=why)
     return job
-
-
-def account_names(session: Session) -> set[str]:
-    return set(session.scalars(select(Account.name)))

@@ -32,7 +32,6 @@ class JobState(str, enum.Enum):
 
 
 FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-ACTIVE_ON_BACKEND = frozenset({JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.REQUEUED})
 
 _S = JobState
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {

@@ -15,7 +15,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from adapters.base import Backend, BackendError, Capacity, Feature, Unsupported
+from adapters.base import Backend, BackendError, Capacity, Feature
 
 
 @dataclasses.dataclass
@@ -175,7 +175,3 @@ def check_pinned(shape: JobShape, requested: str, views: Mapping[str, PoolView])
         return f"pool {requested!r} is not configured on this gateway"
     reason = never_fits(shape, views[requested])
     return f"{requested}: {reason}" if reason else None
-
-
-def unsupported_reason(exc: Unsupported) -> str:
-    return exc.message
