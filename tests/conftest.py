@@ -7,6 +7,7 @@ Postgres cases are skipped with the reason, except under ``ISTHMUS_REQUIRE_STACK
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import uuid
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from adapters.envfile import read_env_file  # noqa: F401  (used by the suites)
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
@@ -30,22 +33,14 @@ def missing_system(reason: str) -> None:
     pytest.skip(reason)
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            env[k.strip()] = v.strip().strip('"').strip("'")
-    return env
-
-
 @pytest.fixture(scope="session")
 def dev_key_path(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("devkey") / "dev-issuer.pem"
 
 
-def _postgres_database() -> Iterator[str]:
+@contextlib.contextmanager
+def postgres_database(*, migrated: bool = False) -> Iterator[str]:
+    """A fresh database on the test Postgres (migrated to head if asked), dropped after."""
     name = f"isthmus_test_{uuid.uuid4().hex[:8]}"
     # No pool: a test restarts Postgres, and a pooled admin connection would be dead by the
     # time the database is dropped.
@@ -59,6 +54,10 @@ def _postgres_database() -> Iterator[str]:
                        "run stack/postgres.sh")
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
     try:
+        if migrated:
+            from gateway.cli import run_migrations
+
+            run_migrations(url)
         yield url
     finally:
         with admin.connect() as conn:
@@ -75,11 +74,8 @@ def database_url(request, tmp_path_factory) -> Iterator[str]:
         run_migrations(url)
         yield url
     else:
-        gen = _postgres_database()
-        url = next(gen)
-        run_migrations(url)
-        yield url
-        next(gen, None)
+        with postgres_database(migrated=True) as url:
+            yield url
 
 
 @dataclasses.dataclass

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, select
 
 from adapters.slurm import SlurmBackend, SlurmSettings
 from gateway.jobs.models import Job, JobEvent
-from tests.conftest import REPO, _postgres_database
+from tests.conftest import REPO, postgres_database
 from tests.dispatch.conftest import slurm_backend_options, wired_gateway
 from tests.e2e.conftest import ISTHMUS
 
@@ -28,13 +28,8 @@ FINAL = {"succeeded", "failed", "cancelled"}
 
 @pytest.fixture
 def pg_url():
-    from gateway.cli import run_migrations
-
-    gen = _postgres_database()
-    url = next(gen)
-    run_migrations(url)
-    yield url
-    next(gen, None)
+    with postgres_database(migrated=True) as url:
+        yield url
 
 
 @pytest.fixture

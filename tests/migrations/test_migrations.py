@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 from gateway.models import metadata
-from tests.conftest import REPO, _postgres_database
+from tests.conftest import REPO, postgres_database
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -18,9 +18,8 @@ def empty_db(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'm.db'}"
         return
-    gen = _postgres_database()
-    yield next(gen)
-    next(gen, None)
+    with postgres_database() as url:
+        yield url
 
 
 def _config(url: str) -> Config:
