@@ -96,3 +96,21 @@ def test_orphans_are_reported_to_admins(gw):
         assert mine["backend"] == "slurm" and mine["backend_job_id"] == result.backend_job_id
     finally:
         backend.cancel(result.backend_job_id)
+
+
+def test_submission_wakes_the_dispatcher(database_url, dev_key_path, slurm22):
+    """With a 60 s interval, a new job still reaches Slurm within seconds: submit wakes the loop."""
+    import time
+
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+                       dispatch_interval_s=60) as gw:
+        gw.app.state.dispatcher.start()
+        try:
+            time.sleep(1)  # the first round has run; the loop now sleeps for 60 s
+            job = submit(gw, command=["true"])
+            deadline = time.monotonic() + 15
+            while not job_state(gw, job, "queued", "starting", "running", "succeeded"):
+                assert time.monotonic() < deadline, "the submission did not wake the dispatcher"
+                time.sleep(0.2)
+        finally:
+            gw.app.state.dispatcher.stop()

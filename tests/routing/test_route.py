@@ -1,0 +1,54 @@
+"""Routing decisions on capacity snapshots (pure logic; the pools' real figures are covered by
+tests/dispatch against the real Slurm cluster and Kueue)."""
+
+from __future__ import annotations
+
+from adapters.base import Capacity, PoolCapacity
+from gateway.routing.service import JobShape, PoolView, route, take
+
+
+def view(name: str, *, nodes: int, idle: int, gpus_per_node: int = 8, depth: int = 0) -> PoolView:
+    cap = Capacity(backend=name, pools=(PoolCapacity(pool="p", total_nodes=nodes, idle_nodes=idle,
+                                                     total_gpus=nodes * gpus_per_node, free_gpus=idle * gpus_per_node,
+                                                     gpus_per_node=gpus_per_node),))
+    return PoolView(name=name, backend=None, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
+                    total_gpus=nodes * gpus_per_node, total_nodes=nodes, gpus_per_node=gpus_per_node,
+                    queue_depth=depth)
+
+
+GANG = JobShape(workers=2, gpus_per_worker=8, total_gpus=16, image=None, gpu_type=None)
+
+
+def test_waits_in_the_gateway_when_no_pool_has_room():
+    d = route(GANG, "auto", {"slurm": view("slurm", nodes=4, idle=1),
+                             "kubernetes": view("kubernetes", nodes=4, idle=1)})
+    assert d.pool is None and not d.rejected
+    assert d.reason.startswith("waiting for capacity") and "1 of 4 nodes idle" in d.reason
+
+
+def test_queue_depth_lets_a_pool_take_jobs_beyond_free_capacity():
+    views = {"slurm": view("slurm", nodes=4, idle=0)}
+    assert route(GANG, "slurm", views, queue_depth=2).pool == "slurm"
+    take(GANG, views["slurm"])
+    take(GANG, views["slurm"])
+    assert views["slurm"].queue_depth == 2
+    assert route(GANG, "slurm", views, queue_depth=2).pool is None  # depth used up
+
+
+def test_a_snapshot_is_not_handed_out_twice():
+    views = {"slurm": view("slurm", nodes=4, idle=2)}
+    assert route(GANG, "slurm", views).pool == "slurm"
+    take(GANG, views["slurm"])
+    assert route(GANG, "slurm", views).pool is None
+
+
+def test_pinned_job_that_can_never_fit_is_rejected_with_reason():
+    huge = JobShape(workers=8, gpus_per_worker=8, total_gpus=64, image=None, gpu_type=None)
+    d = route(huge, "slurm", {"slurm": view("slurm", nodes=4, idle=4)})
+    assert d.rejected and "8 whole nodes" in d.reason
+
+
+def test_quota_refusal_sends_an_auto_job_to_the_other_pool():
+    views = {"slurm": view("slurm", nodes=4, idle=4), "kubernetes": view("kubernetes", nodes=4, idle=4)}
+    d = route(GANG, "auto", views, quota_refusals={"kubernetes": "team-a: 32 of 32 in pool kubernetes"})
+    assert d.pool == "slurm" and "kubernetes: quota" in d.reason
