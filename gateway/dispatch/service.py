@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from adapters.base import (
@@ -62,6 +63,10 @@ BACKEND_TO_JOB = {
     BackendState.CANCELLED: JobState.CANCELLED,
 }
 FOLLOWED = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING, JobState.REQUEUED, JobState.CANCELLING)
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "40P01"
 
 
 def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
@@ -153,17 +158,28 @@ class Dispatcher:
         """Claim and submit up to ``dispatch_batch`` jobs. Returns the claimed job ids."""
         if not self.backends:
             return []
-        views = {name: dataclasses.replace(v) for name, v in self.views(fresh=True).items()}
-        now = self.clock()
-        claimed: list[str] = []
+        fresh_views = self.views(fresh=True)
         is_pg = not self.settings.is_sqlite
-        with transaction(self.sessions) as s:
-            factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
-            for position, job in enumerate(pending_order(s, now=now, limit=self.settings.dispatch_batch,
-                                                        lock=is_pg, factors=factors), start=1):
-                self._claim_one(s, job, views, now, position)
-                if job.state == JobState.DISPATCHING.value:
-                    claimed.append(job.id)
+        for attempt in range(1, 4):
+            views = {name: dataclasses.replace(v) for name, v in fresh_views.items()}
+            now = self.clock()
+            claimed: list[str] = []
+            try:
+                with transaction(self.sessions) as s:
+                    factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
+                    for position, job in enumerate(pending_order(s, now=now, limit=self.settings.dispatch_batch,
+                                                                lock=is_pg, factors=factors), start=1):
+                        self._claim_one(s, job, views, now, position)
+                        if job.state == JobState.DISPATCHING.value:
+                            claimed.append(job.id)
+                break
+            except (ledger.ChainChanged, OperationalError) as exc:
+                # The account tree moved under a reservation, or two dispatchers locked two
+                # account chains in opposite orders (Postgres aborts one): nothing of this
+                # claim was written; claim again.
+                if isinstance(exc, OperationalError) and not _is_deadlock(exc) or attempt == 3:
+                    raise
+                log.info("claim round %d rolled back (%s); retrying", attempt, type(exc).__name__)
         if claimed and self.settings.debug_pause_after_claim_s:
             time.sleep(self.settings.debug_pause_after_claim_s)  # crash window 1 (tests)
         self._submit_all(claimed)
@@ -199,9 +215,8 @@ class Dispatcher:
         if decision.pool is None:
             self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
             return
-        try:
-            with s.begin_nested():
-                ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now)
+        try:  # reserve() writes nothing when it refuses: no savepoint needed
+            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now)
         except QuotaExceeded as exc:
             self._note_waiting(s, job, f"quota: {exc.detail}")
             return

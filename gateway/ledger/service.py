@@ -92,29 +92,68 @@ def _chain_cte():
 # Built once: rebuilding these recursive statements per call cost ~2 ms of SQLAlchemy
 # cache-key work on every reservation (bench/bench_ledger.py).
 _UP = _chain_cte()
-_LOCK_CHAIN = (select(AccountBalance).join(_UP, AccountBalance.account_name == _UP.c.name)
-               .order_by(_UP.c.depth.desc()).with_for_update(of=AccountBalance)
-               .execution_options(populate_existing=True))
 _CHAIN_NAMES = select(_UP.c.name).order_by(_UP.c.depth.desc())
+_CHAIN_ACCOUNT = aliased(Account, name="chain_account")
+# How every ledger writer locks an account chain: one statement locks each chain account's
+# balance row and its ``account`` row, root first (per row the balance row, then the
+# account row: the same order move_subtree uses, so the two cannot deadlock).
+#
+# Freshness (Postgres, READ COMMITTED): the chain (the recursive CTE) is read from the
+# statement's snapshot, which is stale if we waited for a lock held by a re-parent. A
+# locked row, though, is returned in its latest committed version, so ``fresh_parent`` is
+# the parent *now*, and while we hold the account row (FOR NO KEY UPDATE, which does not
+# block foreign-key checks from new jobs) nobody can re-parent it. The locked rows are the
+# current chain exactly when their fresh parents link them root to leaf (_chain_complete).
+_LOCKED_CHAIN_FROM = (_UP.join(AccountBalance, AccountBalance.account_name == _UP.c.name)
+                      .join(_CHAIN_ACCOUNT, _CHAIN_ACCOUNT.name == _UP.c.name))
+_LOCK_CHAIN = (select(AccountBalance, _UP.c.name, _CHAIN_ACCOUNT.parent_name.label("fresh_parent"))
+               .select_from(_LOCKED_CHAIN_FROM).order_by(_UP.c.depth.desc())
+               .with_for_update(of=[AccountBalance, _CHAIN_ACCOUNT], key_share=True)
+               .execution_options(populate_existing=True))
 
 
-def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[str, AccountBalance]]:
-    """Lock the balance rows of the chain, root first, in one statement; return (names, rows)."""
-    params = {"leaf": account_name}
-    for _ in range(4):
-        rows = {b.account_name: b for b in session.scalars(_LOCK_CHAIN, params)}
-        # Re-read the chain now that we hold the locks: a concurrent re-parent (which locks
-        # the moved account's row) may have changed it while we waited.
-        names = list(session.scalars(_CHAIN_NAMES, params))
+class ChainChanged(Conflict):
+    """The account tree changed under a ledger write; roll the transaction back and retry.
+
+    Raised instead of locking the new chain while holding the old one's locks, which
+    would break the root-first lock order and deadlock with other writers.
+    """
+
+
+def _chain_complete(rows: list) -> bool:
+    """The locked rows are the whole current chain: each row's fresh parent is the row before."""
+    return bool(rows) and all(r.fresh_parent == (rows[i - 1].name if i else None) for i, r in enumerate(rows))
+
+
+def _locked_chain_rows(session: Session, account_name: str, execute) -> list:
+    """Run a chain-locking statement (``execute()`` -> rows with name, fresh_parent) and check it.
+
+    Balance rows missing for accounts made before the ledger (or by the bootstrap CLI) are
+    added once, race-free. Raises NotFound, Conflict (a cycle) or ChainChanged.
+    """
+    for attempt in range(2):
+        rows = execute()
+        if _chain_complete(rows):
+            return rows
+        names = list(session.scalars(_CHAIN_NAMES, {"leaf": account_name}))
         if not names:
             raise NotFound(f"no account {account_name!r}")
         if len(names) > accounts.MAX_DEPTH:
             raise Conflict(f"account tree has a cycle above {account_name!r}")
-        missing = [n for n in names if n not in rows]
-        if not missing:
-            return names, {n: rows[n] for n in names}
-        _insert_missing_balances(session, missing)
-    raise Conflict(f"the account tree above {account_name!r} is being changed; retry")
+        locked = [r.name for r in rows]
+        missing = [n for n in names if n not in locked]
+        if attempt == 0 and missing and [n for n in names if n in locked] == locked:
+            _insert_missing_balances(session, missing)
+            continue
+        break
+    raise ChainChanged(f"the account tree above {account_name!r} changed while the ledger was being written; retry")
+
+
+def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[str, AccountBalance]]:
+    """Lock the chain's balance (and account) rows, root first, in one statement; return (names, rows)."""
+    rows = _locked_chain_rows(session, account_name,
+                              lambda: session.execute(_LOCK_CHAIN, {"leaf": account_name}).all())
+    return [r.name for r in rows], {r.name: r.AccountBalance for r in rows}
 
 
 # ----------------------------------------------------------------- admission
@@ -163,10 +202,15 @@ def _queued_by_user(session: Session, account_name: str, username: str) -> int:
 
 
 def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], gpus: int,
-             pool: str | None, committed: int, username: str, now: datetime) -> str | None:
-    """Why the gang does not fit (first failing limit, leaf first), or None."""
-    quotas = {q.account_name: q for q in session.scalars(
-        select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
+             pool: str | None, committed: int, username: str, now: datetime,
+             quotas: dict[str, Any] | None = None) -> str | None:
+    """Why the gang does not fit (first failing limit, leaf first), or None.
+
+    ``quotas`` (name -> quota row) may be passed when already read with the locks.
+    """
+    if quotas is None:
+        quotas = {q.account_name: q for q in session.scalars(
+            select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
     for name in reversed(names):
         q = quotas.get(name)
         if q is None:
@@ -262,8 +306,56 @@ def _entry(session: Session, **kw: Any) -> LedgerEntry:
     return e
 
 
+_WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool == bindparam("pool"),
+                                                 GpuBillingWeight.gpu_type == bindparam("gpu_type")).scalar_subquery()
+_DEFAULT_WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool == bindparam("pool"),
+                                                         GpuBillingWeight.gpu_type == "*").scalar_subquery()
+_BALANCE_COLS = ("reserved_gpus", "reserved_gpus_slurm", "reserved_gpus_kubernetes", "committed_gpu_seconds",
+                 "charged_gpu_seconds", "queued_jobs")
+_QUOTA_COLS = ("max_gpus", "max_gpus_slurm", "max_gpus_kubernetes", "max_queued_jobs", "max_queued_jobs_per_user",
+               "budget_gpu_seconds", "budget_period", "budget_window_days")
+# The reservation's one read: the chain locked as in _LOCK_CHAIN, plus what the admission
+# rule needs (each account's quota, the job's reservation, the billing weight). Postgres
+# refuses FOR UPDATE on the nullable side of an outer join; the quota side is not locked.
+_RESERVE_LOCK = (
+    select(_UP.c.name, _UP.c.parent, _UP.c.depth, _CHAIN_ACCOUNT.parent_name.label("fresh_parent"),
+           AccountQuota.account_name.label("has_quota"),
+           *[getattr(AccountBalance, c) for c in _BALANCE_COLS], *[getattr(AccountQuota, c) for c in _QUOTA_COLS],
+           select(Reservation.status).where(Reservation.job_id == bindparam("job_id")).scalar_subquery()
+           .label("r_status"),
+           select(Reservation.pool).where(Reservation.job_id == bindparam("job_id")).scalar_subquery()
+           .label("r_pool"),
+           func.coalesce(_WEIGHT, _DEFAULT_WEIGHT, 1.0).label("weight"))
+    .select_from(_LOCKED_CHAIN_FROM.outerjoin(AccountQuota, AccountQuota.account_name == _UP.c.name))
+    .order_by(_UP.c.depth.desc())
+    .with_for_update(of=[AccountBalance, _CHAIN_ACCOUNT], key_share=True)
+)
+_RESERVATION_T = Reservation.__table__
+_ENTRY_T = LedgerEntry.__table__
+_BALANCE_T = AccountBalance.__table__
+
+
+_RESERVE_DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs", "reserved_gpus_slurm",
+                       "reserved_gpus_kubernetes")
+# Built once with bind parameters, so SQLAlchemy's statement cache is hit on every call.
+_RESERVE_BALANCES = (
+    _BALANCE_T.update().where(_BALANCE_T.c.account_name.in_(bindparam("names", expanding=True)))
+    .values(**{c: _BALANCE_T.c[c] + bindparam(f"d_{c}") for c in _RESERVE_DELTA_COLS}, updated_at=bindparam("now"))
+)
+_RESERVE_WRITES_PG = _RESERVE_BALANCES.add_cte(
+    _RESERVATION_T.insert().values({c.name: bindparam(f"r_{c.name}", type_=c.type) for c in _RESERVATION_T.c})
+    .cte("new_reservation"),
+    _ENTRY_T.insert().values({c.name: bindparam(f"e_{c.name}", type_=c.type)
+                              for c in _ENTRY_T.c if c.name not in ("id", "data")})
+    .cte("new_entry"),
+)
+
+
 def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime | None = None) -> None:
     """Reserve the whole gang's GPUs and committed GPU-time on the job's account chain.
+
+    Nothing is written when the gang does not fit, so a caller needs no savepoint to go on
+    after a refusal.
 
     Args:
         job: the job being dispatched to ``pool``.
@@ -279,37 +371,79 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         raise Invalid("pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
     if job.total_gpus < 0 or job.time_limit_s <= 0:
         raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
-    names, balances = _lock_chain(session, job.account_name)
-    r = session.scalars(select(Reservation).where(Reservation.job_id == job.id)
-                        .execution_options(populate_existing=True)).first()
-    if r is not None:
-        if r.status in ("reserved", "started"):
-            if r.pool != pool:
-                raise Conflict(f"job {job.id} already holds a reservation in pool {r.pool}")
-            return
-        if r.status == "finished":
-            raise Conflict(f"job {job.id} already finished; it cannot reserve again")
+    # Hot path (bench/bench_ledger.py): Core statements, three round trips while the chain
+    # is locked (four with a GPU-hour budget in the chain), instead of ORM objects.
+    conn = session.connection()
     gpu_type = (job.spec or {}).get("gpu_type")
-    weight = billing_weight(session, pool, gpu_type)
+    params = {"leaf": job.account_name, "job_id": job.id, "pool": pool, "gpu_type": gpu_type or "*"}
+    rows = _locked_chain_rows(session, job.account_name, lambda: conn.execute(_RESERVE_LOCK, params).all())
+    names = [r.name for r in rows]
+    r_status, r_pool, weight = rows[0].r_status, rows[0].r_pool, float(rows[0].weight)
+    if r_status in ("reserved", "started"):
+        if r_pool != pool:
+            raise Conflict(f"job {job.id} already holds a reservation in pool {r_pool}")
+        return
+    if r_status == "finished":
+        raise Conflict(f"job {job.id} already finished; it cannot reserve again")
+    balances = {r.name: dataclasses.replace(_ZERO, **{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
+    quotas = {r.name: _QuotaView(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
     committed = committed_for(job.total_gpus, job.time_limit_s, weight)
     why = _refusal(session, names=names, balances=balances, gpus=job.total_gpus, pool=pool,
-                   committed=committed, username=job.username, now=now)
+                   committed=committed, username=job.username, now=now, quotas=quotas)
     if why:
         raise QuotaExceeded(why)
-    if r is None:
-        r = Reservation(job_id=job.id)
-        session.add(r)
-    r.account_name, r.username, r.pool, r.gpu_type = job.account_name, job.username, pool, gpu_type
-    r.gpus, r.time_limit_s, r.billing_weight, r.committed_gpu_seconds = (
-        job.total_gpus, job.time_limit_s, weight, committed)
-    r.status, r.reserved_at, r.started_at, r.ended_at, r.used_gpu_seconds = "reserved", now, None, None, 0
-    _entry(session, at=now, account_name=job.account_name, kind="reserve", job_id=job.id, pool=pool,
-           gpu_type=gpu_type, username=job.username, gpus=job.total_gpus, committed_gpu_seconds=committed,
-           gpu_seconds=0, billing_weight=weight, actor=actor,
-           reason=f"{job.total_gpus} GPUs x {job.time_limit_s} s x weight {weight:g}")
-    _apply(balances, names, now, reserved_gpus=job.total_gpus, committed_gpu_seconds=committed,
-           queued_jobs=1, **{POOL_BALANCE[pool]: job.total_gpus})
-    session.flush()
+    row = dict(job_id=job.id, account_name=job.account_name, username=job.username, pool=pool, gpu_type=gpu_type,
+               gpus=job.total_gpus, time_limit_s=job.time_limit_s, billing_weight=weight,
+               committed_gpu_seconds=committed, status="reserved", reserved_at=now, started_at=None,
+               ended_at=None, used_gpu_seconds=0)
+    entry = dict(at=now, account_name=job.account_name, kind="reserve", job_id=job.id, pool=pool,
+                 gpu_type=gpu_type, username=job.username, gpus=job.total_gpus,
+                 committed_gpu_seconds=committed, gpu_seconds=0, billing_weight=weight, actor=actor,
+                 reason=f"{job.total_gpus} GPUs x {job.time_limit_s} s x weight {weight:g}")
+    deltas = {"names": names, "now": now, "d_reserved_gpus": job.total_gpus, "d_committed_gpu_seconds": committed,
+              "d_queued_jobs": 1, "d_reserved_gpus_slurm": job.total_gpus if pool == "slurm" else 0,
+              "d_reserved_gpus_kubernetes": job.total_gpus if pool == "kubernetes" else 0}
+    if r_status is None and conn.dialect.name == "postgresql":
+        # All three writes in one round trip: the locks are held for one fewer wait each.
+        conn.execute(_RESERVE_WRITES_PG, {**{f"r_{k}": v for k, v in row.items()},
+                                          **{f"e_{k}": v for k, v in entry.items()}, **deltas})
+    else:
+        if r_status is None:
+            conn.execute(_RESERVATION_T.insert(), row)
+        else:  # released earlier (e.g. a submission the backend refused): reserve again
+            conn.execute(_RESERVATION_T.update().where(_RESERVATION_T.c.job_id == job.id), row)
+        conn.execute(_ENTRY_T.insert(), entry)
+        conn.execute(_RESERVE_BALANCES, deltas)
+    # Core writes bypass the session: drop any stale copies it holds of what we changed.
+    for obj in list(session.identity_map.values()):
+        if isinstance(obj, (AccountBalance, Reservation)) and (
+                getattr(obj, "account_name", None) in names or getattr(obj, "job_id", None) == job.id):
+            session.expire(obj)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BalanceView:
+    reserved_gpus: int = 0
+    reserved_gpus_slurm: int = 0
+    reserved_gpus_kubernetes: int = 0
+    committed_gpu_seconds: int = 0
+    charged_gpu_seconds: int = 0
+    queued_jobs: int = 0
+
+
+_ZERO = _BalanceView()
+
+
+@dataclasses.dataclass(frozen=True)
+class _QuotaView:
+    max_gpus: int | None
+    max_gpus_slurm: int | None
+    max_gpus_kubernetes: int | None
+    max_queued_jobs: int | None
+    max_queued_jobs_per_user: int | None
+    budget_gpu_seconds: int | None
+    budget_period: str
+    budget_window_days: int
 
 
 def _locked_reservation(session: Session, job: Any) -> tuple[list[str], dict[str, AccountBalance], Reservation | None]:

@@ -34,9 +34,16 @@ def _reserve_all(factory, job_ids, barrier=None) -> tuple[int, int, list[BaseExc
         if barrier is not None:
             barrier.wait()
         try:
-            with transaction(factory) as s:
-                job = s.get(Job, job_id)
-                ledger.reserve(s, job=job, pool="slurm", actor="test:thread")
+            for _attempt in range(50):
+                try:
+                    with transaction(factory) as s:
+                        job = s.get(Job, job_id)
+                        ledger.reserve(s, job=job, pool="slurm", actor="test:thread")
+                    break
+                except ledger.ChainChanged:  # an admin re-parented the chain: retry, as callers must
+                    continue
+            else:
+                raise AssertionError("reservation kept failing with ChainChanged")
             with lock:
                 ok += 1
         except QuotaExceeded:
@@ -122,5 +129,71 @@ def test_two_processes_share_one_quota(pg_url):
         with transaction(factory) as s:
             assert ledger.get_balance(s, "team").reserved_gpus == 80
             assert ledger.verify(s) == []
+    finally:
+        engine.dispose()
+
+
+def test_reparenting_while_reserving_keeps_every_subtree_total_right(pg_url):
+    """Reservations race an admin moving their account between two organisations.
+
+    A reservation that waited for the move's locks must charge the NEW ancestors: every
+    account's running totals must still equal the sum of its subtree's entries, and no
+    reservation may fail with a deadlock or lose its entry.
+    """
+    from gateway.accounts import service as accounts
+    from gateway.accounts.models import Account
+
+    engine = make_engine(pg_url, pool_size=12)
+    factory = make_sessionmaker(engine)
+    try:
+        with transaction(factory) as s:
+            add_account(s, "org-a", max_gpus=10_000)
+            add_account(s, "org-b", max_gpus=10_000)
+            add_account(s, "mid", parent="org-a")
+            add_account(s, "team", parent="mid")
+            ids = [add_job(s, "team", gpus=1).id for _ in range(240)]
+        stop = threading.Event()
+        moves: list[str] = []
+        move_errors: list[BaseException] = []
+
+        def mover() -> None:
+            target = "org-b"
+            while not stop.is_set():
+                try:
+                    with transaction(factory) as s:
+                        accounts.update(s, name="mid", changes={"parent": target}, actor="test:admin")
+                    moves.append(target)
+                    target = "org-a" if target == "org-b" else "org-b"
+                except BaseException as exc:  # noqa: BLE001
+                    move_errors.append(exc)
+                    return
+
+        m = threading.Thread(target=mover)
+        m.start()
+        try:
+            chunks = [ids[i::8] for i in range(8)]
+            results = [None] * 8
+
+            def run(i: int) -> None:
+                results[i] = _reserve_all(factory, chunks[i])
+
+            ts = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(180)
+        finally:
+            stop.set()
+            m.join(30)
+        errors = [e for r in results for e in r[2]] + move_errors
+        assert errors == []
+        assert sum(r[0] for r in results) == 240
+        assert len(moves) >= 3, "the mover must have moved the subtree while reservations ran"
+        with transaction(factory) as s:
+            assert ledger.verify(s) == []
+            parent = s.get(Account, "mid").parent_name
+            other = "org-b" if parent == "org-a" else "org-a"
+            assert ledger.get_balance(s, parent).reserved_gpus == 240
+            assert ledger.get_balance(s, other).reserved_gpus == 0
     finally:
         engine.dispose()
