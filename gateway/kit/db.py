@@ -7,6 +7,7 @@ back on any exception. Services and repositories only ``flush()``.
 from __future__ import annotations
 
 import contextlib
+import select
 from collections.abc import Iterator
 
 from typing import Annotated
@@ -14,6 +15,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy import BigInteger, Integer, MetaData, create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 NAMING_CONVENTION = {
@@ -53,9 +55,27 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800
-    )
+    engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
+    event.listen(engine, "checkout", _drop_dead_connection)
+    return engine
+
+
+def _drop_dead_connection(dbapi_conn, _record, _proxy) -> None:
+    """A pre-ping without a round trip: is this idle pooled connection still alive?
+
+    An idle connection has nothing to read. When Postgres restarts or ends a session it
+    sends an error and closes the socket, so the socket turns readable (or psycopg already
+    knows it is closed): the pool then reconnects before handing it out. This replaces
+    SQLAlchemy's ``pool_pre_ping``, whose ``SELECT 1`` was one round trip in six of every
+    submission (bench/bench_api.py). A connection that dies silently mid-use still fails
+    its statement and SQLAlchemy invalidates the pool, as it would with pre-ping.
+    """
+    if getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False):
+        raise DisconnectionError("connection closed")
+    poller = select.poll()
+    poller.register(dbapi_conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    if poller.poll(0):
+        raise DisconnectionError("the server closed or wrote to an idle connection")
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
