@@ -150,6 +150,19 @@ def e2e(args) -> None:
                         JobEvent.job_id.in_(ids), JobEvent.to_state == "queued")).all()
                 return {j: at for j, at in rows}
 
+            def drain(timeout_s: float = 300) -> None:
+                """Reconcile until no benchmark job is still on a backend."""
+                deadline = time.time() + timeout_s
+                while time.time() < deadline:
+                    disp.reconcile_round()
+                    with app.state.sessionmaker() as s:
+                        left = s.scalar(select(func.count()).select_from(Job).where(
+                            Job.state.in_(["queued", "starting", "running", "dispatching"])))
+                    if not left:
+                        return
+                    time.sleep(1)
+                raise RuntimeError(f"{left} benchmark jobs still on the backends after {timeout_s} s")
+
             for pool in args.pools.split(","):
                 rates, raw_rates, lat = [], [], []
                 seq_rates = []
@@ -163,6 +176,7 @@ def e2e(args) -> None:
                         into.append(len(ids) / (time.perf_counter() - t0))
                     disp.settings = settings
                     raw_rates.append(RAW[pool](args.jobs, slurm_env, kube_env))
+                drain()  # "with the backends idle": the throughput jobs finish first
                 # latency: the dispatcher runs in the background; jobs arrive one by one
                 disp.settings = settings.model_copy(update={"dispatch_interval_s": 1.0})
                 disp._stop.clear()
@@ -181,16 +195,7 @@ def e2e(args) -> None:
                 results[pool] = {"gw": median(rates), "seq": median(seq_rates), "raw": median(raw_rates),
                                  "p50": pct(lat, 50), "p99": pct(lat, 99)}
                 print(pool, results[pool], flush=True)
-                # let the backend drain the benchmark jobs before the next pool
-                deadline = time.time() + 120
-                while time.time() < deadline:
-                    disp.reconcile_round()
-                    with app.state.sessionmaker() as s:
-                        left = s.scalar(select(func.count()).select_from(Job).where(
-                            Job.state.in_(["queued", "starting", "running", "dispatching"])))
-                    if not left:
-                        break
-                    time.sleep(1)
+                drain()  # before the next pool
     finally:
         with admin.connect() as c:
             c.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
