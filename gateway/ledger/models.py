@@ -106,6 +106,11 @@ class Reservation(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     used_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Usage charged while the current run is still going (accrue_usage); the end charges the rest.
+    accrued_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    accrued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When the backend last requeued the job (record_requeue); a later run never starts before it.
+    requeued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class UsageBucket(Base):

@@ -395,7 +395,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
     row = dict(job_id=job.id, account_name=job.account_name, username=job.username, pool=pool, gpu_type=gpu_type,
                gpus=job.total_gpus, time_limit_s=job.time_limit_s, billing_weight=weight,
                committed_gpu_seconds=committed, status="reserved", reserved_at=now, started_at=None,
-               ended_at=None, used_gpu_seconds=0)
+               ended_at=None, used_gpu_seconds=0, accrued_gpu_seconds=0, accrued_at=None, requeued_at=None)
     entry = dict(at=now, account_name=job.account_name, kind="reserve", job_id=job.id, pool=pool,
                  gpu_type=gpu_type, username=job.username, gpus=job.total_gpus,
                  committed_gpu_seconds=committed, gpu_seconds=0, billing_weight=weight, actor=actor,
@@ -492,27 +492,67 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
     if started is not None:
         seconds = min(max((ended_at - started).total_seconds(), 0.0), float(r.time_limit_s))
         used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+    # What this run was charged already while it ran (accrue_usage); the rest is charged now.
+    # Negative when the backend reports an end earlier than the last accrual: a correction.
+    accrued = (r.accrued_gpu_seconds or 0) if not was_queued else 0
+    charge = used - accrued
     # += : a requeued job was charged its earlier run segments already (record_requeue).
     r.status, r.ended_at, r.used_gpu_seconds = "finished", ended_at, r.used_gpu_seconds + used
     if started is not None and r.started_at is None:
         r.started_at = started
     if started is not None:
+        ran = f"ran {int((ended_at - started).total_seconds())} s on {r.gpus} GPUs"
         _entry(session, at=ended_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
-               gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=-used, gpu_seconds=used,
+               gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=-charge, gpu_seconds=charge,
                billing_weight=r.billing_weight, actor=actor,
-               reason=f"ran {int((ended_at - started).total_seconds())} s on {r.gpus} GPUs",
-               data={"started_at": started.isoformat(), "ended_at": ended_at.isoformat()})
+               reason=f"{ran} ({accrued} GPU-s of it charged while running)" if accrued else ran,
+               data={"started_at": started.isoformat(), "ended_at": ended_at.isoformat(), "accrued": accrued})
     rest = r.committed_gpu_seconds - used
     _entry(session, at=ended_at, account_name=r.account_name, kind="release", job_id=job.id, pool=r.pool,
            gpu_type=r.gpu_type, username=r.username, gpus=-r.gpus, committed_gpu_seconds=-rest, gpu_seconds=0,
            billing_weight=r.billing_weight, actor=actor,
            reason="job ended; unused committed time returned" if started else "job ended without starting")
-    _apply(balances, names, utcnow(), reserved_gpus=-r.gpus, committed_gpu_seconds=-r.committed_gpu_seconds,
-           charged_gpu_seconds=used, queued_jobs=-1 if was_queued else 0, **{POOL_BALANCE[r.pool]: -r.gpus})
-    if used:
-        _add_bucket(session, r.account_name, ended_at.date(), r.pool, used, usage=used, jobs=1)
-        _add_decayed_usage(session, r.account_name, used, ended_at, _half_life_s(half_life_s))
+    _apply(balances, names, utcnow(), reserved_gpus=-r.gpus, committed_gpu_seconds=-(r.committed_gpu_seconds - accrued),
+           charged_gpu_seconds=charge, queued_jobs=-1 if was_queued else 0, **{POOL_BALANCE[r.pool]: -r.gpus})
+    if charge:
+        _add_bucket(session, r.account_name, ended_at.date(), r.pool, charge, usage=charge, jobs=1)
+        _add_decayed_usage(session, r.account_name, charge, ended_at, _half_life_s(half_life_s))
+    elif used:
+        _add_bucket(session, r.account_name, ended_at.date(), r.pool, 0, usage=0, jobs=1)
     session.flush()
+
+
+def accrue_usage(session: Session, *, job: Any, now: datetime, actor: str, half_life_s: float | None = None) -> int:
+    """Charge a running gang's usage so far, so budgets and fair share see long jobs as they run.
+
+    Slurm accrues usage every PriorityCalcPeriod; without this, a three-day job would count
+    for nothing in its team's fair share until it ended. The charge moves GPU-seconds from the
+    job's commitment to its usage (a ``usage`` entry), so charged + committed is unchanged and
+    no quota check moves. :func:`record_finish` and :func:`record_requeue` later charge only
+    the rest of the run. Idempotent: returns the GPU-seconds newly charged (0 when the job is
+    not running or nothing new has accrued).
+    """
+    now = as_utc(now)
+    names, balances, r = _locked_reservation(session, job)
+    if r is None or r.status != "started" or r.started_at is None:
+        return 0
+    started = as_utc(r.started_at)
+    seconds = min(max((now - started).total_seconds(), 0.0), float(r.time_limit_s))
+    used_now = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+    delta = used_now - (r.accrued_gpu_seconds or 0)
+    if delta <= 0:
+        return 0
+    _entry(session, at=now, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
+           gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=-delta, gpu_seconds=delta,
+           billing_weight=r.billing_weight, actor=actor,
+           reason=f"running for {int(seconds)} s on {r.gpus} GPUs (charged while running)",
+           data={"started_at": started.isoformat(), "until": now.isoformat(), "accrual": True})
+    r.accrued_gpu_seconds, r.accrued_at = (r.accrued_gpu_seconds or 0) + delta, now
+    _apply(balances, names, utcnow(), committed_gpu_seconds=-delta, charged_gpu_seconds=delta)
+    _add_bucket(session, r.account_name, now.date(), r.pool, delta, usage=delta)
+    _add_decayed_usage(session, r.account_name, delta, now, _half_life_s(half_life_s))
+    session.flush()
+    return delta
 
 
 def release(session: Session, *, job: Any, actor: str, reason: str) -> None:
@@ -790,32 +830,34 @@ def record_requeue(session: Session, *, job: Any, started_at: datetime | None, r
     started = as_utc(started_at) or as_utc(r.started_at) or requeued_at
     seconds = min(max((requeued_at - started).total_seconds(), 0.0), float(r.time_limit_s))
     used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
-    # committed_gpu_seconds 0: the commitment stays whole for the next run (see above).
+    # Part of the segment may have been charged while it ran (accrue_usage): charge the rest,
+    # and give the commitment that accrual consumed back, so it is whole for the next run.
+    accrued = r.accrued_gpu_seconds or 0
+    charge = used - accrued
     _entry(session, at=requeued_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
-           gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=0, gpu_seconds=used,
+           gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=accrued, gpu_seconds=charge,
            billing_weight=r.billing_weight, actor=actor,
            reason=f"ran {int(seconds)} s on {r.gpus} GPUs, then requeued by the backend",
-           data={"started_at": started.isoformat(), "ended_at": requeued_at.isoformat(), "requeued": True})
+           data={"started_at": started.isoformat(), "ended_at": requeued_at.isoformat(), "requeued": True,
+                 "accrued": accrued})
     r.status, r.started_at, r.reserved_at = "reserved", None, requeued_at
     r.used_gpu_seconds = (r.used_gpu_seconds or 0) + used
-    _apply(balances, names, utcnow(), charged_gpu_seconds=used, queued_jobs=1)
-    if used:
+    r.accrued_gpu_seconds, r.accrued_at, r.requeued_at = 0, None, requeued_at
+    _apply(balances, names, utcnow(), charged_gpu_seconds=charge, committed_gpu_seconds=accrued, queued_jobs=1)
+    if charge:
         # jobs=0: the job is counted once, in the bucket of the day it ends.
-        _add_bucket(session, r.account_name, requeued_at.date(), r.pool, used, usage=used)
-        _add_decayed_usage(session, r.account_name, used, requeued_at, _half_life_s(half_life_s))
+        _add_bucket(session, r.account_name, requeued_at.date(), r.pool, charge, usage=charge)
+        _add_decayed_usage(session, r.account_name, charge, requeued_at, _half_life_s(half_life_s))
     session.flush()
     return used
 
 
 def last_requeue_at(session: Session, *, job_id: str) -> datetime | None:
-    """When the backend last requeued this job (None if never): no later run starts before it."""
-    at = session.scalar(select(func.max(LedgerEntry.at)).where(
-        LedgerEntry.job_id == job_id, LedgerEntry.kind == "usage"))
+    """When the backend last requeued this job (None if never, or once it finished): no later run starts before it."""
     r = session.get(Reservation, job_id)
-    # Before the job finishes, its only usage entries are requeue segments.
-    if at is None or r is None or r.status == "finished":
+    if r is None or r.status == "finished":
         return None
-    return as_utc(at)
+    return as_utc(r.requeued_at)
 
 
 def charged_gpu_seconds(session: Session, *, job_id: str) -> int:

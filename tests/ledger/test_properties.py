@@ -1,4 +1,4 @@
-"""Property tests: random interleavings of reservations, starts, requeues, finishes,
+"""Property tests: random interleavings of reservations, starts, accruals, requeues, finishes,
 releases and admin adjustments keep the ledger consistent and never overspend."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ op = st.one_of(
     st.tuples(st.just("finish"), st.integers(0, 40), st.integers(0, 5 * 3600)),
     st.tuples(st.just("release"), st.integers(0, 40)),
     st.tuples(st.just("requeue"), st.integers(0, 40), st.integers(0, 5 * 3600)),
+    st.tuples(st.just("accrue"), st.integers(0, 40), st.integers(0, 5 * 3600)),
     st.tuples(st.sampled_from(["credit", "debit"]), st.integers(0, 2), st.integers(1, 20 * 3600)),
 )
 
@@ -79,7 +80,7 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
                             ledger.reserve(s, job=job, pool=pool, actor="prop", now=now)
                     except QuotaExceeded:
                         pass
-                elif o[0] in ("start", "finish", "release", "requeue") and jobs:
+                elif o[0] in ("start", "finish", "release", "requeue", "accrue") and jobs:
                     job = s.get(Job, jobs[o[1] % len(jobs)])
                     if o[0] == "start":
                         ledger.record_start(s, job=job, started_at=now, actor="prop")
@@ -91,6 +92,9 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
                         if st_at is not None and ledger.last_requeue_at(s, job_id=job.id) is not None:
                             started.pop(job.id)  # back in the queue: the next start is a new segment
                         assert ran <= job.total_gpus * min(o[2], job.time_limit_s)
+                    elif o[0] == "accrue":
+                        st_at = started.get(job.id)
+                        ledger.accrue_usage(s, job=job, now=(st_at or now) + timedelta(seconds=o[2]), actor="prop")
                     elif o[0] == "finish":
                         st_at = started.get(job.id)
                         ledger.record_finish(s, job=job, started_at=st_at,
