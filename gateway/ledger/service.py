@@ -358,7 +358,8 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
     if started is not None:
         seconds = min(max((ended_at - started).total_seconds(), 0.0), float(r.time_limit_s))
         used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
-    r.status, r.ended_at, r.used_gpu_seconds = "finished", ended_at, used
+    # += : a requeued job was charged its earlier run segments already (record_requeue).
+    r.status, r.ended_at, r.used_gpu_seconds = "finished", ended_at, r.used_gpu_seconds + used
     if started is not None and r.started_at is None:
         r.started_at = started
     if started is not None:
@@ -622,3 +623,68 @@ def account_usage(session: Session, *, account: str, now: datetime | None = None
     fs = fairshare(session, now=now, half_life_s=half_life_s).get(account)
     return {"effective": eff, "balance": bal, "period": label, "used_gpu_seconds": used,
             "remaining_gpu_seconds": remaining, "fairshare": fs}
+
+
+# ----------------------------------------------------------------- requeues
+
+
+def record_requeue(session: Session, *, job: Any, started_at: datetime | None, requeued_at: datetime, actor: str,
+                   half_life_s: float | None = None) -> int:
+    """Charge the segment a gang ran before the backend requeued it; queue its reservation again.
+
+    The gang held its GPUs from ``started_at`` to ``requeued_at``: that segment is charged
+    now (a ``usage`` entry) so the time it then spends waiting in the backend's queue is
+    never charged. The reservation goes back to ``reserved`` (queued) and keeps its GPUs
+    and its whole committed GPU-time, because the next run may use the full time limit
+    again (Slurm and Kueue both restart a requeued job from scratch). The next
+    :func:`record_start` records the new start; :func:`record_finish` charges only the
+    last segment. Idempotent: a reservation that is not ``started`` is left alone.
+
+    Args:
+        job: the requeued job.
+        started_at: when the segment started (defaults to the reservation's start).
+        requeued_at: when the backend took the gang down.
+        actor: who observed the requeue (e.g. "system:reconciler").
+
+    Returns:
+        The GPU-seconds charged for the segment (0 when nothing was charged).
+    """
+    requeued_at = as_utc(requeued_at)
+    names, balances, r = _locked_reservation(session, job)
+    if r is None or r.status != "started":
+        return 0
+    started = as_utc(started_at) or as_utc(r.started_at) or requeued_at
+    seconds = min(max((requeued_at - started).total_seconds(), 0.0), float(r.time_limit_s))
+    used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+    # committed_gpu_seconds 0: the commitment stays whole for the next run (see above).
+    _entry(session, at=requeued_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
+           gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=0, gpu_seconds=used,
+           billing_weight=r.billing_weight, actor=actor,
+           reason=f"ran {int(seconds)} s on {r.gpus} GPUs, then requeued by the backend",
+           data={"started_at": started.isoformat(), "ended_at": requeued_at.isoformat(), "requeued": True})
+    r.status, r.started_at, r.reserved_at = "reserved", None, requeued_at
+    r.used_gpu_seconds = (r.used_gpu_seconds or 0) + used
+    _apply(balances, names, utcnow(), charged_gpu_seconds=used, queued_jobs=1)
+    if used:
+        # jobs=0: the job is counted once, in the bucket of the day it ends.
+        _add_bucket(session, r.account_name, requeued_at.date(), r.pool, used, usage=used)
+        _add_decayed_usage(session, r.account_name, used, requeued_at, _half_life_s(half_life_s))
+    session.flush()
+    return used
+
+
+def last_requeue_at(session: Session, *, job_id: str) -> datetime | None:
+    """When the backend last requeued this job (None if never): no later run starts before it."""
+    at = session.scalar(select(func.max(LedgerEntry.at)).where(
+        LedgerEntry.job_id == job_id, LedgerEntry.kind == "usage"))
+    r = session.get(Reservation, job_id)
+    # Before the job finishes, its only usage entries are requeue segments.
+    if at is None or r is None or r.status == "finished":
+        return None
+    return as_utc(at)
+
+
+def charged_gpu_seconds(session: Session, *, job_id: str) -> int:
+    """Net GPU-seconds charged to one job so far (every run segment, minus refunds)."""
+    return int(session.scalar(select(func.coalesce(func.sum(LedgerEntry.gpu_seconds), 0)).where(
+        LedgerEntry.job_id == job_id)) or 0)

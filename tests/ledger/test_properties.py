@@ -1,5 +1,5 @@
-"""Property tests: random interleavings of reservations, starts, finishes, releases and
-admin adjustments keep the ledger consistent and never overspend."""
+"""Property tests: random interleavings of reservations, starts, requeues, finishes,
+releases and admin adjustments keep the ledger consistent and never overspend."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ op = st.one_of(
     st.tuples(st.just("start"), st.integers(0, 40)),
     st.tuples(st.just("finish"), st.integers(0, 40), st.integers(0, 5 * 3600)),
     st.tuples(st.just("release"), st.integers(0, 40)),
+    st.tuples(st.just("requeue"), st.integers(0, 40), st.integers(0, 5 * 3600)),
     st.tuples(st.sampled_from(["credit", "debit"]), st.integers(0, 2), st.integers(1, 20 * 3600)),
 )
 
@@ -78,11 +79,18 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
                             ledger.reserve(s, job=job, pool=pool, actor="prop", now=now)
                     except QuotaExceeded:
                         pass
-                elif o[0] in ("start", "finish", "release") and jobs:
+                elif o[0] in ("start", "finish", "release", "requeue") and jobs:
                     job = s.get(Job, jobs[o[1] % len(jobs)])
                     if o[0] == "start":
                         ledger.record_start(s, job=job, started_at=now, actor="prop")
                         started.setdefault(job.id, now)
+                    elif o[0] == "requeue":
+                        st_at = started.get(job.id)
+                        ran = ledger.record_requeue(s, job=job, started_at=st_at,
+                                                    requeued_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop")
+                        if st_at is not None and ledger.last_requeue_at(s, job_id=job.id) is not None:
+                            started.pop(job.id)  # back in the queue: the next start is a new segment
+                        assert ran <= job.total_gpus * min(o[2], job.time_limit_s)
                     elif o[0] == "finish":
                         st_at = started.get(job.id)
                         ledger.record_finish(s, job=job, started_at=st_at,
@@ -96,3 +104,18 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
             pass  # start/release of a job without (or past) its reservation: refused, nothing written
         with transaction(factory) as s:
             _check(s, names)
+            _check_charges(s, jobs)
+
+
+def _check_charges(s, jobs: list[str]) -> None:
+    """A job is never charged more than its GPUs for its time limit per run, nor below zero."""
+    from gateway.ledger.models import Reservation
+
+    for job_id in jobs:
+        r = s.get(Reservation, job_id)
+        if r is None:
+            continue
+        charged = ledger.charged_gpu_seconds(s, job_id=job_id)
+        assert charged >= 0
+        if r.status == "finished":
+            assert charged == r.used_gpu_seconds, job_id
