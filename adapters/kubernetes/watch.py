@@ -37,6 +37,11 @@ class JobEventStream:
         self.stop_event = stop_event
         self.resource_version = since_resource_version
         self.relists = 0
+        # Kinds whose listing has been consumed. The position is published only once all
+        # three have: before that, resuming from the Jobs' position would skip pod and
+        # Workload events still waiting in the queue, and the consumer is not caught up.
+        self._listed: set[str] = set()
+        self._jobs_version = since_resource_version
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._last: dict[str, tuple] = {}
         self._threads = [
@@ -124,8 +129,11 @@ class JobEventStream:
             except queue.Empty:
                 continue
             if kind == "rv":
+                self._listed.add(obj[0])
                 if obj[0] == "jobs":
-                    self.resource_version = obj[1]
+                    self._jobs_version = obj[1]
+                if len(self._listed) == len(self._threads):
+                    self.resource_version = self._jobs_version
                 continue
             job_id = self._job_id_for(kind, obj)
             if job_id is None:
