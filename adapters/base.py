@@ -235,7 +235,10 @@ class Backend(abc.ABC):
         Optional (``Feature.WATCH``): a backend without one says why in
         ``unsupported_features`` and the gateway polls :meth:`status` instead. The
         iterator blocks until the next change and ends once ``stop_event`` is set; it
-        resumes from ``since_resource_version`` when the backend has such a notion.
+        resumes from ``since_resource_version`` when the backend has such a notion (and
+        then exposes ``resource_version``). A feed that first replays existing jobs may
+        expose ``caught_up`` (False until the replay is done): the gateway keeps polling
+        the backend until then.
 
         Raises:
             Unsupported: the backend has no change feed.

@@ -37,11 +37,8 @@ class JobEventStream:
         self.stop_event = stop_event
         self.resource_version = since_resource_version
         self.relists = 0
-        # Kinds whose listing has been consumed. The position is published only once all
-        # three have: before that, resuming from the Jobs' position would skip pod and
-        # Workload events still waiting in the queue, and the consumer is not caught up.
+        # Kinds whose initial listing has been consumed (all three: ``caught_up``).
         self._listed: set[str] = set()
-        self._jobs_version = since_resource_version
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._last: dict[str, tuple] = {}
         self._threads = [
@@ -107,6 +104,15 @@ class JobEventStream:
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10)
 
+    @property
+    def caught_up(self) -> bool:
+        """False while the stream still replays the listing of existing objects.
+
+        A fresh stream first re-derives the status of every retained gateway Job (with
+        hundreds, tens of seconds); a consumer may keep polling until this is True.
+        """
+        return len(self._listed) == len(self._threads)
+
     def _job_id_for(self, kind: str, obj: dict) -> str | None:
         meta = obj.get("metadata") or {}
         if kind == "jobs":
@@ -131,9 +137,7 @@ class JobEventStream:
             if kind == "rv":
                 self._listed.add(obj[0])
                 if obj[0] == "jobs":
-                    self._jobs_version = obj[1]
-                if len(self._listed) == len(self._threads):
-                    self.resource_version = self._jobs_version
+                    self.resource_version = obj[1]
                 continue
             job_id = self._job_id_for(kind, obj)
             if job_id is None:

@@ -645,14 +645,15 @@ class Dispatcher:
         """Whether ``pool``'s change feed is open and caught up (the poll then only resyncs it).
 
         A fresh feed first replays what exists (Kubernetes: every retained gateway Job,
-        which takes seconds to minutes); it counts once it reports a position, and until
-        then the poll keeps following the backend. A resumed feed counts at once.
+        which takes seconds to minutes); a feed that says so (``caught_up``) counts once it
+        is done, and until then the poll keeps following the backend. A resumed feed
+        counts at once.
         """
         feed = self._feeds.get(pool)
         if feed is None:
             return False
         stream, resumed = feed
-        return resumed or getattr(stream, "resource_version", "") is not None
+        return resumed or bool(getattr(stream, "caught_up", True))
 
     # ---------------------------------------------------------------- loop
 

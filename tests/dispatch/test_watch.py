@@ -173,6 +173,10 @@ class _Breakable:
     def resource_version(self):  # the gateway resumes the reopened feed from here
         return self.stream.resource_version
 
+    @property
+    def caught_up(self):
+        return self.stream.caught_up
+
     def __iter__(self):
         return self
 
