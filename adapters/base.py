@@ -21,7 +21,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import ClassVar
 
@@ -226,6 +227,33 @@ class Backend(abc.ABC):
         Optional: the default says it is unsupported.
         """
         raise Unsupported("listing jobs is not supported", backend=self.name)
+
+    def watch_events(self, stop_event: threading.Event,
+                     since_resource_version: str | None = None) -> Iterator[JobStatus]:
+        """A change feed: the status of a gateway job each time it changes on the backend.
+
+        Optional (``Feature.WATCH``): a backend without one says why in
+        ``unsupported_features`` and the gateway polls :meth:`status` instead. The
+        iterator blocks until the next change and ends once ``stop_event`` is set; it
+        resumes from ``since_resource_version`` when the backend has such a notion (and
+        then exposes ``resource_version``). A feed that first replays existing jobs may
+        expose ``caught_up`` (False until the replay is done): the gateway keeps polling
+        the backend until then.
+
+        Raises:
+            Unsupported: the backend has no change feed.
+            BackendUnavailable: the feed cannot be opened now; retry later.
+        """
+        raise Unsupported(self.unsupported_features.get(Feature.WATCH, "this backend has no change feed"),
+                          backend=self.name)
+
+    def supports(self, feature: Feature) -> bool:
+        """Whether this backend offers an optional capability (a method it overrides, say)."""
+        if feature in self.unsupported_features:
+            return False
+        if feature is Feature.WATCH:
+            return type(self).watch_events is not Backend.watch_events
+        return True
 
     def check_supported(self, request: SubmitRequest) -> None:
         """Raise Unsupported when the request needs a feature this backend lacks."""

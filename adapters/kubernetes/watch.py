@@ -37,6 +37,8 @@ class JobEventStream:
         self.stop_event = stop_event
         self.resource_version = since_resource_version
         self.relists = 0
+        # Kinds whose initial listing has been consumed (all three: ``caught_up``).
+        self._listed: set[str] = set()
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._last: dict[str, tuple] = {}
         self._threads = [
@@ -102,6 +104,15 @@ class JobEventStream:
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10)
 
+    @property
+    def caught_up(self) -> bool:
+        """False while the stream still replays the listing of existing objects.
+
+        A fresh stream first re-derives the status of every retained gateway Job (with
+        hundreds, tens of seconds); a consumer may keep polling until this is True.
+        """
+        return len(self._listed) == len(self._threads)
+
     def _job_id_for(self, kind: str, obj: dict) -> str | None:
         meta = obj.get("metadata") or {}
         if kind == "jobs":
@@ -124,6 +135,7 @@ class JobEventStream:
             except queue.Empty:
                 continue
             if kind == "rv":
+                self._listed.add(obj[0])
                 if obj[0] == "jobs":
                     self.resource_version = obj[1]
                 continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,7 @@ from adapters.base import (
     BackendForbidden,
     BackendState,
     BackendUnavailable,
+    Feature,
     JobNotFound,
     JobStatus,
     SubmitRequest,
@@ -135,7 +137,17 @@ class Dispatcher:
         self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._reconcile_wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # Backends with a change feed are followed by one watch thread each (docs/dispatch.md).
+        self.watched = [name for name, b in backends.items() if b.supports(Feature.WATCH)]
+        self._feeds: dict[str, tuple[object, bool]] = {}  # pool -> (open feed, resumed from a position)
+        self._watch_stops: set[threading.Event] = set()
+        self._resynced_at: dict[str, float] = {}  # pool -> monotonic time of its last full poll
+        self._poll_due = 0.0  # monotonic time of the reconciler's next polling round
+        # Watch events for jobs whose submission the dispatcher has not recorded yet.
+        self._deferred: dict[str, JobStatus] = {}
+        self._deferred_lock = threading.Lock()
 
     # --------------------------------------------------------------- capacity
 
@@ -255,9 +267,11 @@ class Dispatcher:
             result = backend.submit(request)
         except BackendUnavailable as exc:
             self._after_outage(job_id, pool, exc)
+            self._take_deferred(job_id)  # the retry records (or adopts) the submission afresh
             return
         except (BackendForbidden, Unsupported, BackendError) as exc:
             self._after_rejection(job_id, pool, exc)
+            self._take_deferred(job_id)
             return
         if self.settings.debug_pause_after_submit_s:
             time.sleep(self.settings.debug_pause_after_submit_s)  # crash window 2 (tests)
@@ -281,6 +295,10 @@ class Dispatcher:
                 backend.cancel(result.backend_job_id)
             except BackendError as exc:
                 log.warning("could not cancel %s on %s after a cancel: %s", job_id, pool, exc.message)
+        # The watch may have seen the job move on while the submission was being recorded.
+        deferred = self._take_deferred(job_id)
+        if deferred is not None:
+            self.apply_status(job_id, deferred, via="watch")
 
     def _backoff_s(self, attempts: int) -> float:
         base = self.settings.retry_backoff_base_s * (2 ** max(0, attempts - 1))
@@ -340,16 +358,35 @@ class Dispatcher:
     # a status call per job (Slurm: one squeue/REST listing; Kubernetes: three list calls).
     LIST_THRESHOLD = 5
 
-    def reconcile_round(self) -> int:
-        """Follow every job on its backend; returns how many changed."""
+    def reconcile_round(self, *, full: bool = True, only_cancelling: bool = False) -> int:
+        """Poll jobs on their backends; returns how many changed.
+
+        Args:
+            full: poll every followed job. The control loop passes False: on a backend whose
+                watch is open, a job is then polled only once per ``reconcile_resync_s``
+                (the safety net), unless it needs an active call (``cancelling``), has no
+                backend id yet, or was missing at the last poll (the lost-job count).
+            only_cancelling: poll only ``cancelling`` jobs (a cancel woke the loop).
+        """
+        states = [JobState.CANCELLING.value] if only_cancelling else [st.value for st in FOLLOWED]
         with transaction(self.sessions) as s:
             rows = s.execute(select(Job.id, Job.backend, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
-                Job.state.in_([st.value for st in FOLLOWED]))).all()
+                Job.state.in_(states))).all()
         now = self.clock()
+        mono = time.monotonic()
+        resync = {pool for pool in self.backends
+                  if full or not self.watch_live(pool)
+                  or mono - self._resynced_at.get(pool, -math.inf) >= self.settings.reconcile_resync_s}
+        if not only_cancelling:
+            for pool in resync:
+                self._resynced_at[pool] = mono
         by_backend: dict[str, list] = {}
         for row in rows:
             if row.backend_job_id is None and row.next_attempt_at is not None and as_utc(row.next_attempt_at) > now:
                 continue  # a dispatcher holds the claim and its submission may be in flight
+            if (row.backend not in resync and row.state != JobState.CANCELLING.value
+                    and row.backend_job_id is not None and row.id not in self._misses):
+                continue  # its backend's watch follows it; the next resync double-checks
             by_backend.setdefault(row.backend or "", []).append(row)
         changed = 0
         for pool, jobs_here in by_backend.items():
@@ -388,8 +425,11 @@ class Dispatcher:
         backend.cancel(backend_job_id)
         return backend.status(backend_job_id)
 
-    def apply_status(self, job_id: str, status: JobStatus | None) -> int:
-        """Record what the backend says about one job; charge the ledger from real times."""
+    def apply_status(self, job_id: str, status: JobStatus | None, *, via: str = "poll") -> int:
+        """Record what the backend says about one job; charge the ledger from real times.
+
+        ``via`` ("poll" or "watch") is kept on the job's events: how the change was seen.
+        """
         with transaction(self.sessions) as s:
             job = s.get(Job, job_id, with_for_update=True)
             if job is None or JobState(job.state).final:
@@ -414,15 +454,19 @@ class Dispatcher:
             reason = status.reason or status.raw_state or target.value
             if job.state == JobState.CANCELLING.value and not target.final:
                 return 0  # still waiting for the backend to confirm the cancel
+            if job.state == JobState.RUNNING.value and target in (JobState.QUEUED, JobState.REQUEUED):
+                # Requeued or preempted on the backend. Slurm shows a requeued job as plain
+                # PENDING, so "queued" after "running" is a requeue too.
+                return self._requeue(s, job, status, reason, now, via)
             if target in (JobState.RUNNING,) and job.started_at is None:
-                job.started_at = as_utc(status.started_at) or now
+                job.started_at = self._run_start(s, job, as_utc(status.started_at) or now)
                 ledger.record_start(s, job=job, started_at=job.started_at, actor=RECONCILER)
             if target.final:
-                started = job.started_at or as_utc(status.started_at)
+                started = job.started_at or self._run_start(s, job, as_utc(status.started_at), final=True)
                 ended = as_utc(status.ended_at) or now
                 if started and job.started_at is None:
                     job.started_at = started
-                return self._finish(s, job, target, reason, status.exit_code, ended, started, status)
+                return self._finish(s, job, target, reason, status.exit_code, ended, started, status, via=via)
             if job.state != target.value and not can_transition(JobState(job.state), target):
                 # e.g. running -> starting when one worker finishes before its peers: the gang
                 # has run; keep the state and only note the backend's words.
@@ -430,14 +474,41 @@ class Dispatcher:
             if job.state == target.value:
                 if reason != job.state_reason:
                     jobs.record_event(s, job, actor=RECONCILER, kind="backend", reason=reason,
-                                      data={"raw_state": status.raw_state})
+                                      data={"raw_state": status.raw_state, "via": via})
                     job.state_reason = reason
                     return 1
                 return 0
             jobs.set_state(s, job, target, actor=RECONCILER, reason=reason,
                            data={"raw_state": status.raw_state, "nodes": list(status.nodes),
-                                 "allocated_gpus": status.allocated_gpus})
+                                 "allocated_gpus": status.allocated_gpus, "via": via})
             return 1
+
+    def _requeue(self, s: Session, job: Job, status: JobStatus, reason: str, now: datetime, via: str) -> int:
+        """A running gang was taken down and queued again: charge what it ran, queue its reservation."""
+        started = as_utc(job.started_at) or now
+        requeued_at = min(max(as_utc(status.ended_at) or now, started), now)
+        charged = ledger.record_requeue(s, job=job, started_at=started, requeued_at=requeued_at, actor=RECONCILER)
+        ran_s = int((requeued_at - started).total_seconds())
+        job.started_at = None  # the next RUNNING records the new start
+        jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
+                       reason=f"requeued by {job.backend} after running {ran_s} s: {reason}",
+                       data={"raw_state": status.raw_state, "ran_s": ran_s, "charged_gpu_seconds": charged,
+                             "via": via})
+        return 1
+
+    def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:
+        """The start of the current run: never before the job's last requeue.
+
+        A backend may still report the first run's start after a requeue. For a running job
+        the run began at the requeue at the earliest; for a job that ended, an older start
+        means it never ran again.
+        """
+        if started is None:
+            return None
+        requeued_at = ledger.last_requeue_at(s, job_id=job.id)
+        if requeued_at is None or started >= requeued_at:
+            return started
+        return None if final else requeued_at
 
     LOST_AFTER_MISSES = 3
     LOST_AFTER_S = 10.0
@@ -448,16 +519,21 @@ class Dispatcher:
         return count + 1 >= self.LOST_AFTER_MISSES and time.monotonic() - first >= self.LOST_AFTER_S
 
     def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
-                ended: datetime, started: datetime | None, status: JobStatus | None = None) -> int:
+                ended: datetime, started: datetime | None, status: JobStatus | None = None, *,
+                via: str = "poll") -> int:
         job.exit_code = exit_code
         job.ended_at = ended
         if started is not None:
             # A short job can start and end between two rounds: record its start too.
             ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
             ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER)
+        elif ledger.last_requeue_at(s, job_id=job.id) is not None:
+            # Ended while requeued: its earlier runs were charged; close the reservation as
+            # finished (not released) so that usage stays on record and refundable.
+            ledger.record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER)
         else:
             ledger.release(s, job=job, actor=RECONCILER, reason=f"ended without starting: {reason}")
-        data = {"exit_code": exit_code}
+        data = {"exit_code": exit_code, "via": via}
         if status is not None:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
         jobs.set_state(s, job, target, actor=RECONCILER, reason=reason, data=data)
@@ -482,6 +558,117 @@ class Dispatcher:
                     out.append({"backend": name, "backend_job_id": st.backend_job_id,
                                 "gateway_job_id": st.gateway_job_id, "state": st.state.value})
         return out
+
+    # ---------------------------------------------------------------- watch
+
+    def apply_event(self, pool: str, status: JobStatus) -> int:
+        """Apply one status from ``pool``'s change feed to the registry job it names.
+
+        Statuses of jobs the registry does not know, of final jobs and of jobs routed
+        elsewhere are ignored. A job whose submission the dispatcher has not recorded yet
+        keeps its latest status aside; :meth:`submit_claimed` applies it once recorded.
+        """
+        job_id = status.gateway_job_id
+        if not job_id:
+            return 0
+        row = self._followed(job_id)
+        if row is None or row.backend != pool:
+            return 0
+        if row.backend_job_id and status.backend_job_id and row.backend_job_id != status.backend_job_id:
+            return 0  # not the submission the registry recorded
+        if row.state == JobState.DISPATCHING.value or row.backend_job_id is None:
+            with self._deferred_lock:
+                self._deferred[job_id] = status
+            # The dispatcher may have recorded the submission (and found nothing aside)
+            # between our read and now: then it is ours to apply.
+            row = self._followed(job_id)
+            if row is not None and row.state != JobState.DISPATCHING.value and row.backend_job_id:
+                status = self._take_deferred(job_id)
+                return self.apply_status(job_id, status, via="watch") if status else 0
+            return 0
+        return self.apply_status(job_id, status, via="watch")
+
+    def _followed(self, job_id: str):
+        with transaction(self.sessions) as s:
+            row = s.execute(select(Job.state, Job.backend, Job.backend_job_id).where(Job.id == job_id)).first()
+        return None if row is None or JobState(row.state).final else row
+
+    def _take_deferred(self, job_id: str) -> JobStatus | None:
+        with self._deferred_lock:
+            return self._deferred.pop(job_id, None)
+
+    WATCH_BACKOFF_MAX_S = 30.0
+
+    def watch_backend(self, pool: str) -> None:
+        """Follow ``pool``'s change feed until the dispatcher stops (one thread per backend).
+
+        A feed that fails or ends is reopened after a backoff from where it stopped; while
+        it is closed, :meth:`reconcile_round` polls the backend's jobs at the normal
+        interval, so nothing waits for the resync. A status that cannot be recorded
+        (database down) is retried until it is: the feed buffers what comes meanwhile.
+        """
+        backend = self.backends[pool]
+        since: str | None = None
+        backoff = 0.5
+        while not self._stop.is_set():
+            stop = threading.Event()
+            self._watch_stops.add(stop)
+            if self._stop.is_set():
+                stop.set()
+            opened = False
+            try:
+                stream = backend.watch_events(stop, since_resource_version=since)
+                self._feeds[pool] = (stream, since is not None)
+                for status in stream:
+                    if self._stop.is_set():
+                        break
+                    opened = opened or self.watch_live(pool)
+                    self._apply_retrying(pool, status)
+                    since = getattr(stream, "resource_version", None) or since
+                    backoff = 0.5
+                opened = opened or self.watch_live(pool)
+            except Exception as exc:  # noqa: BLE001 - the feed must come back whatever broke it
+                log.warning("watch on %s failed (%s: %s); reopening in %.1f s", pool, type(exc).__name__,
+                            getattr(exc, "message", exc), backoff)
+            finally:
+                opened = opened or self.watch_live(pool)
+                self._feeds.pop(pool, None)
+                stop.set()
+                self._watch_stops.discard(stop)
+            if opened and not self._stop.is_set():
+                # Until the feed is back, the poll covers this backend at the normal
+                # interval; one full poll now catches what the broken feed may have
+                # dropped, and the reopened feed resumes from where it stopped.
+                self._resynced_at.pop(pool, None)
+                self._poll_due = 0.0
+                self._reconcile_wake.set()
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self.WATCH_BACKOFF_MAX_S)
+
+    def _apply_retrying(self, pool: str, status: JobStatus) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                self.apply_event(pool, status)
+                return
+            except Exception:  # noqa: BLE001 - database restarts and bugs alike
+                log.exception("could not record a %s event for job %s; retrying", pool, status.gateway_job_id)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def watch_live(self, pool: str) -> bool:
+        """Whether ``pool``'s change feed is open and caught up (the poll then only resyncs it).
+
+        A fresh feed first replays what exists (Kubernetes: every retained gateway Job,
+        which takes seconds to minutes); a feed that says so (``caught_up``) counts once it
+        is done, and until then the poll keeps following the backend. A resumed feed
+        counts at once.
+        """
+        feed = self._feeds.get(pool)
+        if feed is None:
+            return False
+        stream, resumed = feed
+        return resumed or bool(getattr(stream, "caught_up", True))
 
     # ---------------------------------------------------------------- loop
 
@@ -509,21 +696,47 @@ class Dispatcher:
     def wake(self) -> None:
         """Start the next round now (a job was submitted or cancelled in this process)."""
         self._wake.set()
+        self._reconcile_wake.set()  # a cancel needs its active call on the backend
+
+    def _reconcile_loop(self) -> None:
+        """Poll every ``dispatch_interval_s``; when woken sooner, only cancelling jobs."""
+        while not self._stop.is_set():
+            self._reconcile_wake.clear()
+            try:
+                if time.monotonic() >= self._poll_due:
+                    self._poll_due = time.monotonic() + self.settings.dispatch_interval_s
+                    self.reconcile_round(full=False)
+                else:
+                    self.reconcile_round(full=False, only_cancelling=True)
+            except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
+                log.exception("reconcile round failed; retrying")
+                self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
+                continue
+            self._reconcile_wake.wait(max(0.0, self._poll_due - time.monotonic()))
 
     def run_forever(self) -> None:
-        """Dispatch (woken by submissions) and reconcile (polling) in two threads until stopped.
+        """Dispatch (woken by submissions), reconcile (polling) and one watch per backend with a
+        change feed, each in its own thread, until stopped.
 
         Separate threads keep a new job's dispatch from waiting behind the status calls of
-        every running job.
+        every running job, and a slow backend's feed from delaying another's.
         """
-        reconciler = threading.Thread(target=self._loop, args=(self.reconcile_round, None),
-                                      name="isthmus-reconciler", daemon=True)
-        reconciler.start()
+        threads = [threading.Thread(target=self._reconcile_loop, name="isthmus-reconciler", daemon=True)]
+        threads += [threading.Thread(target=self.watch_backend, args=(pool,), name=f"isthmus-watch-{pool}",
+                                     daemon=True) for pool in self.watched]
+        for t in threads:
+            t.start()
         try:
             self._loop(self._dispatch_rounds, self._wake)
         finally:
             self._stop.set()
-            reconciler.join(10)
+            self._stop_watches()
+            for t in threads:
+                t.join(10)
+
+    def _stop_watches(self) -> None:
+        for stop in list(self._watch_stops):
+            stop.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run_forever, name="isthmus-dispatcher", daemon=True)
@@ -532,5 +745,7 @@ class Dispatcher:
     def stop(self, timeout_s: float = 10) -> None:
         self._stop.set()
         self._wake.set()
+        self._reconcile_wake.set()
+        self._stop_watches()
         if self._thread:
             self._thread.join(timeout_s)

@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     retry_backoff_base_s: float = Field(default=2.0, gt=0, le=600)
     retry_backoff_max_s: float = Field(default=300.0, gt=0, le=3600)
     capacity_ttl_s: float = Field(default=2.0, ge=0, le=600)
+    # Backends with a change feed (Kubernetes) are followed by their watch; every job on
+    # them is still polled once per this many seconds, a safety net for a missed event
+    # (docs/dispatch.md, "Following jobs").
+    reconcile_resync_s: float = Field(default=60.0, gt=0, le=86400)
     # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
     # the gateway, where fair share orders them, until the whole gang fits (docs/dispatch.md).
     pool_queue_depth: int = Field(default=0, ge=0, le=100000)

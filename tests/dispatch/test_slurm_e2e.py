@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import time
+from datetime import datetime
+
 import pytest
 from sqlalchemy import select
 
+from gateway.kit.timeutil import as_utc
+from gateway.ledger import service as ledger
 from gateway.ledger.models import LedgerEntry
 from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
 
@@ -114,3 +122,54 @@ def test_submission_wakes_the_dispatcher(database_url, dev_key_path, slurm22):
                 time.sleep(0.2)
         finally:
             gw.app.state.dispatcher.stop()
+
+
+def scontrol(env: dict[str, str], *args: str) -> None:
+    """Run scontrol on the test cluster the way an operator would (through its CLI prefix)."""
+    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + ["scontrol", *args]
+    done = subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm22):
+    """An operator requeues a running job; it waits, runs again, and is cancelled. The
+    ledger charges the two runs, never the time the job spent back in Slurm's queue."""
+    job = submit(gw, command=["sleep", "300"])
+    running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+    time.sleep(3)
+    scontrol(slurm22, "requeue", running["backend_job_id"])
+    requeued = drive_until(gw, lambda: job_state(gw, job, "requeued", "queued"), timeout_s=30)
+    assert requeued["started_at"] is None, requeued
+    time.sleep(5)  # back in the queue: not to be charged
+    # Slurm holds a requeued job for about two minutes (BeginTime); let it go now.
+    scontrol(slurm22, "update", f"jobid={running['backend_job_id']}", "starttime=now")
+    again = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+    assert again["backend_job_id"] == running["backend_job_id"]
+    time.sleep(3)
+    h = gw.headers("alice", ("team-a",))
+    assert gw.client.post(f"/v1/jobs/{job}/cancel", headers=h).json()["state"] == "cancelling"
+    done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=60)
+    assert done["state"] == "cancelled"
+
+    events = gw.client.get(f"/v1/jobs/{job}/events", headers=h).json()["items"]
+    states = [e["to_state"] for e in events if e["kind"] == "state"]
+    assert states.count("running") == 2 and "requeued" in states, states
+    with gw.session() as s:
+        usage = list(s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job, LedgerEntry.kind == "usage")
+                               .order_by(LedgerEntry.id)))
+        charged = ledger.charged_gpu_seconds(s, job_id=job)
+        assert ledger.verify(s) == []
+    assert len(usage) == 2 and usage[0].data["requeued"] is True, [(u.reason, u.data) for u in usage]
+
+    def span(entry, a="started_at", b="ended_at"):
+        return (as_utc(datetime.fromisoformat(entry.data[b])) - as_utc(datetime.fromisoformat(entry.data[a])))
+
+    run1, run2 = span(usage[0]).total_seconds(), span(usage[1]).total_seconds()
+    waited = (as_utc(datetime.fromisoformat(usage[1].data["started_at"]))
+              - as_utc(datetime.fromisoformat(usage[0].data["ended_at"]))).total_seconds()
+    assert run1 >= 2 and run2 >= 2 and waited >= 3, (run1, run2, waited)  # Slurm times are whole seconds
+    assert abs(charged - 8 * (run1 + run2)) <= 8 * 2, (charged, run1, run2)
+    first_to_end = (as_utc(datetime.fromisoformat(done["ended_at"]))
+                    - as_utc(datetime.fromisoformat(usage[0].data["started_at"]))).total_seconds()
+    assert charged <= 8 * (first_to_end - waited + 2), (charged, first_to_end, waited)
