@@ -22,7 +22,7 @@ import abc
 import dataclasses
 import enum
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import ClassVar
 
@@ -228,8 +228,8 @@ class Backend(abc.ABC):
         """
         raise Unsupported("listing jobs is not supported", backend=self.name)
 
-    def watch_events(self, stop_event: threading.Event,
-                     since_resource_version: str | None = None) -> Iterator[JobStatus]:
+    def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None,
+                     interested: Callable[[str], bool] | None = None) -> Iterator[JobStatus]:
         """A change feed: the status of a gateway job each time it changes on the backend.
 
         Optional (``Feature.WATCH``): a backend without one says why in
@@ -238,7 +238,9 @@ class Backend(abc.ABC):
         resumes from ``since_resource_version`` when the backend has such a notion (and
         then exposes ``resource_version``). A feed that first replays existing jobs may
         expose ``caught_up`` (False until the replay is done): the gateway keeps polling
-        the backend until then.
+        the backend until then. While replaying, a feed may skip the jobs for which
+        ``interested(backend_job_id)`` is False (e.g. long-finished ones the gateway no
+        longer follows); changes seen live are always yielded.
 
         Raises:
             Unsupported: the backend has no change feed.

@@ -429,8 +429,9 @@ class KubernetesBackend(Backend):
         return Capacity(backend=self.name, pools=(pool,))
 
     # --------------------------------------------------------------------- watch
-    def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None):
+    def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None,
+                     interested=None):
         """Stream JobStatus changes of gateway Jobs (see :class:`watch.JobEventStream`)."""
         from .watch import JobEventStream
 
-        return JobEventStream(self, stop_event, since_resource_version)
+        return JobEventStream(self, stop_event, since_resource_version, interested)

@@ -48,6 +48,7 @@ from gateway.kit.errors import QuotaExceeded
 from gateway.kit.settings import Settings
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import service as ledger
+from gateway.ledger.models import Reservation
 from gateway.routing.service import JobShape, PoolView, parse_weights, route, take
 
 log = logging.getLogger("isthmus.dispatch")
@@ -410,6 +411,33 @@ class Dispatcher:
                 changed += self.apply_status(job_id, status)
         return changed
 
+    def accrue_round(self) -> int:
+        """Charge running gangs' usage so far, once per ``usage_accrual_interval_s`` each.
+
+        Fair share and usage reports then see long jobs while they run (docs/ledger.md).
+        Returns how many jobs were charged.
+        """
+        interval = self.settings.usage_accrual_interval_s
+        if not interval:
+            return 0
+        now = self.clock()
+        due = now - timedelta(seconds=interval)
+        with transaction(self.sessions) as s:
+            ids = list(s.scalars(select(Reservation.job_id).where(
+                Reservation.status == "started",
+                func.coalesce(Reservation.accrued_at, Reservation.started_at) <= due)))
+        charged = 0
+        for job_id in ids:
+            try:
+                with transaction(self.sessions) as s:
+                    job = s.get(Job, job_id, with_for_update=True)
+                    if job is None or job.state != JobState.RUNNING.value:
+                        continue
+                    charged += bool(ledger.accrue_usage(s, job=job, now=now, actor=RECONCILER))
+            except ledger.ChainChanged:
+                continue  # the account tree moved meanwhile: the next round charges it
+        return charged
+
     def _list_statuses(self, backend: Backend) -> dict[str, JobStatus]:
         try:
             return {st.gateway_job_id: st for st in backend.list_gateway_jobs() if st.gateway_job_id}
@@ -617,7 +645,8 @@ class Dispatcher:
                 stop.set()
             opened = False
             try:
-                stream = backend.watch_events(stop, since_resource_version=since)
+                stream = backend.watch_events(stop, since_resource_version=since,
+                                              interested=self._follows(pool))
                 self._feeds[pool] = (stream, since is not None)
                 for status in stream:
                     if self._stop.is_set():
@@ -644,6 +673,27 @@ class Dispatcher:
                 self._reconcile_wake.set()
             self._stop.wait(backoff)
             backoff = min(backoff * 2, self.WATCH_BACKOFF_MAX_S)
+
+    def _follows(self, pool: str) -> Callable[[str], bool]:
+        """``backend_job_id -> bool``: is this a job the registry still follows on ``pool``?
+
+        Lets a feed's replay skip the backend's retained finished jobs. The set is re-read
+        at most once a second, when an id is not in it.
+        """
+        cache: dict[str, object] = {"ids": frozenset(), "at": -math.inf}
+
+        def follows(backend_job_id: str) -> bool:
+            if backend_job_id in cache["ids"]:
+                return True
+            if time.monotonic() - cache["at"] >= 1.0:
+                with transaction(self.sessions) as s:
+                    cache["ids"] = frozenset(s.scalars(select(Job.backend_job_id).where(
+                        Job.backend == pool, Job.backend_job_id.is_not(None),
+                        Job.state.in_([st.value for st in FOLLOWED]))))
+                cache["at"] = time.monotonic()
+            return backend_job_id in cache["ids"]
+
+        return follows
 
     def _apply_retrying(self, pool: str, status: JobStatus) -> None:
         backoff = 0.5
@@ -706,6 +756,7 @@ class Dispatcher:
                 if time.monotonic() >= self._poll_due:
                     self._poll_due = time.monotonic() + self.settings.dispatch_interval_s
                     self.reconcile_round(full=False)
+                    self.accrue_round()
                 else:
                     self.reconcile_round(full=False, only_cancelling=True)
             except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     # them is still polled once per this many seconds, a safety net for a missed event
     # (docs/dispatch.md, "Following jobs").
     reconcile_resync_s: float = Field(default=60.0, gt=0, le=86400)
+    # Charge running jobs' usage this often (s), so fair share sees long jobs as they run; 0 = only at the end.
+    usage_accrual_interval_s: float = Field(default=300.0, ge=0, le=86400)
     # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
     # the gateway, where fair share orders them, until the whole gang fits (docs/dispatch.md).
     pool_queue_depth: int = Field(default=0, ge=0, le=100000)

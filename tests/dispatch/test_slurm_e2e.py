@@ -173,3 +173,34 @@ def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm22):
     first_to_end = (as_utc(datetime.fromisoformat(done["ended_at"]))
                     - as_utc(datetime.fromisoformat(usage[0].data["started_at"]))).total_seconds()
     assert charged <= 8 * (first_to_end - waited + 2), (charged, first_to_end, waited)
+
+
+def test_a_running_job_is_charged_while_it_runs_and_the_total_is_its_real_run(database_url, dev_key_path, slurm22):
+    """Usage accrual: the account's usage and fair share see a running gang before it ends,
+    and the end charges only the rest, so the total is still the real run on the cluster."""
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+                       usage_accrual_interval_s=1) as gw:
+        h = gw.headers("alice", ("team-a",))
+        job = submit(gw, command=["sleep", "8"])
+        running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+        before = gw.client.get("/v1/accounts/team-a/usage", headers=h).json()
+        time.sleep(3)
+        assert gw.app.state.dispatcher.accrue_round() == 1
+        during = gw.client.get("/v1/accounts/team-a/usage", headers=h).json()
+        assert job_state(gw, job, "running"), "the job must still be running for this check"
+        # 8 GPUs for >= 3 s are visible now: in fair share, and moved out of the commitment
+        assert during["fairshare"]["raw_usage_gpu_hours"] - ((before["fairshare"] or {}).get(
+            "raw_usage_gpu_hours") or 0) >= 8 * 2 / 3600, (before, during)
+        assert during["balance"]["committed_gpu_hours"] <= before["balance"]["committed_gpu_hours"] - 8 * 2 / 3600
+        done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=90)
+        assert done["state"] == "succeeded", done
+        with gw.session() as s:
+            usage = list(s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job, LedgerEntry.kind == "usage")
+                                   .order_by(LedgerEntry.id)))
+            charged = ledger.charged_gpu_seconds(s, job_id=job)
+            assert ledger.verify(s) == []
+        assert usage[0].data.get("accrual") is True and len(usage) >= 2, [(u.reason, u.data) for u in usage]
+        ran = (as_utc(datetime.fromisoformat(done["ended_at"]))
+               - as_utc(datetime.fromisoformat(done["started_at"]))).total_seconds()
+        assert abs(charged - 8 * ran) <= 8, (charged, ran)  # Slurm times are whole seconds
+        assert running["started_at"] == done["started_at"]

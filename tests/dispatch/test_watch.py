@@ -151,14 +151,14 @@ class BreakableFeed(KubernetesBackend):
         if self._current is not None:
             self._current.set()  # ends the real stream
 
-    def watch_events(self, stop_event, since_resource_version=None):
+    def watch_events(self, stop_event, since_resource_version=None, interested=None):
         if self.down.is_set():
             self.refused += 1
             raise BackendUnavailable("feed down (test)", backend=self.name)
         inner = threading.Event()
         self._current = inner
         threading.Thread(target=lambda: (stop_event.wait(), inner.set()), daemon=True).start()
-        stream = super().watch_events(inner, since_resource_version)
+        stream = super().watch_events(inner, since_resource_version, interested)
         self.opened += 1
         return _Breakable(stream, stop_event, self.name)
 
