@@ -129,10 +129,10 @@ def main() -> None:
     body = f"""## Submission API (`POST /v1/jobs`, Postgres)
 
 `python bench/bench_api.py --seconds {args.seconds:g} --concurrency {args.concurrency} --rate {args.rate:g} --repeats {args.repeats}`
-({machine()}; uvicorn with {args.workers} workers for both servers; load generator `hey` (Go) on the same machine, so both servers share 2 cores with it;
+({machine()}; uvicorn with {args.workers} workers for both servers; load generators `hey` and `vegeta` (Go) on the same machine, so both servers share 2 cores with them;
 medians of {args.repeats} repeats; run {time.strftime('%Y-%m-%d')}; host load average at the end {os.getloadavg()[0]:.1f}). Each gateway request validates a
-dev-issuer RS256 token, validates the spec, writes the job, its first event and an
-idempotency key in one Postgres transaction.
+dev-issuer RS256 token, validates the spec, and writes the job and its first event (one
+statement) in one durable Postgres transaction; the requests carry no `Idempotency-Key`.
 
 | | gateway | bare FastAPI (no DB, no auth) | gateway / bare |
 |---|---|---|---|
