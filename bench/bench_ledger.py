@@ -192,6 +192,7 @@ def main() -> None:
     ap.add_argument("--url", default=DEFAULT_URL)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"))
+    ap.add_argument("--note", default="", help="a sentence about the conditions of this run, for the record")
     a = ap.parse_args()
     run_migrations(a.url)
     fs = bench_fairshare(a.url, max(a.repeats, 5))
@@ -206,7 +207,7 @@ def main() -> None:
     body = f"""## Ledger (`bench/bench_ledger.py`)
 
 Postgres {pg}, Python {platform.python_version()}, {os.cpu_count()} CPUs, {datetime.now(timezone.utc):%Y-%m-%d}.
-Host load average during the run: {os.getloadavg()[0]:.1f} (shared with other test suites).
+Host load average at the end of the run: {os.getloadavg()[0]:.1f}. {a.note}
 Medians over {a.repeats} runs ({max(a.repeats, 5)} for the recompute). Targets: recompute <= 1 s, >= 300 reservations/s.
 
 | measurement | result | target |
@@ -218,10 +219,12 @@ Medians over {a.repeats} runs ({max(a.repeats, 5)} for the recompute). Targets: 
 | reservations/s, one hot account, 8 concurrent dispatchers | **{rv['hot_8']:.0f}/s**{'' if rv['hot_8'] >= 300 else ' (target missed)'} | >= 300/s |
 | reservations/s, 8 accounts in 8 separate trees, 8 dispatchers | **{rv['many_8']:.0f}/s** | - |
 
-Each reservation is its own transaction (lock the chain's balance rows root first, check
-concurrent-GPU, queued-job and GPU-hour-budget limits, append the entry, update the chain's
-running totals, commit). The recompute reads one materialised decayed-usage row per account
-(`fairshare_usage`, kept current by `record_finish`) instead of the 1M entries; see docs/ledger.md.
+Each reservation is its own transaction: load the job, then `ledger.reserve` (one statement
+locks the chain's balance and account rows root first and reads quotas, the job's
+reservation and the billing weight; one reads the period's charges for the budget; one
+writes the reservation, the entry and the chain's totals), then commit (docs/ledger.md,
+"The reservation hot path"). The recompute reads one materialised decayed-usage row per
+account (`fairshare_usage`, kept current by every charge) instead of the 1M entries.
 """
     write_section(Path(a.out), body)
     print(body)
