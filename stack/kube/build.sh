@@ -133,7 +133,7 @@ if [[ -z "$etcd_bin" ]]; then
   rm -rf "$tmp"
   echo "$(date -u +%FT%TZ) etcd ($etcd_bin): $(( $(date +%s) - t_etcd ))s" >> "$CACHE/build-times.txt"
 fi
-"$etcd_bin" --version | head -1
+"$etcd_bin" --version | sed -n 1p  # not head: with pipefail, etcd could die of SIGPIPE
 
 # Kueue CRDs: copy them next to the binary so up.sh needs no Go module cache.
 crd_dir="$CACHE/kueue-$KUEUE_VERSION/crd"
