@@ -177,6 +177,7 @@ class Dispatcher:
             views = {name: dataclasses.replace(v) for name, v in fresh_views.items()}
             now = self.clock()
             claimed: list[str] = []
+            prepared: dict[str, tuple[str, SubmitRequest]] = {}
             try:
                 with transaction(self.sessions) as s:
                     factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
@@ -185,6 +186,8 @@ class Dispatcher:
                         self._claim_one(s, job, views, now, position)
                         if job.state == JobState.DISPATCHING.value:
                             claimed.append(job.id)
+                            prepared[job.id] = (job.backend, submit_request(
+                                job, first_attempt=self._first_attempt(job, False)))
                 break
             except (ledger.ChainChanged, OperationalError) as exc:
                 # The account tree moved under a reservation, or two dispatchers locked two
@@ -195,18 +198,27 @@ class Dispatcher:
                 log.info("claim round %d rolled back (%s); retrying", attempt, type(exc).__name__)
         if claimed and self.settings.debug_pause_after_claim_s:
             time.sleep(self.settings.debug_pause_after_claim_s)  # crash window 1 (tests)
-        self._submit_all(claimed)
+        self._submit_all(claimed, prepared=prepared)
         return claimed
 
-    def _submit_all(self, job_ids: list[str], *, recovering: bool = False) -> None:
+    @staticmethod
+    def _first_attempt(job: Job, recovering: bool) -> bool:
+        # The first claim of a job is the only one that can have submitted it; a retry or a
+        # recovery must let the adapter look for an earlier submission.
+        return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
+
+    def _submit_all(self, job_ids: list[str], *, recovering: bool = False,
+                    prepared: dict[str, tuple[str, SubmitRequest]] | None = None) -> None:
         """Submit claimed jobs concurrently: each is idempotent and records itself."""
+        prepared = prepared or {}
         if len(job_ids) <= 1 or self.settings.dispatch_concurrency == 1:
             for job_id in job_ids:
-                self.submit_claimed(job_id, recovering=recovering)
+                self.submit_claimed(job_id, recovering=recovering, prepared=prepared.get(job_id))
             return
         workers = min(self.settings.dispatch_concurrency, len(job_ids))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="isthmus-submit") as pool:
-            for future in [pool.submit(self.submit_claimed, j, recovering=recovering) for j in job_ids]:
+            for future in [pool.submit(self.submit_claimed, j, recovering=recovering, prepared=prepared.get(j))
+                           for j in job_ids]:
                 future.result()
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
@@ -250,17 +262,24 @@ class Dispatcher:
             jobs.record_event(s, job, actor=ACTOR, kind="waiting", reason=reason)
         job.state_reason = reason
 
-    def submit_claimed(self, job_id: str, *, recovering: bool = False) -> None:
-        with transaction(self.sessions) as s:
-            job = s.get(Job, job_id)
-            if job is None or job.state not in (JobState.DISPATCHING.value, JobState.CANCELLING.value):
-                return
-            if job.backend_job_id:
-                return
-            # The first claim of a job is the only one that can have submitted it; a retry
-            # or a recovery must let the adapter look for an earlier submission.
-            first = job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
-            pool, request = job.backend, submit_request(job, first_attempt=first)
+    def submit_claimed(self, job_id: str, *, recovering: bool = False,
+                       prepared: tuple[str, SubmitRequest] | None = None) -> None:
+        """Submit one claimed job and record the backend's id (idempotent by gateway id).
+
+        ``prepared`` = (pool, request) built in the claim transaction that just committed
+        saves re-reading the job; a cancel arriving meanwhile is handled after the submit,
+        as one arriving during it is.
+        """
+        if prepared is not None:
+            pool, request = prepared
+        else:
+            with transaction(self.sessions) as s:
+                job = s.get(Job, job_id)
+                if job is None or job.state not in (JobState.DISPATCHING.value, JobState.CANCELLING.value):
+                    return
+                if job.backend_job_id:
+                    return
+                pool, request = job.backend, submit_request(job, first_attempt=self._first_attempt(job, recovering))
         backend = self.backends.get(pool or "")
         if backend is None:
             return
@@ -276,12 +295,24 @@ class Dispatcher:
             return
         if self.settings.debug_pause_after_submit_s:
             time.sleep(self.settings.debug_pause_after_submit_s)  # crash window 2 (tests)
+        how = "adopted existing" if result.adopted else "submitted as"
+        with transaction(self.sessions) as s:
+            if jobs.mark_submitted(s, job_id=job_id, backend_job_id=result.backend_job_id, actor=ACTOR,
+                                   reason=f"{how} {pool} job {result.backend_job_id}",
+                                   data={"backend_job_id": result.backend_job_id, "adopted": result.adopted}):
+                recorded = True
+            else:
+                recorded = False
+        if recorded:
+            deferred = self._take_deferred(job_id)
+            if deferred is not None:
+                self.apply_status(job_id, deferred, via="watch")
+            return
         with transaction(self.sessions) as s:
             job = s.get(Job, job_id, with_for_update=True)
             final = False
             job.backend_job_id = result.backend_job_id
             job.next_attempt_at = None
-            how = "adopted existing" if result.adopted else "submitted as"
             if job.state == JobState.DISPATCHING.value:
                 jobs.set_state(s, job, JobState.QUEUED, actor=ACTOR,
                                reason=f"{how} {pool} job {result.backend_job_id}",
