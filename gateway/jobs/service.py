@@ -53,28 +53,40 @@ def set_state(session: Session, job: Job, target: JobState, *, actor: str, reaso
     return True
 
 
+_JOB_T = Job.__table__
+_EVENT_T = JobEvent.__table__
 _SUBMITTED_UPDATE = (
-    Job.__table__.update()
-    .where(Job.__table__.c.id == bindparam("job_id"), Job.__table__.c.state == JobState.DISPATCHING.value,
-           Job.__table__.c.backend_job_id.is_(None))
+    _JOB_T.update()
+    .where(_JOB_T.c.id == bindparam("job_id"), _JOB_T.c.state == JobState.DISPATCHING.value,
+           _JOB_T.c.backend_job_id.is_(None))
     .values(state=JobState.QUEUED.value, state_reason=bindparam("reason"), backend_job_id=bindparam("backend_job_id"),
             next_attempt_at=None, updated_at=bindparam("now"))
 )
-_SUBMITTED_EVENT_COLS = ["job_id", "at", "actor", "kind", "from_state", "to_state", "reason", "data"]
+_EVENT_COLS = ["job_id", "at", "actor", "kind", "from_state", "to_state", "reason", "data"]
 
 
-def _submitted_event_values(source_id):
-    return (source_id, bindparam("now"), bindparam("actor", type_=String()), literal("state", type_=String()),
-            literal(JobState.DISPATCHING.value, type_=String()), literal(JobState.QUEUED.value, type_=String()),
-            bindparam("reason", type_=String()), bindparam("data", type_=JobEvent.__table__.c.data.type))
+def _state_event(job_id, at, *, from_state: JobState | None, to_state: JobState, reason, data) -> list:
+    """Column values (``_EVENT_COLS`` order) of a ``state`` event for the Core write paths."""
+    return [job_id, at, bindparam("e_actor", type_=String()), literal("state", type_=String()),
+            literal(from_state.value, type_=String()) if from_state else null(),
+            literal(to_state.value, type_=String()), reason, data]
 
 
-_SUBMITTED_CTE = _SUBMITTED_UPDATE.returning(Job.__table__.c.id).cte("submitted_job")
-_MARK_SUBMITTED_PG = JobEvent.__table__.insert().from_select(
-    _SUBMITTED_EVENT_COLS, select(*_submitted_event_values(_SUBMITTED_CTE.c.id))
-).add_cte(_SUBMITTED_CTE).returning(JobEvent.__table__.c.job_id)
-_SUBMITTED_EVENT = JobEvent.__table__.insert().values(dict(zip(_SUBMITTED_EVENT_COLS,
-                                                               _submitted_event_values(bindparam("job_id")))))
+def _event_after(cte, job_id, at, **event):
+    """``WITH cte AS (... RETURNING id) INSERT INTO job_event SELECT ...``: a write and its event in one statement."""
+    return _EVENT_T.insert().from_select(_EVENT_COLS, select(*_state_event(job_id, at, **event))).add_cte(cte)
+
+
+def _event_insert(job_id, at, **event):
+    return _EVENT_T.insert().values(dict(zip(_EVENT_COLS, _state_event(job_id, at, **event))))
+
+
+_SUBMITTED = dict(from_state=JobState.DISPATCHING, to_state=JobState.QUEUED, reason=bindparam("reason", type_=String()),
+                  data=bindparam("data", type_=_EVENT_T.c.data.type))
+_SUBMITTED_CTE = _SUBMITTED_UPDATE.returning(_JOB_T.c.id).cte("submitted_job")
+_MARK_SUBMITTED_PG = _event_after(_SUBMITTED_CTE, _SUBMITTED_CTE.c.id, bindparam("now"), **_SUBMITTED).returning(
+    _EVENT_T.c.job_id)
+_SUBMITTED_EVENT = _event_insert(bindparam("job_id"), bindparam("now"), **_SUBMITTED)
 assert can_transition(JobState.DISPATCHING, JobState.QUEUED)
 
 
@@ -89,7 +101,7 @@ def mark_submitted(session: Session, *, job_id: str, backend_job_id: str, actor:
     the general path through :func:`set_state`.
     """
     conn = session.connection()
-    params = {"job_id": job_id, "backend_job_id": backend_job_id, "actor": actor, "reason": reason, "data": data,
+    params = {"job_id": job_id, "backend_job_id": backend_job_id, "e_actor": actor, "reason": reason, "data": data,
               "now": utcnow()}
     if conn.dialect.name == "postgresql":
         return conn.execute(_MARK_SUBMITTED_PG, params).first() is not None
@@ -148,22 +160,15 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     return job, True
 
 
-_JOB_T = Job.__table__
-_EVENT_T = JobEvent.__table__
 _NEW_JOB_COLS = ("id", "name", "account_name", "submitted_by", "username", "requested_backend", "backend", "state",
                  "state_reason", "spec", "workers", "gpus_per_worker", "total_gpus", "time_limit_s", "priority",
                  "routing_reason", "dispatch_attempts", "created_at", "updated_at")
-_NEW_EVENT = dict(kind="state", from_state=None, to_state=JobState.PENDING.value, reason="submitted")
+_SUBMIT = dict(from_state=None, to_state=JobState.PENDING, reason=literal("submitted", type_=String()), data=null())
 _INSERT_JOB = _JOB_T.insert().values({c: bindparam(f"j_{c}", type_=_JOB_T.c[c].type) for c in _NEW_JOB_COLS})
-_INSERT_EVENT = _EVENT_T.insert().values(job_id=bindparam("j_id"), at=bindparam("j_created_at"),
-                                         actor=bindparam("e_actor"), **_NEW_EVENT)
+_INSERT_EVENT = _event_insert(bindparam("j_id"), bindparam("j_created_at"), **_SUBMIT)
 # Postgres: WITH new_job AS (INSERT INTO job ... RETURNING id) INSERT INTO job_event SELECT ...
 _NEW_JOB_CTE = _INSERT_JOB.returning(_JOB_T.c.id, _JOB_T.c.created_at).cte("new_job")
-_INSERT_JOB_AND_EVENT_PG = _EVENT_T.insert().from_select(
-    ["job_id", "at", "actor", *_NEW_EVENT],
-    select(_NEW_JOB_CTE.c.id, _NEW_JOB_CTE.c.created_at, bindparam("e_actor", type_=String()),
-           *[literal(v, type_=String()) if v is not None else null() for v in _NEW_EVENT.values()]),
-).add_cte(_NEW_JOB_CTE)
+_INSERT_JOB_AND_EVENT_PG = _event_after(_NEW_JOB_CTE, _NEW_JOB_CTE.c.id, _NEW_JOB_CTE.c.created_at, **_SUBMIT)
 
 
 def _insert_new(session: Session, values: dict[str, Any], *, actor: str) -> None:
