@@ -169,6 +169,12 @@ def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
     return int(math.ceil(gpus * time_limit_s * weight - 1e-9))
 
 
+def _run_charge(r: Reservation, start: datetime, end: datetime) -> tuple[float, int]:
+    """(seconds, GPU-seconds) a run from ``start`` to ``end`` costs, clamped to the time limit and the commitment."""
+    seconds = min(max((end - start).total_seconds(), 0.0), float(r.time_limit_s))
+    return seconds, min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+
+
 def period_start(period: str, window_days: int, now: datetime) -> date:
     today = now.date()
     if period == "month":
@@ -215,9 +221,7 @@ def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountB
         q = quotas.get(name)
         if q is None:
             continue
-        b = balances.get(name) or AccountBalance(account_name=name, reserved_gpus=0, reserved_gpus_slurm=0,
-                                                 reserved_gpus_kubernetes=0, committed_gpu_seconds=0,
-                                                 charged_gpu_seconds=0, queued_jobs=0)
+        b = balances.get(name) or _ZERO
         if q.max_gpus is not None and b.reserved_gpus + gpus > q.max_gpus:
             return f"{name}: {b.reserved_gpus} of {q.max_gpus} concurrent GPUs in use, job needs {gpus}"
         pools = [pool] if pool else list(POOLS)
@@ -318,7 +322,7 @@ _QUOTA_COLS = ("max_gpus", "max_gpus_slurm", "max_gpus_kubernetes", "max_queued_
 # rule needs (each account's quota, the job's reservation, the billing weight). Postgres
 # refuses FOR UPDATE on the nullable side of an outer join; the quota side is not locked.
 _RESERVE_LOCK = (
-    select(_UP.c.name, _UP.c.parent, _UP.c.depth, _CHAIN_ACCOUNT.parent_name.label("fresh_parent"),
+    select(_UP.c.name, _CHAIN_ACCOUNT.parent_name.label("fresh_parent"),
            AccountQuota.account_name.label("has_quota"),
            *[getattr(AccountBalance, c) for c in _BALANCE_COLS], *[getattr(AccountQuota, c) for c in _QUOTA_COLS],
            select(Reservation.status).where(Reservation.job_id == bindparam("job_id")).scalar_subquery()
@@ -385,7 +389,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         return
     if r_status == "finished":
         raise Conflict(f"job {job.id} already finished; it cannot reserve again")
-    balances = {r.name: dataclasses.replace(_ZERO, **{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
+    balances = {r.name: _BalanceView(**{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
     quotas = {r.name: _QuotaView(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
     committed = committed_for(job.total_gpus, job.time_limit_s, weight)
     why = _refusal(session, names=names, balances=balances, gpus=job.total_gpus, pool=pool,
@@ -490,8 +494,7 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
     started = as_utc(started_at) or as_utc(r.started_at)
     used = 0
     if started is not None:
-        seconds = min(max((ended_at - started).total_seconds(), 0.0), float(r.time_limit_s))
-        used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+        _, used = _run_charge(r, started, ended_at)
     # What this run was charged already while it ran (accrue_usage); the rest is charged now.
     # Negative when the backend reports an end earlier than the last accrual: a correction.
     accrued = (r.accrued_gpu_seconds or 0) if not was_queued else 0
@@ -537,8 +540,7 @@ def accrue_usage(session: Session, *, job: Any, now: datetime, actor: str, half_
     if r is None or r.status != "started" or r.started_at is None:
         return 0
     started = as_utc(r.started_at)
-    seconds = min(max((now - started).total_seconds(), 0.0), float(r.time_limit_s))
-    used_now = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+    seconds, used_now = _run_charge(r, started, now)
     delta = used_now - (r.accrued_gpu_seconds or 0)
     if delta <= 0:
         return 0
@@ -828,8 +830,7 @@ def record_requeue(session: Session, *, job: Any, started_at: datetime | None, r
     if r is None or r.status != "started":
         return 0
     started = as_utc(started_at) or as_utc(r.started_at) or requeued_at
-    seconds = min(max((requeued_at - started).total_seconds(), 0.0), float(r.time_limit_s))
-    used = min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
+    seconds, used = _run_charge(r, started, requeued_at)
     # Part of the segment may have been charged while it ran (accrue_usage): charge the rest,
     # and give the commitment that accrual consumed back, so it is whole for the next run.
     accrued = r.accrued_gpu_seconds or 0
