@@ -146,6 +146,7 @@ class Dispatcher:
         self._watch_stops: set[threading.Event] = set()
         self._resynced_at: dict[str, float] = {}  # pool -> monotonic time of its last full poll
         self._poll_due = 0.0  # monotonic time of the reconciler's next polling round
+        self._accrue_due = 0.0  # ... and of its next usage-accrual round
         # Watch events for jobs whose submission the dispatcher has not recorded yet.
         self._deferred: dict[str, JobStatus] = {}
         self._deferred_lock = threading.Lock()
@@ -297,16 +298,11 @@ class Dispatcher:
             time.sleep(self.settings.debug_pause_after_submit_s)  # crash window 2 (tests)
         how = "adopted existing" if result.adopted else "submitted as"
         with transaction(self.sessions) as s:
-            if jobs.mark_submitted(s, job_id=job_id, backend_job_id=result.backend_job_id, actor=ACTOR,
-                                   reason=f"{how} {pool} job {result.backend_job_id}",
-                                   data={"backend_job_id": result.backend_job_id, "adopted": result.adopted}):
-                recorded = True
-            else:
-                recorded = False
+            recorded = jobs.mark_submitted(s, job_id=job_id, backend_job_id=result.backend_job_id, actor=ACTOR,
+                                           reason=f"{how} {pool} job {result.backend_job_id}",
+                                           data={"backend_job_id": result.backend_job_id, "adopted": result.adopted})
         if recorded:
-            deferred = self._take_deferred(job_id)
-            if deferred is not None:
-                self.apply_status(job_id, deferred, via="watch")
+            self._apply_deferred(job_id)
             return
         with transaction(self.sessions) as s:
             job = s.get(Job, job_id, with_for_update=True)
@@ -327,7 +323,10 @@ class Dispatcher:
                 backend.cancel(result.backend_job_id)
             except BackendError as exc:
                 log.warning("could not cancel %s on %s after a cancel: %s", job_id, pool, exc.message)
-        # The watch may have seen the job move on while the submission was being recorded.
+        self._apply_deferred(job_id)
+
+    def _apply_deferred(self, job_id: str) -> None:
+        """The watch may have seen the job move on while its submission was being recorded."""
         deferred = self._take_deferred(job_id)
         if deferred is not None:
             self.apply_status(job_id, deferred, via="watch")
@@ -787,7 +786,11 @@ class Dispatcher:
                 if time.monotonic() >= self._poll_due:
                     self._poll_due = time.monotonic() + self.settings.dispatch_interval_s
                     self.reconcile_round(full=False)
-                    self.accrue_round()
+                    if time.monotonic() >= self._accrue_due:
+                        # Its query scans the running reservations: a tenth of the accrual
+                        # interval between rounds is plenty, and keeps it off the 1 s poll.
+                        self._accrue_due = time.monotonic() + self.settings.usage_accrual_interval_s / 10
+                        self.accrue_round()
                 else:
                     self.reconcile_round(full=False, only_cancelling=True)
             except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
