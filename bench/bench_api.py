@@ -21,11 +21,11 @@ import uuid
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import BIN, REPO, free_port, machine, median, pct, wait_ready, write_section  # noqa: E402
+from bench.common import BIN, REPO, free_port, machine, median, pct, stack_postgres_url, wait_ready, write_section  # noqa: E402
 
 HEY = subprocess.run(["bash", str(REPO / "bench/tools.sh")], capture_output=True, text=True,
                      check=True).stdout.strip()
-PG = os.environ.get("ISTHMUS_BENCH_POSTGRES_URL", "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus")
+PG = stack_postgres_url()
 SPEC = {"name": "bench", "account": "team-a", "command": ["python", "train.py"], "workers": 2,
         "gpus_per_worker": 8, "memory_per_worker": "64Gi", "time_limit": "1h"}
 

@@ -1,6 +1,6 @@
 """Ledger benchmarks on Postgres; writes its section of docs/benchmarks.md.
 
-    .venv/bin/python bench/bench_ledger.py [--url postgresql+psycopg://...] [--repeats 3]
+    .venv/bin/python bench/bench_ledger.py [--url postgresql+psycopg://SERVER/DB] [--repeats 3]
 
 1. fair-share recompute over 10,000 accounts whose history is 1,000,000 usage entries;
 2. reservations/s on one hot account (1 and 8 dispatcher threads) and on many accounts.
@@ -23,13 +23,11 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, insert, text
 
-from gateway.cli import run_migrations
+from bench.common import fresh_database
 from gateway.jobs.models import Job
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.ledger import service as ledger
 
-DEFAULT_URL = os.environ.get("ISTHMUS_BENCH_POSTGRES_URL",
-                             "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus_ledger_bench")
 TABLES = ["ledger_entry", "ledger_reservation", "usage_bucket", "fairshare_usage", "gpu_billing_weight",
           "account_balance", "account_quota", "account_member", "job_event", "idempotency_key", "job", "account"]
 START, END = "<!-- bench:ledger:start -->", "<!-- bench:ledger:end -->"
@@ -189,21 +187,21 @@ def write_section(path: Path, body: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--url", default=DEFAULT_URL)
+    ap.add_argument("--url", default=None, help="a Postgres server URL (default: the test stack's); "
+                    "the benchmark creates its own database there and drops it at the end")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"))
     ap.add_argument("--note", default="", help="a sentence about the conditions of this run, for the record")
     a = ap.parse_args()
-    run_migrations(a.url)
-    fs = bench_fairshare(a.url, max(a.repeats, 5))
-    print("fairshare", fs)
-    rv = bench_reserve(a.url, a.repeats)
-    print("reserve", rv)
-    wipe(a.url)
-    eng = create_engine(a.url)
-    with eng.connect() as c:
-        pg = c.execute(text("SHOW server_version")).scalar()
-    eng.dispose()
+    with fresh_database(a.url, migrated=True) as url:
+        fs = bench_fairshare(url, max(a.repeats, 5))
+        print("fairshare", fs)
+        rv = bench_reserve(url, a.repeats)
+        print("reserve", rv)
+        eng = create_engine(url)
+        with eng.connect() as c:
+            pg = c.execute(text("SHOW server_version")).scalar()
+        eng.dispose()
     body = f"""## Ledger (`bench/bench_ledger.py`)
 
 Postgres {pg}, Python {platform.python_version()}, {os.cpu_count()} CPUs, {datetime.now(timezone.utc):%Y-%m-%d}.

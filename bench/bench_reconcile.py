@@ -23,9 +23,9 @@ from pathlib import Path
 from sqlalchemy import create_engine, select, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import REPO, machine, median, pct, write_section  # noqa: E402
+from bench.common import REPO, machine, median, pct, stack_postgres_url, write_section  # noqa: E402
 
-PG = os.environ.get("ISTHMUS_BENCH_POSTGRES_URL", "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus")
+PG = stack_postgres_url()
 
 
 def wait(predicate, timeout_s: float, what: str, every_s: float = 0.2):

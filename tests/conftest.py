@@ -1,8 +1,10 @@
 """Shared fixtures: every core test runs against SQLite AND a real Postgres.
 
-Postgres comes from ``stack/postgres.sh`` (``make test`` starts it). Without it the
-Postgres cases are skipped with the reason, except under ``ISTHMUS_REQUIRE_STACK=1``
-(``make test`` and CI), where a missing system is a failure.
+Postgres is the test stack's own throw-away cluster from ``stack/postgres.sh`` (``make test``
+starts it; its URL is in ``.stack/postgres/env``). Every test session creates the databases
+it uses and drops them at the end: nothing depends on a database an earlier run or a manual
+step left behind. Without the server the Postgres cases are skipped with the reason, except
+under ``ISTHMUS_REQUIRE_STACK=1`` (``make test`` and CI), where a missing system is a failure.
 """
 
 from __future__ import annotations
@@ -16,13 +18,27 @@ from pathlib import Path
 
 import pytest
 
-from adapters.envfile import read_env_file  # noqa: F401  (used by the suites)
+from adapters.envfile import read_env_file
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
 REPO = Path(__file__).resolve().parent.parent
-PG_ADMIN_URL = os.environ.get("ISTHMUS_TEST_POSTGRES_URL",
-                              "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus")
+
+
+def stack_postgres_url() -> str:
+    """The test Postgres server's maintenance URL: ISTHMUS_TEST_POSTGRES_URL, else what
+    stack/postgres.sh wrote to .stack/postgres/env, else its default port."""
+    if url := os.environ.get("ISTHMUS_TEST_POSTGRES_URL"):
+        return url
+    env = REPO / ".stack" / "postgres" / "env"
+    if env.exists():
+        url = read_env_file(env).get("ISTHMUS_TEST_POSTGRES_URL")
+        if url:
+            return url
+    return "postgresql+psycopg://isthmus:isthmus@127.0.0.1:55432/isthmus"
+
+
+PG_ADMIN_URL = stack_postgres_url()
 REQUIRE_STACK = os.environ.get("ISTHMUS_REQUIRE_STACK") == "1"
 
 
@@ -51,7 +67,7 @@ def postgres_database(*, migrated: bool = False) -> Iterator[str]:
     except Exception as exc:  # noqa: BLE001
         admin.dispose()
         missing_system(f"Postgres not reachable at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}); "
-                       "run stack/postgres.sh")
+                       "run `bash stack/postgres.sh up`")
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
     try:
         if migrated:

@@ -1,11 +1,12 @@
 """Database fixtures shared by tests/ledger and tests/admin: every test runs on SQLite and
-on a real Postgres (ISTHMUS_TEST_POSTGRES_URL), each starting from an empty migrated schema."""
+on the stack's real Postgres, each starting from an empty migrated schema. The Postgres
+database is created for the test session and dropped after it (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,36 +14,22 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
+from tests.conftest import postgres_database
 
-PG_URL = os.environ.get("ISTHMUS_TEST_POSTGRES_URL",
-                        "postgresql+psycopg://isthmus:isthmus@127.0.0.1:5432/isthmus_ledger")
-REQUIRE_STACK = os.environ.get("ISTHMUS_REQUIRE_STACK") == "1"
 TABLES = ["ledger_entry", "ledger_reservation", "usage_bucket", "fairshare_usage", "gpu_billing_weight",
           "account_balance", "account_quota", "account_member", "job_event", "idempotency_key", "job", "account"]
 
-_pg_state: dict[str, object] = {}
+
+@pytest.fixture(scope="session")
+def ledger_pg_database() -> Iterator[str]:
+    """One migrated database for this test session's ledger and admin tests, created on the
+    stack's Postgres and dropped at the end (a missing server skips, or fails under
+    ISTHMUS_REQUIRE_STACK=1)."""
+    with postgres_database(migrated=True) as url:
+        yield url
 
 
-def _pg_ready() -> str | None:
-    """None when Postgres is reachable and migrated, else why not."""
-    if "error" in _pg_state:
-        return _pg_state["error"]  # type: ignore[return-value]
-    try:
-        eng = create_engine(PG_URL, connect_args={"connect_timeout": 3})
-        with eng.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        eng.dispose()
-        from gateway.cli import run_migrations
-
-        run_migrations(PG_URL)
-        _pg_state["error"] = None
-    except Exception as exc:  # noqa: BLE001 - any failure means "no Postgres here"
-        _pg_state["error"] = f"Postgres at {PG_URL} unreachable ({type(exc).__name__}: {exc}); " \
-                             "set ISTHMUS_TEST_POSTGRES_URL"
-    return _pg_state["error"]  # type: ignore[return-value]
-
-
-def wipe_postgres(url: str = PG_URL) -> None:
+def wipe_postgres(url: str) -> None:
     eng = create_engine(url)
     with eng.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
@@ -58,30 +45,21 @@ def sqlite_template(tmp_path_factory) -> Path:
     return path
 
 
-def require_postgres() -> None:
-    why = _pg_ready()
-    if why:
-        if REQUIRE_STACK:
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request, tmp_path, sqlite_template) -> str:
     if request.param == "sqlite":
         path = tmp_path / f"ledger-{uuid.uuid4().hex[:8]}.db"
         shutil.copy(sqlite_template, path)
         return f"sqlite:///{path}"
-    require_postgres()
-    wipe_postgres()
-    return PG_URL
+    url = request.getfixturevalue("ledger_pg_database")
+    wipe_postgres(url)
+    return url
 
 
 @pytest.fixture
-def pg_url() -> str:
-    require_postgres()
-    wipe_postgres()
-    return PG_URL
+def pg_url(ledger_pg_database) -> str:
+    wipe_postgres(ledger_pg_database)
+    return ledger_pg_database
 
 
 @pytest.fixture

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Put the test stack back to fresh state, keeping only build caches.
+#
+# Stops what this checkout's stack/up.sh started, then deletes every piece of state the
+# stack keeps, so the next stack/up.sh starts from nothing:
+#   - .stack/ (the throw-away Postgres cluster and its databases, Slurm state/spool/logs,
+#     Keycloak's H2 database, etcd's data, certificates, env files);
+#   - the test users (alice, bob, carol, slurmrest) on the host and inside the cached
+#     Slurm chroots (they have no home directories: jobs write under .stack);
+#   - bind mounts that an earlier checkout left inside the cached chroots.
+# What stays is what ISTHMUS_CACHE (default /var/cache/isthmus) holds: downloaded
+# distributions, built binaries, the debootstrapped chroots (docs/testing.md).
+# .ci/run calls this first, so CI always runs from fresh state.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+CACHE=${ISTHMUS_CACHE:-/var/cache/isthmus}
+log() { printf '[reset] %s\n' "$*" >&2; }
+
+bash stack/down.sh >/dev/null 2>&1
+bash stack/postgres.sh down >/dev/null 2>&1
+
+# The Postgres cluster may live outside the checkout (stack/postgres.sh: /var/tmp/...).
+if [ -L .stack/postgres ]; then
+  target=$(readlink -f .stack/postgres)
+  case $target in /var/tmp/isthmus-postgres-*) rm -rf "$target" ;; esac
+fi
+
+# Stale bind mounts inside the cached chroots (a checkout's .stack mounted at the same
+# path inside, see stack/slurm/up.sh). Only mounts below the chroots are touched.
+for root in "$CACHE"/slurm-*/root; do
+  [ -d "$root" ] || continue
+  awk -v r="$root/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
+  done
+done
+if grep -q " $CACHE/slurm-[^ ]*/root/" /proc/mounts; then
+  log "mounts remain below $CACHE; not deleting state"; exit 1
+fi
+
+rm -rf .stack
+
+# Test users: created again by stack/slurm/up.sh (host and chroots).
+for u in alice bob carol slurmrest; do
+  if getent passwd "$u" >/dev/null; then
+    pkill -KILL -u "$u" 2>/dev/null
+    userdel "$u" >/dev/null 2>&1 || log "could not remove user $u"
+  fi
+  getent group "$u" >/dev/null && groupdel "$u" >/dev/null 2>&1
+  for root in "$CACHE"/slurm-*/root; do
+    [ -x "$root/usr/sbin/userdel" ] || continue
+    chroot "$root" userdel "$u" >/dev/null 2>&1
+    chroot "$root" groupdel "$u" >/dev/null 2>&1
+  done
+done
+log "fresh state: .stack/ removed, test users removed, caches kept in $CACHE"
+exit 0
