@@ -1,0 +1,234 @@
+"""Who starts next, and when the rest will: conservative backfill over every pool.
+
+A pure function of numbers (no database, no backend, no clock of its own), so the
+dispatcher and the scheduling simulator (``bench/simulate.py``) run the same code.
+
+The model, per pool:
+
+* capacity is counted in *units*: whole nodes on a node-exclusive pool (a Slurm gang of
+  W workers holds W nodes), GPUs elsewhere (Kueue admits a gang by its GPU total);
+* an *availability profile* says how many units are free from each moment on. It starts
+  at what is free now and gains a running gang's units at its expected end (start plus
+  time limit, or the backend's own estimate); capacity held by something with no known
+  end (another cluster user's job) never comes back in the plan;
+* a job fits at time ``t`` on a pool when the profile has its units free for the whole of
+  ``[t, t + time limit)``.
+
+A round walks the waiting jobs in fair-share order. Each job goes to the pool where it
+starts earliest (ties: the caller's pool preference). If that is now, it starts now and its
+units are booked until its time limit. If it is later, and fewer than ``depth`` jobs hold a
+reservation, it gets one: its units are booked from its planned start, so every job behind
+it can only use what does not delay it (it ends before the planned start, or uses units
+the reservation does not need). That is conservative backfill: no reservation is ever
+pushed back by a lower job, so a gang's wait is bounded by the time limits of what runs.
+
+``depth=0`` is the old greedy policy (whatever fits now starts; nothing waits for a gang),
+and ``policy="fifo"`` stops at the first job that cannot start now.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+INF = math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolModel:
+    """What the planner needs to know of a pool."""
+
+    name: str
+    node_exclusive: bool
+    total_units: int  # nodes when node_exclusive, else GPUs
+    gpus_per_node: int = 0
+
+    def units(self, workers: int, gpus_per_worker: int) -> int:
+        return workers if self.node_exclusive else workers * gpus_per_worker
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """Units a running gang gives back at ``at`` (its expected end)."""
+
+    pool: str
+    units: int
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A waiting job, as the planner sees it.
+
+    ``pools`` lists the pools it may use (never-fits, pinning, kind and GPU type already
+    applied), in the caller's order of preference. ``blocked`` is a reason it cannot be
+    admitted at all now (quota, budget, dependency): such a job is looked past and holds
+    no reservation.
+    """
+
+    id: str
+    workers: int
+    gpus_per_worker: int
+    time_limit_s: float
+    pools: tuple[str, ...]
+    blocked: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    job_id: str
+    pool: str
+    start: float  # == now for a start, later for a reservation
+    reserved: bool  # True: a planned start, booked in the profile
+    reason: str
+
+
+@dataclasses.dataclass
+class Plan:
+    starts: list[Placement] = dataclasses.field(default_factory=list)
+    reservations: list[Placement] = dataclasses.field(default_factory=list)
+    # job id -> why it has no estimate (blocked, beyond the depth, never room)
+    unplanned: dict[str, str] = dataclasses.field(default_factory=dict)
+    examined: int = 0
+
+    def estimate(self, job_id: str) -> Placement | None:
+        for p in self.reservations:
+            if p.job_id == job_id:
+                return p
+        return None
+
+
+class Profile:
+    """Free units over time: a step function, ``free[i]`` from ``times[i]`` on."""
+
+    __slots__ = ("times", "free", "total")
+
+    def __init__(self, now: float, free_now: int, releases: Iterable[tuple[float, int]], total: int):
+        self.total = total
+        steps: dict[float, int] = {}
+        for at, units in releases:
+            at = max(at, now)
+            steps[at] = steps.get(at, 0) + units
+        self.times = [now]
+        self.free = [max(0, free_now + steps.pop(now, 0))]
+        for at in sorted(steps):
+            self.times.append(at)
+            self.free.append(self.free[-1] + steps[at])
+        # Never more than the pool has (a release of a job the snapshot already saw free).
+        self.free = [min(f, total) for f in self.free]
+
+    def free_now(self) -> int:
+        return self.free[0]
+
+    def earliest(self, need: int, duration: float) -> float:
+        """The first moment from which ``need`` units stay free for ``duration``; INF if never."""
+        if need > self.total:
+            return INF
+        times, free = self.times, self.free
+        n = len(times)
+        i = 0
+        while i < n:
+            if free[i] < need:
+                i += 1
+                continue
+            start = times[i]
+            end = start + duration
+            j = i + 1
+            while j < n and times[j] < end and free[j] >= need:
+                j += 1
+            if j >= n or times[j] >= end:
+                return start
+            i = j + 1  # free[j] < need: no start before times[j] can span it
+        return INF
+
+    def book(self, start: float, duration: float, units: int) -> None:
+        """Take ``units`` over ``[start, start + duration)``."""
+        end = start + duration
+        i = self._split(start)
+        j = self._split(end) if end < INF else len(self.times)
+        for k in range(i, j):
+            self.free[k] -= units
+
+    def _split(self, at: float) -> int:
+        """Index of the step that starts exactly at ``at`` (made if needed)."""
+        k = bisect.bisect_left(self.times, at)
+        if k < len(self.times) and self.times[k] == at:
+            return k
+        self.times.insert(k, at)
+        self.free.insert(k, self.free[k - 1])
+        return k
+
+
+def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
+         releases: Iterable[Release], candidates: Iterable[Candidate], depth: int = 8,
+         policy: str = "reservation", max_starts: int | None = None, max_examined: int | None = None) -> Plan:
+    """One scheduling round (see the module docstring).
+
+    Args:
+        now: the round's time (seconds, any epoch shared with the releases).
+        free_now: units free on each pool now (from the capacity snapshot).
+        releases: running gangs' units and expected ends.
+        candidates: waiting jobs in fair-share order (highest first).
+        depth: how many waiting jobs may hold a reservation ("reservation" policy).
+        policy: "reservation" (conservative backfill), "greedy" (no reservations) or
+            "fifo" (stop at the first job that cannot start now).
+        max_starts: stop after this many starts (the dispatcher's batch).
+        max_examined: look at no more than this many candidates (a bounded round).
+    """
+    if policy not in ("reservation", "greedy", "fifo"):
+        raise ValueError(f"unknown policy {policy!r}")
+    if policy == "greedy":
+        depth = 0
+    by_name = {p.name: p for p in pools}
+    per_pool: dict[str, list[tuple[float, int]]] = {p.name: [] for p in pools}
+    for r in releases:
+        if r.pool in per_pool:
+            per_pool[r.pool].append((r.at, r.units))
+    profiles = {p.name: Profile(now, free_now.get(p.name, 0), per_pool[p.name], p.total_units) for p in pools}
+    out = Plan()
+    for c in candidates:
+        if max_examined is not None and out.examined >= max_examined:
+            break
+        if max_starts is not None and len(out.starts) >= max_starts:
+            break
+        out.examined += 1
+        if c.blocked:
+            out.unplanned[c.id] = c.blocked
+            continue
+        best: tuple[float, int, str, int] | None = None
+        for rank, name in enumerate(c.pools):
+            pool = by_name.get(name)
+            if pool is None:
+                continue
+            need = pool.units(c.workers, c.gpus_per_worker)
+            if best is not None and best[0] == now:
+                break  # nothing starts earlier than now
+            at = profiles[name].earliest(need, c.time_limit_s)
+            if at < INF and (best is None or (at, rank) < (best[0], best[1])):
+                best = (at, rank, name, need)
+        if best is None:
+            out.unplanned[c.id] = "no pool it may use will have room (capacity is held with no known end)"
+            if policy == "fifo":
+                break
+            continue
+        at, _, name, need = best
+        if at <= now:
+            profiles[name].book(now, c.time_limit_s, need)
+            out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}"))
+            continue
+        if policy == "fifo":
+            out.unplanned[c.id] = "first in line; waits for room (strict FIFO)"
+            break
+        if len(out.reservations) < depth:
+            profiles[name].book(at, c.time_limit_s, need)
+            out.reservations.append(Placement(c.id, name, at, True,
+                                              f"reserved on {name} from its planned start"))
+        else:
+            out.unplanned[c.id] = f"behind the {depth} jobs that hold reservations; no estimate yet"
+        if policy == "greedy" or len(out.reservations) >= depth:
+            # Nothing more can be reserved: later jobs only matter if they fit now.
+            if all(profiles[p.name].free_now() == 0 for p in pools):
+                break
+    return out
