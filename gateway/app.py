@@ -19,6 +19,7 @@ from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import install_error_handlers
 from gateway.kit.settings import Settings, get_settings
+from gateway.metrics.router import router as metrics_router
 
 log = logging.getLogger("isthmus")
 
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)
+    app.include_router(metrics_router)
 
     @app.get("/healthz", tags=["health"], operation_id="healthz", summary="Liveness",
              responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}})

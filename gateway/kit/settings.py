@@ -64,6 +64,11 @@ class Settings(BaseSettings):
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # /metrics (docs/operations.md): computed from the registry at scrape time and cached
+    # this long; when a token is set, scrapers must send it as a bearer token.
+    metrics_ttl_s: float = Field(default=5.0, ge=0, le=300)
+    metrics_token: str = Field(default="", repr=False)
+
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         if self.default_time_limit_s > self.max_time_limit_s:

@@ -1,0 +1,1 @@
+"""Prometheus metrics at ``/metrics``, computed from the registry at scrape time (collector.py)."""
