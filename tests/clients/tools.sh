@@ -52,7 +52,7 @@ JAR="$CACHE/dl/openapi-generator-cli-$OPENAPI_GENERATOR_VERSION.jar"
 if [ ! -s "$JAR" ]; then
   log "maven: org.openapitools:openapi-generator-cli:$OPENAPI_GENERATOR_VERSION"
   mkdir -p "$CACHE/dl"
-  (cd "$CACHE" && mvn -q -B dependency:copy \
+  (cd "$CACHE" && mvn -q -B -Dstyle.color=never dependency:copy \
     -Dartifact="org.openapitools:openapi-generator-cli:$OPENAPI_GENERATOR_VERSION:jar" -DoutputDirectory="$CACHE/dl") >&2
 fi
 
