@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from gateway import __version__
@@ -17,7 +20,7 @@ from gateway.dispatch.service import Dispatcher
 from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
-from gateway.kit.errors import install_error_handlers
+from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 
@@ -36,6 +39,71 @@ TAGS = [
     {"name": "admin", "description": "Administration: accounts, quotas, credits, ledger, usage reports."},
     {"name": "health", "description": "Liveness and readiness probes (no authentication)."},
 ]
+
+# Generated clients use the first entry as their default base URL; `make run` serves here.
+SERVERS = [{"url": "http://127.0.0.1:8080", "description": "A local gateway (`make run`); set your own base URL"}]
+
+
+class ReadyStatus(str, enum.Enum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    UNAVAILABLE = "unavailable"
+
+
+class ReadyOut(BaseModel):
+    """The readiness report, sent with 200 (ready) and 503 (database unreachable)."""
+
+    status: ReadyStatus = Field(description="`degraded`: the database is fine but an identity provider's keys are not.")
+    database: str = Field(description="`ok` or `error: <type>`.")
+    identity: dict[str, dict[str, Any]] = Field(description="Per identity provider: `ok` and its key status.")
+
+
+def client_friendly_openapi(spec: dict[str, Any]) -> dict[str, Any]:
+    """Make the generated document say exactly what the server sends (docs/clients.md).
+
+    - Every error response is ``Problem`` as ``application/problem+json`` only, including
+      the 422 FastAPI adds on its own (it would say ``HTTPValidationError``, never sent).
+    - Integers are ``int64`` and numbers ``double``: generators default to 32 bits, and
+      GPU-seconds, ids and budgets do not fit in them.
+    - ``additionalProperties: false`` is left out (the server still refuses unknown fields
+      with a 422 naming them): openapi-generator cannot name such schemas.
+    """
+    problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    for path, ops in spec.get("paths", {}).items():
+        for op in ops.values():
+            for code, resp in op.get("responses", {}).items():
+                content = resp.get("content", {})
+                if code[0] in "45" and (PROBLEM_JSON in content or _refs(content, "HTTPValidationError")):
+                    resp["content"] = {PROBLEM_JSON: problem}
+    schemas = spec.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    _walk_schemas(spec)
+    return spec
+
+
+def _refs(node: Any, name: str) -> bool:
+    if isinstance(node, dict):
+        return node.get("$ref") == f"#/components/schemas/{name}" or any(_refs(v, name) for v in node.values())
+    if isinstance(node, list):
+        return any(_refs(v, name) for v in node)
+    return False
+
+
+def _walk_schemas(node: Any) -> None:
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if kind == "integer":
+            node.setdefault("format", "int64")
+        elif kind == "number":
+            node.setdefault("format", "double")
+        if node.get("additionalProperties") is False:
+            del node["additionalProperties"]
+        for value in node.values():
+            _walk_schemas(value)
+    elif isinstance(node, list):
+        for value in node:
+            _walk_schemas(value)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -63,7 +131,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             engine.dispose()
 
     app = FastAPI(title="Isthmus", version=__version__, description=DESCRIPTION, openapi_tags=TAGS,
-                  lifespan=lifespan)
+                  servers=SERVERS, lifespan=lifespan)
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     install_error_handlers(app)
@@ -71,6 +139,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(accounts_router)
     app.include_router(admin_router)
     app.include_router(metrics_router)
+
+    fastapi_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = client_friendly_openapi(fastapi_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/healthz", tags=["health"], operation_id="healthz", summary="Liveness",
              responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}})
@@ -80,8 +157,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/readyz", tags=["health"], operation_id="readyz", summary="Readiness",
              description="Checks the database and reports each identity provider's key status. "
                          "503 when the database is unreachable.",
-             responses={200: {"content": {"application/json": {"example": {"status": "ok", "database": "ok"}}}},
-                        503: {"description": "Not ready"}})
+             responses={200: {"model": ReadyOut, "description": "Ready (or degraded)", "content": {
+                                 "application/json": {"example": {"status": "ok", "database": "ok",
+                                                                  "identity": {"dev": {"ok": True, "keys": 1}}}}}},
+                        503: {"model": ReadyOut, "description": "Not ready: the database is unreachable"}})
     def readyz(request: Request):
         body: dict = {"status": "ok", "database": "ok"}
         try:

@@ -7,7 +7,8 @@ from sqlalchemy.orm import Session
 
 from gateway.accounts import service
 from gateway.accounts.schemas import (
-    AccountOut, AccountPage, AccountUsageOut, BalanceOut, EffectiveLimitOut, FairShareOut, QuotaOut,
+    AccountOut, AccountPage, AccountUsageOut, BalanceOut, EffectiveBudgetOut, EffectiveLimitOut, FairShareOut,
+    QuotaOut,
 )
 from gateway.identity.dependency import get_principal
 from gateway.identity.principal import Principal
@@ -41,13 +42,15 @@ def fairshare_out(fs: ledger.FairShare) -> FairShareOut:
 
 
 def quota_out(eff: dict) -> QuotaOut:
-    def lim(key: str, scale: float = 1) -> EffectiveLimitOut:
+    def lim(key: str) -> EffectiveLimitOut:
         v = eff[key]
-        return EffectiveLimitOut(value=None if v.value is None else (v.value / scale if scale != 1 else v.value),
-                                 source=v.source)
+        return EffectiveLimitOut(value=v.value, source=v.source)
 
+    budget = eff["budget_gpu_seconds"]
     return QuotaOut(max_gpus=lim("max_gpus"), max_gpus_slurm=lim("max_gpus_slurm"),
-                    max_gpus_kubernetes=lim("max_gpus_kubernetes"), budget_gpu_hours=lim("budget_gpu_seconds", 3600),
+                    max_gpus_kubernetes=lim("max_gpus_kubernetes"),
+                    budget_gpu_hours=EffectiveBudgetOut(
+                        value=None if budget.value is None else budget.value / 3600, source=budget.source),
                     budget_period=eff["budget_period"], budget_window_days=eff["budget_window_days"],
                     max_queued_jobs=lim("max_queued_jobs"), max_queued_jobs_per_user=lim("max_queued_jobs_per_user"))
 
@@ -87,7 +90,7 @@ def list_accounts(request: Request, principal: Principal = Depends(get_principal
                         "committed, what remains, the effective (possibly inherited) quotas and the fair-share "
                         "factor with its inputs. Accounts you may not see are reported as not found.",
             responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}},
-                       **problem_responses(401, 404)})
+                       **problem_responses(401, 404, 422)})
 def account_usage(name: AccountName, request: Request, principal: Principal = Depends(get_principal),
                   session: Session = Depends(get_session, scope="function")) -> AccountUsageOut:
     visible = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,

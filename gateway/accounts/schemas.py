@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.accounts.models import MEMBER_ROLES, POOLS
+
 AccountName = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", max_length=63)
+
+# Named enums, used on inputs AND outputs, so a value read from a response can be passed
+# back to a generated client without a cast. Built from the one list of each.
+Pool = enum.Enum("Pool", {p.upper(): p for p in POOLS}, type=str)
+Pool.__doc__ = "A pool (backend kind) the gateway dispatches to."
+MemberRole = enum.Enum("MemberRole", {r.upper(): r for r in MEMBER_ROLES}, type=str)
+MemberRole.__doc__ = "`coordinator`s may manage the account's subtree; see docs/ledger.md."
+
+
+class BudgetPeriod(str, enum.Enum):
+    """`month`: calendar month, UTC; `rolling`: the last `budget_window_days`."""
+
+    MONTH = "month"
+    ROLLING = "rolling"
 
 
 class QuotaIn(BaseModel):
     """Limits to set on an account. Omitted fields are left as they are; ``null`` removes a limit
     (the nearest ancestor's then applies). A limit caps the sum over the account's subtree."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", use_enum_values=True, json_schema_extra={"examples": [
         {"max_gpus": 64, "max_gpus_slurm": 48, "budget_gpu_hours": 20000, "budget_period": "month",
          "max_queued_jobs": 50, "max_queued_jobs_per_user": 10}]})
 
@@ -23,7 +39,7 @@ class QuotaIn(BaseModel):
     max_gpus_kubernetes: int | None = Field(default=None, ge=0, le=1_000_000)
     budget_gpu_hours: float | None = Field(default=None, ge=0, le=10**11,
                                            description="Billing-weighted GPU-hours per period.")
-    budget_period: Literal["month", "rolling"] | None = Field(
+    budget_period: BudgetPeriod | None = Field(
         default=None, description="`month` (calendar month, UTC) or `rolling` (last `budget_window_days`).")
     budget_window_days: int | None = Field(default=None, ge=1, le=366)
     max_queued_jobs: int | None = Field(default=None, ge=0, le=10_000_000,
@@ -32,16 +48,21 @@ class QuotaIn(BaseModel):
 
 
 class EffectiveLimitOut(BaseModel):
-    value: float | int | None = Field(description="null = unlimited")
+    value: int | None = Field(description="null = unlimited")
     source: str | None = Field(description="Account the limit is set on (itself or an ancestor).")
+
+
+class EffectiveBudgetOut(BaseModel):
+    value: float | None = Field(description="GPU-hours; null = unlimited")
+    source: str | None = Field(description="Account the budget is set on (itself or an ancestor).")
 
 
 class QuotaOut(BaseModel):
     max_gpus: EffectiveLimitOut
     max_gpus_slurm: EffectiveLimitOut
     max_gpus_kubernetes: EffectiveLimitOut
-    budget_gpu_hours: EffectiveLimitOut
-    budget_period: str | None
+    budget_gpu_hours: EffectiveBudgetOut
+    budget_period: BudgetPeriod | None
     budget_window_days: int | None
     max_queued_jobs: EffectiveLimitOut
     max_queued_jobs_per_user: EffectiveLimitOut

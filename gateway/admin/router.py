@@ -24,8 +24,9 @@ from gateway.accounts.schemas import QuotaIn
 from gateway.admin.schemas import (
     OrphanOut,
     AccountCreate, AccountUpdate, AdjustmentIn, AdminAccountOut, BillingWeightIn, BillingWeightOut, FairShareTable,
-    LedgerEntryOut, LedgerPage, MemberIn, MemberOut, UsageReport, UsageRow,
+    LedgerEntryKind, LedgerEntryOut, LedgerPage, MemberIn, MemberOut, UsagePeriod, UsageReport, UsageRow,
 )
+from gateway.accounts.schemas import Pool
 from gateway.identity.dependency import require_admin
 from gateway.identity.principal import Principal
 from gateway.kit.params import AccountName, UserName
@@ -33,7 +34,7 @@ from gateway.kit.db import get_session
 from gateway.kit.errors import Invalid, problem_responses
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository, service as ledger
-from gateway.ledger.models import ENTRY_KINDS, GpuBillingWeight
+from gateway.ledger.models import GpuBillingWeight
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -93,7 +94,7 @@ def list_all_accounts(request: Request, session: Session = Depends(get_session, 
 
 
 @router.get("/accounts/{name}", response_model=AdminAccountOut, operation_id="getAccount", summary="Get an account",
-            responses=problem_responses(401, 403, 404))
+            responses=problem_responses(401, 403, 404, 422))
 def get_account(name: AccountName, request: Request, session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     return _admin_account(session, name, _half_life(request))
 
@@ -114,7 +115,7 @@ def update_account(name: AccountName, request: Request, body: AccountUpdate,
 @router.delete("/accounts/{name}", status_code=204, operation_id="deleteAccount", summary="Delete an account",
                description="Refused (409) while the account has child accounts, active jobs, held reservations "
                            "or any job history. Its ledger entries are kept.",
-               responses=problem_responses(401, 403, 404, 409))
+               responses=problem_responses(401, 403, 404, 409, 422))
 def delete_account(name: AccountName, session: Session = Depends(get_session, scope="function")) -> Response:
     accounts.delete(session, name=name)
     return Response(status_code=204)
@@ -132,7 +133,7 @@ def set_quota(name: AccountName, request: Request, body: QuotaIn, principal: Pri
 
 
 @router.get("/accounts/{name}/members", response_model=list[MemberOut], operation_id="listAccountMembers",
-            summary="List recorded members", responses=problem_responses(401, 403, 404))
+            summary="List recorded members", responses=problem_responses(401, 403, 404, 422))
 def list_members(name: AccountName, session: Session = Depends(get_session, scope="function")) -> list[MemberOut]:
     accounts.get_or_raise(session, name=name)
     return [_member_out(m) for m in accounts.members(session, name)]
@@ -149,11 +150,11 @@ def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, 
 
     if not re.match(USER, username):
         raise Invalid("path.username", "must be a POSIX user name")
-    return _member_out(accounts.set_member(session, name=name, username=username, role=body.role))
+    return _member_out(accounts.set_member(session, name=name, username=username, role=body.role.value))
 
 
 @router.delete("/accounts/{name}/members/{username}", status_code=204, operation_id="removeAccountMember",
-               summary="Remove a member", responses=problem_responses(401, 403, 404))
+               summary="Remove a member", responses=problem_responses(401, 403, 404, 422))
 def remove_member(name: AccountName, username: UserName, session: Session = Depends(get_session, scope="function")) -> Response:
     accounts.remove_member(session, name=name, username=username)
     return Response(status_code=204)
@@ -192,7 +193,8 @@ def _entry_out(e) -> LedgerEntryOut:
 def create_adjustment(body: AdjustmentIn, principal: Principal = Depends(require_admin),
                       session: Session = Depends(get_session, scope="function")) -> LedgerEntryOut:
     e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=int(round(body.gpu_hours * 3600)),
-                      actor=principal.subject, reason=body.reason, job_id=body.job_id, pool=body.pool)
+                      actor=principal.subject, reason=body.reason, job_id=body.job_id,
+                      pool=body.pool.value if body.pool else None)
     return _entry_out(e)
 
 
@@ -203,8 +205,8 @@ def list_ledger(
     account: Annotated[str | None, Query(pattern=NAME)] = None,
     include_subaccounts: Annotated[bool, Query(description="With `account`: also its descendants.")] = False,
     job_id: Annotated[str | None, Query(max_length=36)] = None,
-    kind: Annotated[list[Literal[ENTRY_KINDS]] | None, Query(description="Repeatable.")] = None,  # type: ignore[valid-type]
-    pool: Annotated[Literal["slurm", "kubernetes"] | None, Query()] = None,
+    kind: Annotated[list[LedgerEntryKind] | None, Query(description="Repeatable.")] = None,
+    pool: Annotated[Pool | None, Query()] = None,
     since: Annotated[datetime | None, Query(description="Entries at or after (ISO 8601).")] = None,
     until: Annotated[datetime | None, Query(description="Entries before (ISO 8601).")] = None,
     cursor: Annotated[str | None, Query(max_length=128)] = None,
@@ -214,7 +216,8 @@ def list_ledger(
     if since and until and as_utc(until) <= as_utc(since):
         raise Invalid("query.until", "must be after `since`")
     rows = repository.list_entries(session, account=account, include_subaccounts=include_subaccounts,
-                                   job_id=job_id, kinds=list(kind or []), pool=pool, since=as_utc(since),
+                                   job_id=job_id, kinds=[k.value for k in kind or []],
+                                   pool=pool.value if pool else None, since=as_utc(since),
                                    until=as_utc(until), after_id=_uncursor(cursor) if cursor else 0,
                                    limit=limit + 1)
     more = len(rows) > limit
@@ -222,24 +225,14 @@ def list_ledger(
     return LedgerPage(items=[_entry_out(e) for e in rows], next_cursor=_cursor(rows[-1].id) if more else None)
 
 
-@router.get("/usage", response_model=UsageReport, operation_id="getUsageReport",
-            summary="Usage per account x pool x period (JSON or CSV)",
-            description="Net charges of each account's own jobs (billing-weighted) per pool and period, plus admin "
-                        "adjustments. CSV with `Accept: text/csv` or `?format=csv`; columns: "
-                        + ", ".join(USAGE_COLUMNS) + ".",
-            responses={200: {"content": {CSV: {"schema": {"type": "string"}, "example":
-                             "account,pool,period,jobs,usage_gpu_seconds,adjustment_gpu_seconds,net_gpu_seconds,"
-                             "net_gpu_hours\r\nteam-a,slurm,2026-11,12,360000,0,360000,100.0\r\n"}}},
-                       **problem_responses(401, 403, 422)})
-def usage_report(
-    request: Request,
-    since: Annotated[date | None, Query(description="First day (UTC); default: first of this month.")] = None,
-    until: Annotated[date | None, Query(description="Day after the last; default: tomorrow.")] = None,
-    period: Annotated[Literal["month", "day"], Query()] = "month",
-    account: Annotated[str | None, Query(pattern=NAME, description="This account and its descendants.")] = None,
-    format: Annotated[Literal["json", "csv"] | None, Query()] = None,
-    session: Session = Depends(get_session, scope="function"),
-):
+UsageSince = Annotated[date | None, Query(description="First day (UTC); default: first of this month.")]
+UsageUntil = Annotated[date | None, Query(description="Day after the last; default: tomorrow.")]
+UsagePeriodQ = Annotated[UsagePeriod, Query()]
+UsageAccount = Annotated[str | None, Query(pattern=NAME, description="This account and its descendants.")]
+
+
+def _usage_rows(session: Session, since: date | None, until: date | None, period: UsagePeriod,
+                account: str | None) -> tuple[date, date, list[dict]]:
     today = utcnow().date()
     since = since or today.replace(day=1)
     until = until or today + timedelta(days=1)
@@ -253,18 +246,61 @@ def usage_report(
         if account not in tree:
             raise Invalid("query.account", f"unknown account {account!r}")
         names = accounts.descendants(tree, account)
-    rows = repository.usage_report(session, since=since, until=until, period=period, accounts_in=names)
-    wants_csv = format == "csv" or (format is None and CSV in request.headers.get("accept", ""))
-    if wants_csv:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=USAGE_COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, "pool": r["pool"] or ""})
-        return Response(buf.getvalue(), media_type="text/csv; charset=utf-8", headers={
-            "Content-Disposition": f'attachment; filename="isthmus-usage-{since}-{until}.csv"'})
+    return since, until, repository.usage_report(session, since=since, until=until, period=period.value,
+                                                 accounts_in=names)
+
+
+def _usage_csv(since: date, until: date, rows: list[dict]) -> Response:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=USAGE_COLUMNS)
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "pool": r["pool"] or ""})
+    return Response(buf.getvalue(), media_type="text/csv; charset=utf-8", headers={
+        "Content-Disposition": f'attachment; filename="isthmus-usage-{since}-{until}.csv"'})
+
+
+@router.get("/usage", response_model=UsageReport, operation_id="getUsageReport",
+            summary="Usage per account x pool x period",
+            description="Net charges of each account's own jobs (billing-weighted) per pool and period, plus admin "
+                        "adjustments. The same report as CSV: getUsageReportCsv.",
+            responses=problem_responses(401, 403, 422))
+def usage_report(
+    request: Request,
+    since: UsageSince = None,
+    until: UsageUntil = None,
+    period: UsagePeriodQ = UsagePeriod.MONTH,
+    account: UsageAccount = None,
+    # Kept for curl users and older CLIs; not in the spec, where one operation has one
+    # response type (CSV is its own operation).
+    format: Annotated[Literal["json", "csv"] | None, Query(include_in_schema=False)] = None,
+    session: Session = Depends(get_session, scope="function"),
+):
+    since, until, rows = _usage_rows(session, since, until, period, account)
+    if format == "csv" or (format is None and CSV in request.headers.get("accept", "")):
+        return _usage_csv(since, until, rows)
     return UsageReport(since=since.isoformat(), until=until.isoformat(), period=period,
                        items=[UsageRow(**r) for r in rows])
+
+
+@router.get("/usage.csv", response_class=Response, operation_id="getUsageReportCsv",
+            summary="Usage per account x pool x period, as CSV",
+            description="getUsageReport as `text/csv` (a header row, then one row per item); columns: "
+                        + ", ".join(USAGE_COLUMNS) + ". `pool` is empty for adjustments not tied to a pool.",
+            responses={200: {"description": "The report as CSV", "content": {CSV: {
+                "schema": {"type": "string"},
+                "example": "account,pool,period,jobs,usage_gpu_seconds,adjustment_gpu_seconds,net_gpu_seconds,"
+                           "net_gpu_hours\r\nteam-a,slurm,2026-11,12,360000,0,360000,100.0\r\n"}}},
+                       **problem_responses(401, 403, 422)})
+def usage_report_csv(
+    since: UsageSince = None,
+    until: UsageUntil = None,
+    period: UsagePeriodQ = UsagePeriod.MONTH,
+    account: UsageAccount = None,
+    session: Session = Depends(get_session, scope="function"),
+) -> Response:
+    since, until, rows = _usage_rows(session, since, until, period, account)
+    return _usage_csv(since, until, rows)
 
 
 @router.get("/fairshare", response_model=FairShareTable, operation_id="getFairshareTable",
@@ -296,12 +332,13 @@ def list_weights(session: Session = Depends(get_session, scope="function")) -> l
             summary="Set a GPU type's billing weight in a pool",
             description="`gpu_type` `*` sets the pool's default. Applies to reservations made from now on.",
             responses=problem_responses(401, 403, 422))
-def set_weight(pool: Literal["slurm", "kubernetes"], gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
+def set_weight(pool: Pool, gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
                session: Session = Depends(get_session, scope="function")) -> BillingWeightOut:
     import re
 
     if not re.match(r"^(\*|[a-z0-9][a-z0-9._-]{0,31})$", gpu_type):
         raise Invalid("path.gpu_type", "a GPU type like h100, or * for the pool default")
+    pool = pool.value
     w = session.get(GpuBillingWeight, (pool, gpu_type))
     if w is None:
         w = GpuBillingWeight(pool=pool, gpu_type=gpu_type, weight=body.weight, updated_at=utcnow())

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.accounts.schemas import AccountUsageOut, FairShareOut, QuotaIn
+from gateway.accounts.schemas import AccountUsageOut, FairShareOut, MemberRole, Pool, QuotaIn
+from gateway.ledger.models import ENTRY_KINDS
 
 NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+LedgerEntryKind = enum.Enum("LedgerEntryKind", {k.upper(): k for k in ENTRY_KINDS}, type=str)
+LedgerEntryKind.__doc__ = "What a ledger entry records (docs/ledger.md)."
+
+
+class UsagePeriod(str, enum.Enum):
+    """Granularity of a usage report."""
+
+    MONTH = "month"
+    DAY = "day"
 
 
 class AccountCreate(BaseModel):
@@ -45,13 +57,13 @@ class AdminAccountOut(AccountUsageOut):
 class MemberIn(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"role": "coordinator"}]})
 
-    role: Literal["member", "coordinator"] = "member"
+    role: MemberRole = MemberRole.MEMBER
 
 
 class MemberOut(BaseModel):
     account: str
     username: str
-    role: str
+    role: MemberRole
     created_at: datetime | None = None
 
 
@@ -67,16 +79,16 @@ class AdjustmentIn(BaseModel):
     gpu_hours: float = Field(gt=0, le=10**11, description="Billing-weighted GPU-hours.")
     reason: str = Field(min_length=1, max_length=2000)
     job_id: str | None = Field(default=None, max_length=36)
-    pool: Literal["slurm", "kubernetes"] | None = None
+    pool: Pool | None = None
 
 
 class LedgerEntryOut(BaseModel):
     id: int
     at: datetime
     account: str
-    kind: str
+    kind: LedgerEntryKind
     job_id: str | None
-    pool: str | None
+    pool: Pool | None
     gpu_type: str | None
     username: str | None
     gpus: int = Field(description="Change of GPUs held.")
@@ -95,7 +107,7 @@ class LedgerPage(BaseModel):
 
 class UsageRow(BaseModel):
     account: str
-    pool: str | None = Field(description="null for admin credits/debits not tied to a pool")
+    pool: Pool | None = Field(description="null for admin credits/debits not tied to a pool")
     period: str = Field(examples=["2026-11"])
     jobs: int
     usage_gpu_seconds: int
@@ -107,7 +119,7 @@ class UsageRow(BaseModel):
 class UsageReport(BaseModel):
     since: str
     until: str
-    period: str
+    period: UsagePeriod
     items: list[UsageRow]
 
 
@@ -124,7 +136,7 @@ class BillingWeightIn(BaseModel):
 
 
 class BillingWeightOut(BaseModel):
-    pool: str
+    pool: Pool
     gpu_type: str
     weight: float
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.accounts.schemas import Pool
 from gateway.jobs.states import JobState
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -132,9 +133,14 @@ class JobSpec(BaseModel):
     workers: Annotated[int, Field(default=1, ge=1, le=MAX_WORKERS, description="Gang size: nodes / pods.")]
     gpus_per_worker: Annotated[int, Field(default=0, ge=0, le=MAX_GPUS_PER_WORKER)]
     cpus_per_worker: Annotated[int, Field(default=1, ge=1, le=MAX_CPUS_PER_WORKER)]
-    memory_per_worker: Annotated[str, Field(default="4Gi", description="e.g. `64Gi`, `512Mi`; integer = MiB.")]
+    # str | int: the spec says what is accepted; the validator always normalises to a string.
+    # No `default` in the schema: openapi-generator's Go client writes a string default on a
+    # string-or-integer field as bare code (`= 4Gi`), which does not compile.
+    memory_per_worker: Annotated[str | int, Field(default="4Gi", description="e.g. `64Gi`, `512Mi`; integer = MiB. "
+                                                  "Default: `4Gi`.",
+                                                  json_schema_extra=lambda s: s.pop("default", None))]
     gpu_type: Annotated[str | None, Field(default=None, pattern=GPU_TYPE_RE, description="e.g. `h100`, `a100`.")]
-    time_limit: Annotated[str | None, Field(
+    time_limit: Annotated[str | int | None, Field(
         default=None, description="Wall-clock limit: seconds, `90m`, `12h`, `2d`, `HH:MM:SS` or `D-HH:MM:SS`. "
                                   "Default: the gateway's default (1h unless configured).")]
     env: Annotated[dict[str, str], Field(default_factory=dict, max_length=MAX_ENV)]
@@ -222,7 +228,7 @@ class JobOut(BaseModel):
     user: str = Field(description="POSIX user the job runs as.")
     submitted_by: str
     backend: BackendChoice = Field(description="The pool asked for.")
-    assigned_backend: str | None = Field(description="The pool the job was routed to (null until dispatched).")
+    assigned_backend: Pool | None = Field(description="The pool the job was routed to (null until dispatched).")
     state: JobState
     state_reason: str
     routing_reason: str

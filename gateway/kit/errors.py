@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
@@ -17,18 +18,23 @@ TYPE_BASE = "https://isthmus.dev/problems/"
 class FieldError(BaseModel):
     field: str = Field(description="Dotted path of the offending field, e.g. `body.workers`.")
     message: str
-    type: str = ""
+    type: str = Field(description="Machine-readable reason, e.g. `greater_than_equal`.")
 
 
 class Problem(BaseModel):
-    """RFC 9457 problem details."""
+    """RFC 9457 problem details.
 
-    type: str = Field(default="about:blank", examples=[TYPE_BASE + "validation-error"])
+    Every field but ``errors`` is always sent, so generated clients get plain (non-null)
+    strings; ``errors`` is present on validation errors only.
+    """
+
+    type: str = Field(examples=[TYPE_BASE + "validation-error"])
     title: str
     status: int
-    detail: str | None = None
-    instance: str | None = None
-    errors: list[FieldError] | None = None
+    detail: str = Field(description="Human-readable explanation; the title when there is nothing to add.")
+    instance: str = Field(description="Path of the request that failed.")
+    errors: list[FieldError] | SkipJsonSchema[None] = Field(
+        default=None, description="Validation errors only: one entry per bad field.")
 
 
 class GatewayError(Exception):
@@ -88,11 +94,10 @@ def problem_response(status: int, title: str, *, slug: str | None = None, detail
         "type": TYPE_BASE + slug if slug else "about:blank",
         "title": title,
         "status": status,
+        # Always a string: clients type it as one (RFC 9457 allows it to repeat the title).
+        "detail": detail or title,
+        "instance": instance or "",
     }
-    if detail:
-        body["detail"] = detail
-    if instance:
-        body["instance"] = instance
     if errors:
         body["errors"] = [e.model_dump() for e in errors]
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)

@@ -57,3 +57,41 @@ def test_generated_client_submits_reads_lists_and_cancels(generated_client, runn
     bad = submit_job.sync_detailed(client=client, body=JobSpec.from_dict({**spec.to_dict(), "workers": 0}))
     assert bad.status_code == 422
     assert json.loads(bad.content)["errors"][0]["field"] == "body.workers"
+    replay = submit_job.sync_detailed(client=client, body=spec, idempotency_key="gen-client-1")
+    assert replay.status_code == 200 and replay.parsed.id == job.id
+
+
+def test_generated_client_admin_calls_and_typed_problems(generated_client, running_gateway):
+    """The admin flow of tests/clients' TypeScript and Go smoke programs, in Python (docs/clients.md)."""
+    from isthmus_client import AuthenticatedClient
+    from isthmus_client.api.admin import (
+        create_account, create_ledger_adjustment, delete_account, get_account, get_usage_report,
+        get_usage_report_csv, list_ledger_entries, set_account_quota,
+    )
+    from isthmus_client.models import AccountCreate, AdjustmentIn, Problem, QuotaIn
+
+    admin = AuthenticatedClient(base_url=running_gateway.url, token=running_gateway.token("root", admin=True))
+    bad = get_account.sync_detailed(client=admin, name="Not_An_Account")
+    assert bad.status_code == 422 and isinstance(bad.parsed, Problem)
+    assert bad.parsed.errors[0].field == "path.name" and bad.parsed.detail
+
+    acc = create_account.sync(client=admin, body=AccountCreate.from_dict(
+        {"name": "py-client", "quota": {"budget_gpu_hours": 1234567.89, "budget_period": "month"}}))
+    assert acc.quota.budget_gpu_hours.value == 1234567.89
+    acc = set_account_quota.sync(client=admin, name="py-client", body=QuotaIn(
+        max_gpus=500_000, budget_period=acc.quota.budget_period))
+    assert acc.quota.max_gpus.value == 500_000
+
+    entry = create_ledger_adjustment.sync(client=admin, body=AdjustmentIn.from_dict(
+        {"account": "py-client", "kind": "credit", "gpu_hours": 1_000_000, "reason": "py client"}))
+    assert entry.gpu_seconds == -3_600_000_000
+    page = list_ledger_entries.sync(client=admin, account="py-client", kind=[entry.kind])
+    assert [e.id for e in page.items] == [entry.id]
+    report = get_usage_report.sync(client=admin, account="py-client")
+    assert [r.adjustment_gpu_seconds for r in report.items] == [-3_600_000_000]
+    csv = get_usage_report_csv.sync(client=admin, account="py-client", period=report.period)
+    assert csv.startswith("account,pool,period,") and ",-3600000000," in csv
+
+    assert delete_account.sync_detailed(client=admin, name="py-client").status_code == 204
+    gone = get_account.sync_detailed(client=admin, name="py-client")
+    assert gone.status_code == 404 and isinstance(gone.parsed, Problem)
