@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
@@ -25,12 +25,11 @@ def build_registry(app) -> CollectorRegistry:
     return registry
 
 
-@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics",
+@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
             description="Jobs by state, pool and account; queue wait; ledger and fair share; pool capacity. "
                         "Computed from the registry at scrape time, so any gateway process answers for all. "
                         "When `ISTHMUS_METRICS_TOKEN` is set, a matching bearer token is required.",
-            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format 0.0.4"},
+            responses={200: {"description": "Prometheus text format 0.0.4"},
                        401: {"content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
                              "description": "A metrics token is configured and the request did not carry it"}})
 def metrics(request: Request) -> Response:
