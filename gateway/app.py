@@ -21,6 +21,7 @@ from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
+from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
 from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 
@@ -111,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        configure_logging(settings.log_level, settings.log_format)  # in every uvicorn worker process
         engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
@@ -135,6 +137,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     install_error_handlers(app)
+    # Outermost: every request, even one refused early, gets a request id (logs + X-Request-ID).
+    app.add_middleware(RequestIdMiddleware, access_log=settings.access_log)
     app.include_router(jobs_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)

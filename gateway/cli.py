@@ -63,11 +63,13 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
         build_authenticator(settings)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
-    if settings.dev_mode:
+    if settings.dev_mode and settings.log_format == "text":  # in JSON, the app logs the same warning
         click.secho("DEV MODE: tokens from `isthmus token` are trusted. Never run this in production.",
                     fg="yellow", err=True)
+    # log_config=None: each worker process configures logging itself (gateway/kit/logs.py),
+    # in the format ISTHMUS_LOG_FORMAT asks for, with request ids.
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=settings.log_level, access_log=False)
+                log_level=settings.log_level, access_log=False, log_config=None)
 
 
 @main.command()
@@ -82,7 +84,9 @@ def worker(once: bool) -> None:
     from gateway.kit.db import make_engine, make_sessionmaker
 
     settings = _settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from gateway.kit.logs import configure as configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     backends = build_backends(settings.backends)
     if not backends:
         raise click.ClickException("no backends configured: set ISTHMUS_BACKENDS (see docs/dispatch.md)")

@@ -45,6 +45,7 @@ from gateway.jobs.schemas import parse_memory_mib
 from gateway.jobs.states import JobState, can_transition
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
+from gateway.kit.logs import with_job_id
 from gateway.kit.settings import Settings
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import service as ledger
@@ -263,6 +264,7 @@ class Dispatcher:
             jobs.record_event(s, job, actor=ACTOR, kind="waiting", reason=reason)
         job.state_reason = reason
 
+    @with_job_id
     def submit_claimed(self, job_id: str, *, recovering: bool = False,
                        prepared: tuple[str, SubmitRequest] | None = None) -> None:
         """Submit one claimed job and record the backend's id (idempotent by gateway id).
@@ -483,6 +485,7 @@ class Dispatcher:
         backend.cancel(backend_job_id)
         return backend.status(backend_job_id)
 
+    @with_job_id
     def apply_status(self, job_id: str, status: JobStatus | None, *, via: str = "poll") -> int:
         """Record what the backend says about one job; charge the ledger from real times.
 

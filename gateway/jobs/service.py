@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
 from sqlalchemy import String, bindparam, literal, null, select
@@ -22,6 +23,8 @@ from gateway.jobs.schemas import JobSpec, parse_duration_s
 from gateway.jobs.states import JobState, can_transition
 from gateway.kit.errors import Conflict, Forbidden, Invalid, NotFound
 from gateway.kit.timeutil import new_id, utcnow
+
+log = logging.getLogger("isthmus.jobs")
 
 
 def record_event(session: Session, job: Job, *, actor: str, kind: str, reason: str = "",
@@ -50,6 +53,8 @@ def set_state(session: Session, job: Job, target: JobState, *, actor: str, reaso
     job.updated_at = utcnow()
     record_event(session, job, actor=actor, kind="state", reason=reason, data=data,
                  from_state=current, to_state=target.value)
+    log.info("%s -> %s: %s", current, target.value, reason,
+             extra={"job_id": job.id, "account": job.account_name, "pool": job.backend or "", "actor": actor})
     return True
 
 
@@ -104,11 +109,15 @@ def mark_submitted(session: Session, *, job_id: str, backend_job_id: str, actor:
     params = {"job_id": job_id, "backend_job_id": backend_job_id, "e_actor": actor, "reason": reason, "data": data,
               "now": utcnow()}
     if conn.dialect.name == "postgresql":
-        return conn.execute(_MARK_SUBMITTED_PG, params).first() is not None
-    if conn.execute(_SUBMITTED_UPDATE, params).rowcount != 1:
-        return False
-    conn.execute(_SUBMITTED_EVENT, params)
-    return True
+        done = conn.execute(_MARK_SUBMITTED_PG, params).first() is not None
+    else:
+        done = conn.execute(_SUBMITTED_UPDATE, params).rowcount == 1
+        if done:
+            conn.execute(_SUBMITTED_EVENT, params)
+    if done:
+        log.info("dispatching -> queued: %s", reason, extra={"job_id": job_id, "backend_job_id": backend_job_id,
+                                                                "actor": actor})
+    return done
 
 
 def spec_hash(spec: JobSpec) -> str:

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     fairshare_half_life_s: int = Field(default=7 * 24 * 3600, ge=60, le=10 * 365 * 24 * 3600)  # docs/ledger.md
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # One JSON object per line with request_id / job_id (gateway/kit/logs.py), or plain text.
+    log_format: Literal["json", "text"] = "json"
+    access_log: bool = True  # one line per HTTP request: method, path, status, duration
 
     # /metrics (docs/operations.md): computed from the registry at scrape time and cached
     # this long; when a token is set, scrapers must send it as a bearer token.
