@@ -147,7 +147,7 @@ def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, 
                session: Session = Depends(get_session, scope="function")) -> MemberOut:
     import re
 
-    if not re.match(USER, username):
+    if not re.fullmatch(USER, username):
         raise Invalid("path.username", "must be a POSIX user name")
     return _member_out(accounts.set_member(session, name=name, username=username, role=body.role))
 
@@ -300,7 +300,7 @@ def set_weight(pool: Literal["slurm", "kubernetes"], gpu_type: Annotated[str, "g
                session: Session = Depends(get_session, scope="function")) -> BillingWeightOut:
     import re
 
-    if not re.match(r"^(\*|[a-z0-9][a-z0-9._-]{0,31})$", gpu_type):
+    if not re.fullmatch(r"^(\*|[a-z0-9][a-z0-9._-]{0,31})$", gpu_type):
         raise Invalid("path.gpu_type", "a GPU type like h100, or * for the pool default")
     w = session.get(GpuBillingWeight, (pool, gpu_type))
     if w is None:

@@ -102,7 +102,7 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
                                                   description="Client-chosen key making the submission safe to retry.")] = None
 ) -> JobOut:
-    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
     settings = request.app.state.settings
     _refuse_if_never_fits(request, spec)

@@ -48,7 +48,7 @@ def parse_memory_mib(value: Any) -> int:
     if isinstance(value, int):
         mib = value
     elif isinstance(value, str):
-        m = _MEM_RE.match(value)
+        m = _MEM_RE.fullmatch(value)
         if not m:
             raise ValueError("must be a size such as '64Gi', '512Mi' or an integer number of MiB")
         number, unit = int(m.group(1)), (m.group(2) or "M")[0].lower()
@@ -80,10 +80,10 @@ def parse_duration_s(value: Any) -> int:
         v = value.strip()
         if v.isdigit():
             return int(v)
-        m = _TIME_UNITS.match(v)
+        m = _TIME_UNITS.fullmatch(v)
         if m:
             return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        m = _TIME_HMS.match(v)
+        m = _TIME_HMS.fullmatch(v)
         if m:
             days, h, mi, s = (int(x) if x else 0 for x in m.groups())
             if mi >= 60 or s >= 60:
@@ -176,7 +176,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not ENV_KEY_RE.match(key):
+            if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"variable name {key[:64]!r} must match [A-Za-z_][A-Za-z0-9_]*")
             if key.upper().startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"variable {key!r} is reserved for the backends")
@@ -188,9 +188,9 @@ class JobSpec(BaseModel):
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if len(key) > 253 or not LABEL_KEY_RE.match(key):
+            if len(key) > 253 or not LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key[:64]!r} is not a valid label name")
-            if not LABEL_VALUE_RE.match(value):
+            if not LABEL_VALUE_RE.fullmatch(value):
                 raise ValueError(f"label {key!r}: value must be up to 63 letters, digits, '-', '_', '.'")
         return v
 
