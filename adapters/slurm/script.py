@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import pwd
 import re
 import shlex
 
@@ -68,10 +70,32 @@ def render_script(command: list[str] | tuple[str, ...], env: dict[str, str], nod
     return "\n".join(lines) + "\n"
 
 
+def refuse_job_user(user: str) -> None:
+    """A job never runs as root or as the gateway's own user (issue #12, finding 6).
+
+    The CLI transport runs a command as the gateway itself when the user is its own
+    (right for queries and cancels), and the REST transport falls back to its token user
+    when the user is empty: either would run the job's script with the gateway's or
+    SlurmUser's privileges. The gateway refuses system users at submit (403); this is the
+    backstop, shared by both transports, for anything that reaches the adapter anyway.
+    """
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    if not user or user in ("root", me):
+        raise SubmissionRejected(f"jobs never run as {user or '(no user)'} (root or the gateway's own user)",
+                                 backend="slurm")
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return  # not known here; the cluster resolves (or refuses) it
+    if uid == 0:
+        raise SubmissionRejected(f"jobs never run as {user} (uid 0)", backend="slurm")
+
+
 def build_spec(request: SubmitRequest, *, partition: str, account: str | None,
                work_dir: str) -> JobSpec:
     if request.workers < 1:
         raise SubmissionRejected("workers must be at least 1", backend="slurm")
+    refuse_job_user(request.user)
     gres = f"gpu:{request.gpu_type}:{request.gpus_per_worker}" if request.gpu_type \
         else f"gpu:{request.gpus_per_worker}"
     name = _JOB_NAME.sub("-", request.name or "isthmus")[:100] or "isthmus"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Body, Header, Path, Query, Request, Response
 
+from gateway.identity import system_users
 from gateway.identity.dependency import CurrentPrincipal
 from gateway.jobs import repository, service
 from gateway.jobs.models import Job
@@ -17,7 +19,7 @@ from gateway.jobs.schemas import (
 )
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
-from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.errors import Forbidden, Invalid, problem_responses
 from gateway.kit.timeutil import as_utc
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -63,6 +65,21 @@ def _wake_dispatcher(request: Request, background: BackgroundTasks) -> None:
         background.add_task(dispatcher.wake)
 
 
+@functools.lru_cache(maxsize=8)
+def _denied_users(value: str) -> frozenset[str]:
+    return system_users.parse_user_list(value)
+
+
+def _refuse_system_user(principal, settings) -> None:
+    """403 before anything is recorded when the caller's POSIX user is a system account."""
+    if not principal.username:
+        return  # refused by service.create with its own reason
+    reason = system_users.refusal(principal.username, min_uid=settings.min_job_uid,
+                                  denied=_denied_users(settings.denied_job_users))
+    if reason:
+        raise Forbidden(reason)
+
+
 def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     """A job pinned to a pool that can never fit it is refused now, not left pending forever.
 
@@ -105,6 +122,7 @@ def submit_job(
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
     settings = request.app.state.settings
+    _refuse_system_user(principal, settings)
     _refuse_if_never_fits(request, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,

@@ -57,6 +57,13 @@ class Settings(BaseSettings):
     # Routing policy: preference weight per pool (higher wins ties), see docs/dispatch.md.
     routing_weights: str = '{"slurm": 1.0, "kubernetes": 1.0}'
 
+    # Jobs never run as a system account (docs/security.md, finding 6): a POSIX user whose
+    # uid (as this host resolves it) is below min_job_uid, one in this comma-separated
+    # deny-list, or the gateway's own user is refused at submit with a 403.
+    min_job_uid: int = Field(default=1000, ge=0, le=2**31)
+    denied_job_users: str = ("root,daemon,bin,sys,sync,games,man,lp,mail,news,uucp,proxy,www-data,backup,list,"
+                             "irc,nobody,slurm,slurmrestd,munge,postgres,isthmus")
+
     default_time_limit_s: int = Field(default=3600, ge=60)
     max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
 
