@@ -18,6 +18,7 @@ from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import install_error_handlers
+from gateway.kit.limits import BodyLimitMiddleware
 from gateway.kit.settings import Settings, get_settings
 
 log = logging.getLogger("isthmus")
@@ -66,6 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     install_error_handlers(app)
+    # Outermost: refuses oversized, unauthenticated or slow bodies before anything reads them.
+    app.add_middleware(BodyLimitMiddleware, authenticator=app.state.authenticator,
+                       max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
     app.include_router(jobs_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)

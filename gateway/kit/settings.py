@@ -69,6 +69,15 @@ class Settings(BaseSettings):
 
     fairshare_half_life_s: int = Field(default=7 * 24 * 3600, ge=60, le=10 * 365 * 24 * 3600)  # docs/ledger.md
 
+    # Request bodies (docs/security.md, finding 5): larger ones get 413 before they are
+    # read; a body that has not fully arrived this long after the request started gets 408.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    body_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    # `isthmus serve` (uvicorn): connections + requests in flight beyond this get 503, and
+    # the request line + headers may be at most this large (a token is up to 16 KiB).
+    max_connections: int = Field(default=1000, ge=1, le=100000)
+    max_header_bytes: int = Field(default=32 * 1024, ge=8 * 1024, le=1024 * 1024)
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
