@@ -63,6 +63,11 @@ def parse_memory_mib(value: Any) -> int:
     return mib
 
 
+def normalise_gpu_type(value: str | None) -> str | None:
+    """GPU types are compared in lower case: ``NVIDIA-H100-80GB-HBM3`` is ``nvidia-h100-80gb-hbm3``."""
+    return value.lower() if value else value
+
+
 def format_memory(mib: int) -> str:
     for unit, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
         if mib % size == 0:
@@ -133,7 +138,8 @@ class JobSpec(BaseModel):
     gpus_per_worker: Annotated[int, Field(default=0, ge=0, le=MAX_GPUS_PER_WORKER)]
     cpus_per_worker: Annotated[int, Field(default=1, ge=1, le=MAX_CPUS_PER_WORKER)]
     memory_per_worker: Annotated[str, Field(default="4Gi", description="e.g. `64Gi`, `512Mi`; integer = MiB.")]
-    gpu_type: Annotated[str | None, Field(default=None, pattern=GPU_TYPE_RE, description="e.g. `h100`, `a100`.")]
+    gpu_type: Annotated[str | None, Field(default=None, pattern=GPU_TYPE_RE,
+                                          description="e.g. `h100`, `a100`; case-insensitive, stored in lower case.")]
     time_limit: Annotated[str | None, Field(
         default=None, description="Wall-clock limit: seconds, `90m`, `12h`, `2d`, `HH:MM:SS` or `D-HH:MM:SS`. "
                                   "Default: the gateway's default (1h unless configured).")]
@@ -155,6 +161,13 @@ class JobSpec(BaseModel):
         if not 60 <= seconds <= 366 * 86400:
             raise ValueError("must be between 1 minute and 366 days")
         return format_duration(seconds)
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        # One form everywhere (billing weights, routing, the registry): lower case. The
+        # adapters map it back to the site's spelling (adapters.base.site_gpu_type).
+        return normalise_gpu_type(v)
 
     @field_validator("command")
     @classmethod
