@@ -65,6 +65,13 @@ def _wake_dispatcher(request: Request, background: BackgroundTasks) -> None:
         background.add_task(dispatcher.wake)
 
 
+def _caps(settings) -> service.SubmitCaps:
+    return service.SubmitCaps(pending_per_user=settings.max_pending_jobs_per_user,
+                              pending_per_account=settings.max_pending_jobs_per_account,
+                              keys_per_user=settings.max_idempotency_keys_per_user,
+                              key_window_s=settings.idempotency_key_window_s)
+
+
 @functools.lru_cache(maxsize=8)
 def _denied_users(value: str) -> frozenset[str]:
     return system_users.parse_user_list(value)
@@ -104,9 +111,10 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     summary="Submit a job",
     description="Record a gang job. It starts in `pending`; the dispatcher routes it to a pool. "
                 "With an `Idempotency-Key`, repeating the same request returns the same job (200 on replay), "
-                "and reusing the key with a different body is a 409.",
+                "and reusing the key with a different body is a 409. Caps on waiting jobs per user and per "
+                "account, and on new idempotency keys per caller, are checked here: 429 names the limit.",
     responses={200: {"model": JobOut, "description": "Replay of an earlier request with the same Idempotency-Key"},
-               **problem_responses(401, 403, 409, 422)},
+               **problem_responses(401, 403, 409, 413, 422, 429)},
 )
 def submit_job(
     principal: CurrentPrincipal,
@@ -126,7 +134,7 @@ def submit_job(
     _refuse_if_never_fits(request, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
-                                  max_time_limit_s=settings.max_time_limit_s)
+                                  max_time_limit_s=settings.max_time_limit_s, caps=_caps(settings))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"

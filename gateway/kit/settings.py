@@ -64,6 +64,16 @@ class Settings(BaseSettings):
     denied_job_users: str = ("root,daemon,bin,sys,sync,games,man,lp,mail,news,uucp,proxy,www-data,backup,list,"
                              "irc,nobody,slurm,slurmrestd,munge,postgres,isthmus")
 
+    # Caps checked at submit (docs/jobs.md, "Caps at submit"; 429 naming the limit). Jobs
+    # count while waiting (pending, dispatching, queued, requeued). An account's own
+    # max_queued_jobs / max_queued_jobs_per_user (admin API) apply on top; this account
+    # default applies where neither the account nor an ancestor sets max_queued_jobs.
+    max_pending_jobs_per_user: int = Field(default=1000, ge=1, le=10_000_000)
+    max_pending_jobs_per_account: int = Field(default=10000, ge=1, le=10_000_000)
+    # Idempotency keys a caller may create per idempotency_key_window_s (replays are free).
+    max_idempotency_keys_per_user: int = Field(default=10000, ge=1, le=10_000_000)
+    idempotency_key_window_s: int = Field(default=86400, ge=60, le=366 * 86400)
+
     default_time_limit_s: int = Field(default=3600, ge=60)
     max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
 
