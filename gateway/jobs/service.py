@@ -131,78 +131,90 @@ class SubmitCaps:
 # A job counts against the pending caps until its gang starts.
 WAITING_STATES = tuple(s.value for s in (JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED))
 
-# The account and its ancestors (leaf first) with the two admin-set caps, in one read.
-_CAP_UP = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
-           .where(Account.name == bindparam("leaf")).cte("cap_chain", recursive=True))
-_CAP_UP = _CAP_UP.union_all(select(Account.name, Account.parent_name, _CAP_UP.c.depth + 1)
-                            .where(Account.name == _CAP_UP.c.parent, _CAP_UP.c.depth < 32))
-_CAP_CHAIN = (select(_CAP_UP.c.name, AccountQuota.max_queued_jobs, AccountQuota.max_queued_jobs_per_user)
-              .select_from(_CAP_UP.outerjoin(AccountQuota, AccountQuota.account_name == _CAP_UP.c.name))
-              .order_by(_CAP_UP.c.depth))
 _JOB_C = Job.__table__.c
 _KEY_C = IdempotencyKey.__table__.c
+_WAITING = _JOB_C.state.in_(WAITING_STATES)
 
 
-def _subtree(name: str, tag: int):
-    sub = select(Account.name.label("name")).where(Account.name == name).cte(f"cap_sub{tag}", recursive=True)
+def _subtree(name, tag: str):
+    sub = select(Account.name.label("name")).where(Account.name == name).cte(f"cap_sub_{tag}", recursive=True)
     sub = sub.union_all(select(Account.name).where(Account.parent_name == sub.c.name))
     return select(sub.c.name)
 
 
-def _count_upto(table, limit: int, *where):
+def _count_upto(table, limit, *where):
     """COUNT of at most ``limit`` rows: the cost is bounded by the cap, never a table scan."""
     return select(func.count()).select_from(select(literal(1)).select_from(table).where(*where)
                                             .limit(limit).subquery()).scalar_subquery()
+
+
+# One read in the common case: the account's chain (leaf first) with the admin-set caps,
+# plus the counts the site defaults need (Postgres runs each uncorrelated count once).
+_CAP_UP = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
+           .where(Account.name == bindparam("leaf")).cte("cap_chain", recursive=True))
+_CAP_UP = _CAP_UP.union_all(select(Account.name, Account.parent_name, _CAP_UP.c.depth + 1)
+                            .where(Account.name == _CAP_UP.c.parent, _CAP_UP.c.depth < 32))
+_CAP_READ = (
+    select(_CAP_UP.c.name, AccountQuota.max_queued_jobs, AccountQuota.max_queued_jobs_per_user,
+           _count_upto(Job.__table__, bindparam("cap_user"), _JOB_C.username == bindparam("username"), _WAITING)
+           .label("n_user"),
+           _count_upto(Job.__table__, bindparam("cap_account"), _JOB_C.account_name == bindparam("leaf"), _WAITING)
+           .label("n_account"),
+           _count_upto(IdempotencyKey.__table__, bindparam("cap_keys"), _KEY_C.subject == bindparam("subject"),
+                       _KEY_C.created_at > bindparam("keys_since")).label("n_keys"))
+    .select_from(_CAP_UP.outerjoin(AccountQuota, AccountQuota.account_name == _CAP_UP.c.name))
+    .order_by(_CAP_UP.c.depth)
+)
+_HINT = "wait for jobs to start or cancel some"
 
 
 def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
                with_key: bool, now=None) -> None:
     """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15).
 
-    Two round trips: the account chain with its caps, then every applicable count at once,
-    each an index range scan stopped at the cap. Checked without a lock, so concurrent
-    submissions may pass a cap by at most the number in flight (docs/jobs.md).
+    One round trip unless an admin set a cap on the account or an ancestor (then two);
+    each count is an index range scan stopped at the cap. Checked without a lock, so
+    concurrent submissions may pass a cap by at most the number in flight (docs/jobs.md).
 
     Raises:
         LimitExceeded: 429 whose detail names the limit.
     """
-    chain = session.execute(_CAP_CHAIN, {"leaf": account}).all()
+    now = now or utcnow()
+    # Without a key, "since" is in the future: the key count is an empty index probe.
+    since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
+    chain = session.execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
+                                        "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
+                                        "cap_keys": caps.keys_per_user, "keys_since": since}).all()
     if not chain:
         return  # unknown account: the insert refuses it with its own message
-    job_t = Job.__table__
+    first = chain[0]
+    if first.n_user >= caps.pending_per_user:
+        raise LimitExceeded(f"user {username} has {first.n_user} of {caps.pending_per_user} pending jobs allowed "
+                            f"per user (ISTHMUS_MAX_PENDING_JOBS_PER_USER); {_HINT}")
+    if all(row.max_queued_jobs is None for row in chain) and first.n_account >= caps.pending_per_account:
+        raise LimitExceeded(f"{account}: {first.n_account} of {caps.pending_per_account} pending jobs allowed per "
+                            f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {_HINT}")
     checks: list[tuple[Any, int, str]] = []
-    waiting = _JOB_C.state.in_(WAITING_STATES)
-    checks.append((_count_upto(job_t, caps.pending_per_user, _JOB_C.username == username, waiting),
-                   caps.pending_per_user,
-                   f"user {username} has {{n}} of {caps.pending_per_user} pending jobs allowed per user "
-                   f"(ISTHMUS_MAX_PENDING_JOBS_PER_USER); wait for jobs to start or cancel some"))
-    if all(row.max_queued_jobs is None for row in chain):
-        checks.append((_count_upto(job_t, caps.pending_per_account, _JOB_C.account_name == account, waiting),
-                       caps.pending_per_account,
-                       f"{account}: {{n}} of {caps.pending_per_account} pending jobs allowed per account "
-                       f"(ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); wait for jobs to start or cancel some"))
     for i, row in enumerate(chain):
-        in_scope = _JOB_C.account_name.in_(_subtree(row.name, i))  # a limit caps the account's subtree
+        in_subtree = _JOB_C.account_name.in_(_subtree(row.name, str(i)))  # a limit caps the account's subtree
         if row.max_queued_jobs is not None:
-            checks.append((_count_upto(job_t, row.max_queued_jobs, in_scope, waiting), row.max_queued_jobs,
+            checks.append((_count_upto(Job.__table__, row.max_queued_jobs, in_subtree, _WAITING), row.max_queued_jobs,
                            f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of {row.name}); "
-                           f"wait for jobs to start or cancel some"))
+                           f"{_HINT}"))
         if row.max_queued_jobs_per_user is not None:
-            checks.append((_count_upto(job_t, row.max_queued_jobs_per_user, in_scope, waiting,
+            checks.append((_count_upto(Job.__table__, row.max_queued_jobs_per_user, in_subtree, _WAITING,
                                        _JOB_C.username == username), row.max_queued_jobs_per_user,
                            f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
-                           f"(max_queued_jobs_per_user of {row.name}); wait for jobs to start or cancel some"))
-    if with_key:
-        since = (now or utcnow()) - timedelta(seconds=caps.key_window_s)
-        checks.append((_count_upto(IdempotencyKey.__table__, caps.keys_per_user, _KEY_C.subject == subject,
-                                   _KEY_C.created_at > since), caps.keys_per_user,
-                       f"{{n}} of {caps.keys_per_user} new idempotency keys allowed per caller in "
-                       f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing keys "
-                       f"still work"))
-    counts = session.execute(select(*[c for c, _, _ in checks])).one()
-    for n, (_, limit, message) in zip(counts, checks):
-        if n >= limit:
-            raise LimitExceeded(message.format(n=n))
+                           f"(max_queued_jobs_per_user of {row.name}); {_HINT}"))
+    if checks:
+        counts = session.execute(select(*[c for c, _, _ in checks])).one()
+        for n, (_, limit, message) in zip(counts, checks):
+            if n >= limit:
+                raise LimitExceeded(message.format(n=n))
+    if with_key and first.n_keys >= caps.keys_per_user:
+        raise LimitExceeded(f"{first.n_keys} of {caps.keys_per_user} new idempotency keys allowed per caller in "
+                            f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing "
+                            f"keys still work")
 
 
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
