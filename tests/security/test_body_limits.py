@@ -207,3 +207,11 @@ def test_stalled_uploads_are_released(server):
         body = json.dumps(SPEC).encode()
         sock.sendall(_head(len(body), server["token"]) + body)
         assert _status(sock)[0] == 202
+
+
+def test_headers_that_keep_growing_are_refused(server):
+    # h11 bounds what it buffers of an unfinished request head (ISTHMUS_MAX_HEADER_BYTES).
+    with _connect(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (64 * 1024))
+        status, _ = _status(sock)
+    assert status == 400
