@@ -153,6 +153,21 @@ class PoolCapacity:
     detail: str = ""  # human-readable, shown in routing reasons
 
 
+def site_gpu_type(requested: str | None, known: Iterable[str]) -> str | None:
+    """The site's own spelling of ``requested`` among ``known`` GPU types, matched without case.
+
+    The gateway compares GPU types in one normalised (lower-case) form (docs/security.md,
+    finding 8), but Slurm gres names and Kubernetes node labels are matched exactly, e.g.
+    ``nvidia-h100-80gb-hbm3`` is ``NVIDIA-H100-80GB-HBM3`` on the nodes. Unknown: as given.
+    """
+    if not requested:
+        return requested
+    for name in known:
+        if name.lower() == requested.lower():
+            return name
+    return requested
+
+
 @dataclasses.dataclass(frozen=True)
 class Capacity:
     backend: str

@@ -87,7 +87,10 @@ def main() -> None:
     url_db = PG.rsplit("/", 1)[0] + "/" + db
     key = f"/tmp/{db}-dev.pem"
     env = {**os.environ, "ISTHMUS_DATABASE_URL": url_db, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": key,
-           "ISTHMUS_LOG_LEVEL": "warning"}
+           "ISTHMUS_LOG_LEVEL": "warning",
+           # One user submits every job and none starts: lift the submit caps (docs/jobs.md)
+           # so the run measures their cost rather than their 429s.
+           "ISTHMUS_MAX_PENDING_JOBS_PER_USER": "10000000", "ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT": "10000000"}
     subprocess.run([str(BIN / "isthmus"), "migrate"], env=env, check=True, capture_output=True, cwd=REPO)
     token = subprocess.run([str(BIN / "isthmus"), "token", "--user", "alice", "--groups", "team-a", "--lifetime", "7200"],
                            env=env, check=True, capture_output=True, text=True).stdout.strip()

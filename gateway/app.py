@@ -22,6 +22,7 @@ from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
+from gateway.kit.limits import BodyLimitMiddleware
 from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 
@@ -137,7 +138,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     install_error_handlers(app)
-    # Outermost: every request, even one refused early, gets a request id (logs + X-Request-ID).
+    # Refuses oversized, unauthenticated or slow bodies before anything reads them.
+    app.add_middleware(BodyLimitMiddleware, authenticator=app.state.authenticator,
+                       max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+    # Added last, so outermost: every request, even one refused above, gets a request id
+    # (logs and the X-Request-ID header).
     app.add_middleware(RequestIdMiddleware, access_log=settings.access_log)
     app.include_router(jobs_router)
     app.include_router(accounts_router)

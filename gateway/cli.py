@@ -66,10 +66,13 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
     if settings.dev_mode and settings.log_format == "text":  # in JSON, the app logs the same warning
         click.secho("DEV MODE: tokens from `isthmus token` are trusted. Never run this in production.",
                     fg="yellow", err=True)
-    # log_config=None: each worker process configures logging itself (gateway/kit/logs.py),
-    # in the format ISTHMUS_LOG_FORMAT asks for, with request ids.
+    # Body size and body timeouts are enforced by the app (gateway/kit/limits.py); these
+    # are the limits only the server can set (docs/security.md, finding 5). log_config=None:
+    # each worker process configures logging itself (gateway/kit/logs.py).
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=settings.log_level, access_log=False, log_config=None)
+                log_level=settings.log_level, access_log=False, log_config=None, http="h11",
+                limit_concurrency=settings.max_connections, timeout_keep_alive=5,
+                h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 @main.command()

@@ -7,6 +7,7 @@ importing this module, and the gateway, works where the library is absent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -28,6 +29,7 @@ from adapters.base import (
     SubmitRequest,
     SubmitResult,
     register,
+    site_gpu_type,
 )
 
 from .render import (
@@ -76,6 +78,8 @@ class KubernetesBackend(Backend):
         self._lock = threading.Lock()
         self._api: Any = None
         self._limits_cache: tuple[float, dict[str, float]] | None = None
+        # Values of settings.gpu_type_label on the GPU nodes (learned from capacity()).
+        self._gpu_types: tuple[str, ...] | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _connect(self) -> Any:
@@ -213,6 +217,10 @@ class KubernetesBackend(Backend):
         self.check_supported(request)
         if request.workers < 1:
             raise SubmissionRejected("a job needs at least one worker", backend=self.name)
+        if request.gpu_type:
+            if self._gpu_types is None:
+                self.capacity()
+            request = dataclasses.replace(request, gpu_type=site_gpu_type(request.gpu_type, self._gpu_types or ()))
         body = render_job(request, self.settings)
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         api = self._connect()
@@ -408,6 +416,9 @@ class KubernetesBackend(Backend):
         gpu_nodes = {n["metadata"]["name"]: _quantity(((n.get("status") or {}).get("allocatable") or {}).get(g, 0))
                      for n in nodes}
         gpu_nodes = {k: v for k, v in gpu_nodes.items() if v > 0}
+        self._gpu_types = tuple(sorted({str(label) for n in nodes if n["metadata"]["name"] in gpu_nodes
+                                        for label in [(n["metadata"].get("labels") or {})
+                                                      .get(self.settings.gpu_type_label)] if label}))
         used: dict[str, float] = {}
         for p in pods:
             node = (p.get("spec") or {}).get("nodeName")

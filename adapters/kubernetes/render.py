@@ -38,7 +38,7 @@ def _digest(value: str, n: int = 10) -> str:
 
 def label_value(value: str) -> str:
     """``value`` if it is a valid label value, else a stable digest of it."""
-    if len(value) <= 63 and _LABEL_VALUE.match(value):
+    if len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
         return value
     return "h-" + _digest(value, 40)
 

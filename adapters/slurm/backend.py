@@ -23,6 +23,7 @@ from adapters.base import (
     SubmitRequest,
     SubmitResult,
     register,
+    site_gpu_type,
 )
 from adapters.slurm import parse
 from adapters.slurm.errors import AmbiguousSubmit
@@ -149,6 +150,8 @@ class SlurmBackend(Backend):
         # job id -> comment of jobs seen in slurmctld (comments never change).
         self._comments: dict[str, str] = {}
         self._comments_lock = threading.Lock()
+        # GPU types as the nodes' gres spell them (learned from capacity()).
+        self._gpu_types: tuple[str, ...] | None = None
 
     @property
     def transport(self) -> Transport:
@@ -178,6 +181,10 @@ class SlurmBackend(Backend):
             existing = self.find_by_gateway_id(request.gateway_job_id)
             if existing is not None:
                 return SubmitResult(existing.backend_job_id, adopted=True)
+        if request.gpu_type:
+            if self._gpu_types is None:
+                self.capacity()
+            request = dataclasses.replace(request, gpu_type=site_gpu_type(request.gpu_type, self._gpu_types or ()))
         spec = build_spec(request, partition=self.settings.partition,
                           account=self._slurm_account(request.account),
                           work_dir=self.settings.work_dir)
@@ -217,7 +224,9 @@ class SlurmBackend(Backend):
         self._transport.cancel(str(backend_job_id))
 
     def capacity(self) -> Capacity:
-        return Capacity(backend=self.name, pools=tuple(parse.pool_capacity(self._transport.nodes())))
+        pools = tuple(parse.pool_capacity(self._transport.nodes()))
+        self._gpu_types = tuple(sorted({t for p in pools for t in p.gpu_types}))
+        return Capacity(backend=self.name, pools=pools)
 
     def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
         comment = parse.GATEWAY_COMMENT_PREFIX + gateway_job_id

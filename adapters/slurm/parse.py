@@ -146,7 +146,7 @@ def _expand_one(part: str) -> list[str]:
     head, tail = part[: m.start()], part[m.end():]
     names: list[str] = []
     for rng in m.group(1).split(","):
-        r = _RANGE.match(rng.strip())
+        r = _RANGE.fullmatch(rng.strip())
         if not r:
             continue
         lo, hi = r.group(1), r.group(2) or r.group(1)

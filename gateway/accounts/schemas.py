@@ -43,8 +43,10 @@ class QuotaIn(BaseModel):
         default=None, description="`month` (calendar month, UTC) or `rolling` (last `budget_window_days`).")
     budget_window_days: int | None = Field(default=None, ge=1, le=366)
     max_queued_jobs: int | None = Field(default=None, ge=0, le=10_000_000,
-                                        description="Reserved-but-not-started jobs in the subtree.")
-    max_queued_jobs_per_user: int | None = Field(default=None, ge=0, le=10_000_000)
+                                        description="Waiting (not yet started) jobs in the subtree; checked at "
+                                                    "submit (429) and when the gang is reserved.")
+    max_queued_jobs_per_user: int | None = Field(default=None, ge=0, le=10_000_000,
+                                                 description="The same, per user.")
 
 
 class EffectiveLimitOut(BaseModel):

@@ -109,7 +109,7 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
 
 
 def _check_name(name: str, field: str) -> None:
-    if not ACCOUNT_NAME.match(name):
+    if not ACCOUNT_NAME.fullmatch(name):
         raise Invalid(field, "must match ^[a-z0-9][a-z0-9-]{0,62}$")
 
 

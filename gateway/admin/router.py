@@ -29,6 +29,7 @@ from gateway.admin.schemas import (
 from gateway.accounts.schemas import Pool
 from gateway.identity.dependency import require_admin
 from gateway.identity.principal import Principal
+from gateway.jobs.schemas import normalise_gpu_type
 from gateway.kit.params import AccountName, UserName
 from gateway.kit.db import get_session
 from gateway.kit.errors import Invalid, problem_responses
@@ -148,7 +149,7 @@ def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, 
                session: Session = Depends(get_session, scope="function")) -> MemberOut:
     import re
 
-    if not re.match(USER, username):
+    if not re.fullmatch(USER, username):
         raise Invalid("path.username", "must be a POSIX user name")
     return _member_out(accounts.set_member(session, name=name, username=username, role=body.role.value))
 
@@ -330,15 +331,17 @@ def list_weights(session: Session = Depends(get_session, scope="function")) -> l
 
 @router.put("/billing-weights/{pool}/{gpu_type}", response_model=BillingWeightOut, operation_id="setBillingWeight",
             summary="Set a GPU type's billing weight in a pool",
-            description="`gpu_type` `*` sets the pool's default. Applies to reservations made from now on.",
+            description="`gpu_type` `*` sets the pool's default. GPU types are case-insensitive and stored in "
+                        "lower case, as jobs record them. Applies to reservations made from now on.",
             responses=problem_responses(401, 403, 422))
 def set_weight(pool: Pool, gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
                session: Session = Depends(get_session, scope="function")) -> BillingWeightOut:
     import re
 
-    if not re.match(r"^(\*|[a-z0-9][a-z0-9._-]{0,31})$", gpu_type):
+    if not re.fullmatch(r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,31})$", gpu_type):
         raise Invalid("path.gpu_type", "a GPU type like h100, or * for the pool default")
     pool = pool.value
+    gpu_type = normalise_gpu_type(gpu_type)  # the form jobs are recorded in
     w = session.get(GpuBillingWeight, (pool, gpu_type))
     if w is None:
         w = GpuBillingWeight(pool=pool, gpu_type=gpu_type, weight=body.weight, updated_at=utcnow())

@@ -76,7 +76,7 @@ def _accounts(names: list[str], prefix: str, exclude: list[str]) -> set[str]:
         if name in exclude or (prefix and not name.startswith(prefix)):
             continue
         account = name[len(prefix):].strip("/")
-        if _ACCOUNT.match(account):
+        if _ACCOUNT.fullmatch(account):
             out.add(account)
     return out
 
@@ -116,7 +116,7 @@ def principal_from_claims(claims: dict[str, Any], mapping: ClaimsMapping, *, iss
     if isinstance(username, str) and mapping.username_domain:
         local, at, domain = username.rpartition("@")
         username = local if at and domain.lower() == mapping.username_domain.lower() else None
-    if not isinstance(username, str) or not _POSIX_USER.match(username):
+    if not isinstance(username, str) or not _POSIX_USER.fullmatch(username):
         raise ClaimsError(f"claim {mapping.username_claim} is missing or not a valid POSIX user name")
     return Principal(subject=subject, username=username, accounts=frozenset(accounts),
                      roles=frozenset(roles), kind="user", issuer=issuer)

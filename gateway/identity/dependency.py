@@ -11,11 +11,17 @@ from gateway.identity.authn import InvalidToken
 from gateway.identity.principal import Principal
 from gateway.kit.errors import Forbidden, Unauthorized
 
+PRINCIPAL_SCOPE_KEY = "isthmus.principal"  # set by gateway.kit.limits.BodyLimitMiddleware
+
 bearer = HTTPBearer(auto_error=False, description="OIDC access token (or a dev token in dev mode)")
 
 
 def get_principal(request: Request,
                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    # Requests with a body were authenticated by BodyLimitMiddleware before it was read.
+    principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if principal is not None:
+        return principal
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("missing bearer token", error="")
     try:

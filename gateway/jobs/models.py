@@ -20,6 +20,8 @@ class Job(Base):
         # (gateway/dispatch/service.py pending_order); also serves the distinct-account scan.
         Index("ix_job_queue", "state", "account_name", text("priority DESC"), "id"),
         Index("ix_job_account_id", "account_name", "id"),
+        # A user's waiting jobs, counted (up to the cap) at each submit (jobs/service.py).
+        Index("ix_job_user_state", "username", "state", "account_name"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -83,7 +85,9 @@ class IdempotencyKey(Base):
     """``Idempotency-Key`` of a submission, scoped to the caller."""
 
     __tablename__ = "idempotency_key"
-    __table_args__ = (UniqueConstraint("subject", "key", name="uq_idempotency_key_subject_key"),)
+    __table_args__ = (UniqueConstraint("subject", "key", name="uq_idempotency_key_subject_key"),
+                      # A caller's keys of the last day, counted (up to the cap) at each keyed submit.
+                      Index("ix_idempotency_key_subject_created", "subject", "created_at"))
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     subject: Mapped[str] = mapped_column(String(255))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Body, Header, Path, Query, Request, Response
 
+from gateway.identity import system_users
 from gateway.identity.dependency import CurrentPrincipal
 from gateway.jobs import repository, service
 from gateway.jobs.models import Job
@@ -17,7 +19,7 @@ from gateway.jobs.schemas import (
 )
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
-from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.errors import Forbidden, Invalid, problem_responses
 from gateway.kit.timeutil import as_utc
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -63,6 +65,28 @@ def _wake_dispatcher(request: Request, background: BackgroundTasks) -> None:
         background.add_task(dispatcher.wake)
 
 
+def _caps(settings) -> service.SubmitCaps:
+    return service.SubmitCaps(pending_per_user=settings.max_pending_jobs_per_user,
+                              pending_per_account=settings.max_pending_jobs_per_account,
+                              keys_per_user=settings.max_idempotency_keys_per_user,
+                              key_window_s=settings.idempotency_key_window_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _denied_users(value: str) -> frozenset[str]:
+    return system_users.parse_user_list(value)
+
+
+def _refuse_system_user(principal, settings) -> None:
+    """403 before anything is recorded when the caller's POSIX user is a system account."""
+    if not principal.username:
+        return  # refused by service.create with its own reason
+    reason = system_users.refusal(principal.username, min_uid=settings.min_job_uid,
+                                  denied=_denied_users(settings.denied_job_users))
+    if reason:
+        raise Forbidden(reason)
+
+
 def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     """A job pinned to a pool that can never fit it is refused now, not left pending forever.
 
@@ -87,9 +111,10 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     summary="Submit a job",
     description="Record a gang job. It starts in `pending`; the dispatcher routes it to a pool. "
                 "With an `Idempotency-Key`, repeating the same request returns the same job (200 on replay), "
-                "and reusing the key with a different body is a 409.",
+                "and reusing the key with a different body is a 409. Caps on waiting jobs per user and per "
+                "account, and on new idempotency keys per caller, are checked here: 429 names the limit.",
     responses={200: {"model": JobOut, "description": "Replay of an earlier request with the same Idempotency-Key"},
-               **problem_responses(401, 403, 409, 422)},
+               **problem_responses(401, 403, 409, 413, 422, 429)},
 )
 def submit_job(
     principal: CurrentPrincipal,
@@ -102,13 +127,14 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
                                                   description="Client-chosen key making the submission safe to retry.")] = None
 ) -> JobOut:
-    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.match(idempotency_key):
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
     settings = request.app.state.settings
+    _refuse_system_user(principal, settings)
     _refuse_if_never_fits(request, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
-                                  max_time_limit_s=settings.max_time_limit_s)
+                                  max_time_limit_s=settings.max_time_limit_s, caps=_caps(settings))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"

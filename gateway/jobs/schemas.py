@@ -49,7 +49,7 @@ def parse_memory_mib(value: Any) -> int:
     if isinstance(value, int):
         mib = value
     elif isinstance(value, str):
-        m = _MEM_RE.match(value)
+        m = _MEM_RE.fullmatch(value)
         if not m:
             raise ValueError("must be a size such as '64Gi', '512Mi' or an integer number of MiB")
         number, unit = int(m.group(1)), (m.group(2) or "M")[0].lower()
@@ -62,6 +62,11 @@ def parse_memory_mib(value: Any) -> int:
     if not MIN_MEMORY_MIB <= mib <= MAX_MEMORY_MIB:
         raise ValueError(f"must be between {MIN_MEMORY_MIB}Mi and 16Ti per worker")
     return mib
+
+
+def normalise_gpu_type(value: str | None) -> str | None:
+    """GPU types are compared in lower case: ``NVIDIA-H100-80GB-HBM3`` is ``nvidia-h100-80gb-hbm3``."""
+    return value.lower() if value else value
 
 
 def format_memory(mib: int) -> str:
@@ -81,10 +86,10 @@ def parse_duration_s(value: Any) -> int:
         v = value.strip()
         if v.isdigit():
             return int(v)
-        m = _TIME_UNITS.match(v)
+        m = _TIME_UNITS.fullmatch(v)
         if m:
             return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        m = _TIME_HMS.match(v)
+        m = _TIME_HMS.fullmatch(v)
         if m:
             days, h, mi, s = (int(x) if x else 0 for x in m.groups())
             if mi >= 60 or s >= 60:
@@ -139,7 +144,8 @@ class JobSpec(BaseModel):
     memory_per_worker: Annotated[str | int, Field(default="4Gi", description="e.g. `64Gi`, `512Mi`; integer = MiB. "
                                                   "Default: `4Gi`.",
                                                   json_schema_extra=lambda s: s.pop("default", None))]
-    gpu_type: Annotated[str | None, Field(default=None, pattern=GPU_TYPE_RE, description="e.g. `h100`, `a100`.")]
+    gpu_type: Annotated[str | None, Field(default=None, pattern=GPU_TYPE_RE,
+                                          description="e.g. `h100`, `a100`; case-insensitive, stored in lower case.")]
     time_limit: Annotated[str | int | None, Field(
         default=None, description="Wall-clock limit: seconds, `90m`, `12h`, `2d`, `HH:MM:SS` or `D-HH:MM:SS`. "
                                   "Default: the gateway's default (1h unless configured).")]
@@ -162,6 +168,13 @@ class JobSpec(BaseModel):
             raise ValueError("must be between 1 minute and 366 days")
         return format_duration(seconds)
 
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        # One form everywhere (billing weights, routing, the registry): lower case. The
+        # adapters map it back to the site's spelling (adapters.base.site_gpu_type).
+        return normalise_gpu_type(v)
+
     @field_validator("command")
     @classmethod
     def _command(cls, v: list[str]) -> list[str]:
@@ -182,7 +195,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if not ENV_KEY_RE.match(key):
+            if not ENV_KEY_RE.fullmatch(key):
                 raise ValueError(f"variable name {key[:64]!r} must match [A-Za-z_][A-Za-z0-9_]*")
             if key.upper().startswith(RESERVED_ENV_PREFIXES):
                 raise ValueError(f"variable {key!r} is reserved for the backends")
@@ -194,9 +207,9 @@ class JobSpec(BaseModel):
     @classmethod
     def _labels(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
-            if len(key) > 253 or not LABEL_KEY_RE.match(key):
+            if len(key) > 253 or not LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key[:64]!r} is not a valid label name")
-            if not LABEL_VALUE_RE.match(value):
+            if not LABEL_VALUE_RE.fullmatch(value):
                 raise ValueError(f"label {key!r}: value must be up to 63 letters, digits, '-', '_', '.'")
         return v
 

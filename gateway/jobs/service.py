@@ -6,22 +6,24 @@ transaction, so the history is complete.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import String, bindparam, literal, null, select
+from sqlalchemy import String, bindparam, func, literal, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gateway.accounts.models import Account
+from gateway.accounts.models import Account, AccountQuota
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
 from gateway.jobs.models import IdempotencyKey, Job, JobEvent
 from gateway.jobs.schemas import JobSpec, parse_duration_s
 from gateway.jobs.states import JobState, can_transition
-from gateway.kit.errors import Conflict, Forbidden, Invalid, NotFound
+from gateway.kit.errors import Conflict, Forbidden, Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import new_id, utcnow
 
 log = logging.getLogger("isthmus.jobs")
@@ -125,9 +127,112 @@ def spec_hash(spec: JobSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@dataclasses.dataclass(frozen=True)
+class SubmitCaps:
+    """Site defaults of the caps checked at submit (settings ``max_pending_*``, ``max_idempotency_*``)."""
+
+    pending_per_user: int
+    pending_per_account: int
+    keys_per_user: int
+    key_window_s: int = 86400
+
+
+# A job counts against the pending caps until its gang starts.
+WAITING_STATES = tuple(s.value for s in (JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED))
+
+_JOB_C = Job.__table__.c
+_KEY_C = IdempotencyKey.__table__.c
+_WAITING = _JOB_C.state.in_(WAITING_STATES)
+
+
+def _subtree(name, tag: str):
+    sub = select(Account.name.label("name")).where(Account.name == name).cte(f"cap_sub_{tag}", recursive=True)
+    sub = sub.union_all(select(Account.name).where(Account.parent_name == sub.c.name))
+    return select(sub.c.name)
+
+
+def _count_upto(table, limit, *where):
+    """COUNT of at most ``limit`` rows: the cost is bounded by the cap, never a table scan."""
+    return select(func.count()).select_from(select(literal(1)).select_from(table).where(*where)
+                                            .limit(limit).subquery()).scalar_subquery()
+
+
+# One read in the common case: the account's chain (leaf first) with the admin-set caps,
+# plus the counts the site defaults need (Postgres runs each uncorrelated count once).
+_CAP_UP = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
+           .where(Account.name == bindparam("leaf")).cte("cap_chain", recursive=True))
+_CAP_UP = _CAP_UP.union_all(select(Account.name, Account.parent_name, _CAP_UP.c.depth + 1)
+                            .where(Account.name == _CAP_UP.c.parent, _CAP_UP.c.depth < 32))
+_CAP_READ = (
+    select(_CAP_UP.c.name, AccountQuota.max_queued_jobs, AccountQuota.max_queued_jobs_per_user,
+           _count_upto(Job.__table__, bindparam("cap_user"), _JOB_C.username == bindparam("username"), _WAITING)
+           .label("n_user"),
+           _count_upto(Job.__table__, bindparam("cap_account"), _JOB_C.account_name == bindparam("leaf"), _WAITING)
+           .label("n_account"),
+           _count_upto(IdempotencyKey.__table__, bindparam("cap_keys"), _KEY_C.subject == bindparam("subject"),
+                       _KEY_C.created_at > bindparam("keys_since")).label("n_keys"))
+    .select_from(_CAP_UP.outerjoin(AccountQuota, AccountQuota.account_name == _CAP_UP.c.name))
+    .order_by(_CAP_UP.c.depth)
+)
+_HINT = "wait for jobs to start or cancel some"
+
+
+def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
+               with_key: bool, now=None) -> None:
+    """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15).
+
+    One round trip unless an admin set a cap on the account or an ancestor (then two);
+    each count is an index range scan stopped at the cap. Checked without a lock, so
+    concurrent submissions may pass a cap by at most the number in flight (docs/jobs.md).
+
+    Raises:
+        LimitExceeded: 429 whose detail names the limit.
+    """
+    now = now or utcnow()
+    # Without a key, "since" is in the future: the key count is an empty index probe.
+    since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
+    chain = session.execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
+                                        "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
+                                        "cap_keys": caps.keys_per_user, "keys_since": since}).all()
+    if not chain:
+        return  # unknown account: the insert refuses it with its own message
+    first = chain[0]
+    if first.n_user >= caps.pending_per_user:
+        raise LimitExceeded(f"user {username} has {first.n_user} of {caps.pending_per_user} pending jobs allowed "
+                            f"per user (ISTHMUS_MAX_PENDING_JOBS_PER_USER); {_HINT}")
+    if all(row.max_queued_jobs is None for row in chain) and first.n_account >= caps.pending_per_account:
+        raise LimitExceeded(f"{account}: {first.n_account} of {caps.pending_per_account} pending jobs allowed per "
+                            f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {_HINT}")
+    checks: list[tuple[Any, int, str]] = []
+    for i, row in enumerate(chain):
+        in_subtree = _JOB_C.account_name.in_(_subtree(row.name, str(i)))  # a limit caps the account's subtree
+        if row.max_queued_jobs is not None:
+            checks.append((_count_upto(Job.__table__, row.max_queued_jobs, in_subtree, _WAITING), row.max_queued_jobs,
+                           f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of {row.name}); "
+                           f"{_HINT}"))
+        if row.max_queued_jobs_per_user is not None:
+            checks.append((_count_upto(Job.__table__, row.max_queued_jobs_per_user, in_subtree, _WAITING,
+                                       _JOB_C.username == username), row.max_queued_jobs_per_user,
+                           f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
+                           f"(max_queued_jobs_per_user of {row.name}); {_HINT}"))
+    if checks:
+        counts = session.execute(select(*[c for c, _, _ in checks])).one()
+        for n, (_, limit, message) in zip(counts, checks):
+            if n >= limit:
+                raise LimitExceeded(message.format(n=n))
+    if with_key and first.n_keys >= caps.keys_per_user:
+        raise LimitExceeded(f"{first.n_keys} of {caps.keys_per_user} new idempotency keys allowed per caller in "
+                            f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing "
+                            f"keys still work")
+
+
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
-           max_time_limit_s: int, idempotency_key: str | None = None) -> tuple[Job, bool]:
-    """Record a new job in state ``pending``. Returns (job, created)."""
+           max_time_limit_s: int, idempotency_key: str | None = None,
+           caps: SubmitCaps | None = None) -> tuple[Job, bool]:
+    """Record a new job in state ``pending``. Returns (job, created).
+
+    ``caps`` None checks no caps (internal callers); the API always passes them.
+    """
     if not principal.may_use(spec.account):
         raise Forbidden(f"you are not a member of account {spec.account!r}")
     if not principal.username:
@@ -140,6 +245,9 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else default_time_limit_s
     if time_limit_s > max_time_limit_s:
         raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_time_limit_s} s")
+    if caps is not None:
+        check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
+                   caps=caps, with_key=idempotency_key is not None)
     normalised = spec.model_dump(mode="json")
     now = utcnow()
     values = dict(

@@ -83,6 +83,12 @@ class QuotaExceeded(GatewayError):
     status, title, slug = 409, "Quota exceeded", "quota-exceeded"
 
 
+class LimitExceeded(GatewayError):
+    """A per-user or per-account cap at submit (pending jobs, idempotency keys); the detail names it."""
+
+    status, title, slug = 429, "Limit exceeded", "limit-exceeded"
+
+
 class BackendUnavailable(GatewayError):
     status, title, slug = 503, "Backend unavailable", "backend-unavailable"
 
@@ -147,7 +153,9 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Bad request", 401: "Missing or invalid bearer token", 403: "Not allowed for this caller",
         404: "Not found (or not visible to this caller)", 409: "Conflict with the current state",
-        422: "Invalid input; `errors` names each bad field", 503: "A dependency is unavailable",
+        413: "Request body too large", 422: "Invalid input; `errors` names each bad field",
+        429: "A cap on pending jobs or idempotency keys is reached; `detail` names it",
+        503: "A dependency is unavailable",
     }
     return {c: {"model": Problem, "description": descriptions.get(c, "Error"),
                 "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}

@@ -57,10 +57,36 @@ class Settings(BaseSettings):
     # Routing policy: preference weight per pool (higher wins ties), see docs/dispatch.md.
     routing_weights: str = '{"slurm": 1.0, "kubernetes": 1.0}'
 
+    # Jobs never run as a system account (docs/security.md, finding 6): a POSIX user whose
+    # uid (as this host resolves it) is below min_job_uid, one in this comma-separated
+    # deny-list, or the gateway's own user is refused at submit with a 403.
+    min_job_uid: int = Field(default=1000, ge=0, le=2**31)
+    denied_job_users: str = ("root,daemon,bin,sys,sync,games,man,lp,mail,news,uucp,proxy,www-data,backup,list,"
+                             "irc,nobody,slurm,slurmrestd,munge,postgres,isthmus")
+
+    # Caps checked at submit (docs/jobs.md, "Caps at submit"; 429 naming the limit). Jobs
+    # count while waiting (pending, dispatching, queued, requeued). An account's own
+    # max_queued_jobs / max_queued_jobs_per_user (admin API) apply on top; this account
+    # default applies where neither the account nor an ancestor sets max_queued_jobs.
+    max_pending_jobs_per_user: int = Field(default=1000, ge=1, le=10_000_000)
+    max_pending_jobs_per_account: int = Field(default=10000, ge=1, le=10_000_000)
+    # Idempotency keys a caller may create per idempotency_key_window_s (replays are free).
+    max_idempotency_keys_per_user: int = Field(default=10000, ge=1, le=10_000_000)
+    idempotency_key_window_s: int = Field(default=86400, ge=60, le=366 * 86400)
+
     default_time_limit_s: int = Field(default=3600, ge=60)
     max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
 
     fairshare_half_life_s: int = Field(default=7 * 24 * 3600, ge=60, le=10 * 365 * 24 * 3600)  # docs/ledger.md
+
+    # Request bodies (docs/security.md, finding 5): larger ones get 413 before they are
+    # read; a body that has not fully arrived this long after the request started gets 408.
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    body_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    # `isthmus serve` (uvicorn): connections + requests in flight beyond this get 503, and
+    # the request line + headers may be at most this large (a token is up to 16 KiB).
+    max_connections: int = Field(default=1000, ge=1, le=100000)
+    max_header_bytes: int = Field(default=32 * 1024, ge=8 * 1024, le=1024 * 1024)
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # One JSON object per line with request_id / job_id (gateway/kit/logs.py), or plain text.

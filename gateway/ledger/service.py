@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, object_session
 
 from gateway.accounts import service as accounts
 from gateway.accounts.models import POOLS, Account, AccountQuota
+from gateway.jobs.schemas import normalise_gpu_type
 from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger.models import (
@@ -160,6 +161,7 @@ def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[st
 
 
 def billing_weight(session: Session, pool: str, gpu_type: str | None) -> float:
+    gpu_type = normalise_gpu_type(gpu_type)  # jobs recorded before types were normalised
     weights = dict(session.execute(select(GpuBillingWeight.gpu_type, GpuBillingWeight.weight).where(
         GpuBillingWeight.pool == pool, GpuBillingWeight.gpu_type.in_([gpu_type or "*", "*"]))).all())
     return float(weights.get(gpu_type or "*", weights.get("*", 1.0)))
@@ -274,7 +276,7 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
     names = [a.name for a in accounts.chain(session, job.account_name)]
     balances = {b.account_name: b for b in session.scalars(
         select(AccountBalance).where(AccountBalance.account_name.in_(names)))}
-    gpu_type = (job.spec or {}).get("gpu_type")
+    gpu_type = normalise_gpu_type((job.spec or {}).get("gpu_type"))
     weight = billing_weight(session, pool, gpu_type) if pool else min(
         billing_weight(session, p, gpu_type) for p in POOLS)
     committed = committed_for(job.total_gpus, job.time_limit_s, weight)
@@ -378,7 +380,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
     # Hot path (bench/bench_ledger.py): Core statements, three round trips while the chain
     # is locked (four with a GPU-hour budget in the chain), instead of ORM objects.
     conn = session.connection()
-    gpu_type = (job.spec or {}).get("gpu_type")
+    gpu_type = normalise_gpu_type((job.spec or {}).get("gpu_type"))
     params = {"leaf": job.account_name, "job_id": job.id, "pool": pool, "gpu_type": gpu_type or "*"}
     rows = _locked_chain_rows(session, job.account_name, lambda: conn.execute(_RESERVE_LOCK, params).all())
     names = [r.name for r in rows]

@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 
 from adapters.base import Backend, BackendError, Capacity, Feature
+from gateway.jobs.schemas import normalise_gpu_type
 
 
 @dataclasses.dataclass
@@ -45,7 +46,7 @@ class PoolView:
             free_gpus=sum(p.free_gpus for p in cap.pools), idle_nodes=sum(p.idle_nodes for p in cap.pools),
             total_gpus=sum(p.total_gpus for p in cap.pools), total_nodes=sum(p.total_nodes for p in cap.pools),
             gpus_per_node=max((p.gpus_per_node for p in cap.pools), default=0),
-            gpu_types=frozenset(t for p in cap.pools for t in p.gpu_types), queue_depth=queue_depth,
+            gpu_types=frozenset(normalise_gpu_type(t) for p in cap.pools for t in p.gpu_types), queue_depth=queue_depth,
         )
 
     @property
@@ -88,7 +89,7 @@ def never_fits(shape: JobShape, view: PoolView) -> str | None:
             return backend.unsupported_features[Feature.CONTAINER_IMAGE]
     if view.capacity is None:
         return None  # unknown now; not a reason to refuse forever
-    if shape.gpu_type and view.gpu_types and shape.gpu_type not in view.gpu_types:
+    if shape.gpu_type and view.gpu_types and normalise_gpu_type(shape.gpu_type) not in view.gpu_types:
         return f"no {shape.gpu_type} GPUs (has {', '.join(sorted(view.gpu_types))})"
     if view.gpus_per_node and shape.gpus_per_worker > view.gpus_per_node:
         return f"a worker asks {shape.gpus_per_worker} GPUs; nodes have {view.gpus_per_node}"
