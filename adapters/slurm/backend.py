@@ -255,7 +255,9 @@ class SlurmBackend(Backend):
         matches = [job_id for job_id, c in current.items() if c == comment]
         for job_id in sorted(matches, key=lambda j: int(j) if j.isdigit() else 0, reverse=True):
             record = self._transport.job(job_id)
-            if record is not None and self._submitted_by_gateway(record, request):
+            # The owner may edit a comment after we cached it: check the record's own.
+            if (record is not None and parse.gateway_id_of(record) == gateway_job_id
+                    and self._submitted_by_gateway(record, request)):
                 return parse.job_status(record)
         return None
 
