@@ -563,7 +563,9 @@ class Dispatcher:
             at = requeued_at(state=JobState(job.state), started_at=as_utc(job.started_at), status=status, now=now)
             if at is not None:
                 # Requeued or preempted on the backend (docs/dispatch.md, "Requeues").
-                changed = self._requeue(s, job, status, reason, at, now, via)
+                seen = reason if target in (JobState.QUEUED, JobState.REQUEUED) else \
+                    f"requeued at {at.isoformat()} and {target.value} again before the gateway looked"
+                changed = self._requeue(s, job, status, seen, at, now, via)
                 if job.state != JobState.REQUEUED.value or target in (JobState.QUEUED, JobState.REQUEUED):
                     return changed
                 # ... and running again (or ended) already: record that run below.
@@ -661,7 +663,8 @@ class Dispatcher:
     # ------------------------------------------------------------ orphans
 
     def orphans(self) -> list[dict]:
-        """Backend jobs carrying a gateway id the registry does not know."""
+        """Backend jobs carrying a gateway id the registry does not know, or that are not the
+        backend job it recorded for that id (e.g. someone else's job with a copied comment)."""
         out: list[dict] = []
         for name, backend in self.backends.items():
             try:
@@ -671,9 +674,13 @@ class Dispatcher:
                 continue
             ids = [st.gateway_job_id for st in listed if st.gateway_job_id]
             with transaction(self.sessions) as s:
-                known = set(s.scalars(select(Job.id).where(Job.id.in_(ids)))) if ids else set()
+                known = dict(s.execute(select(Job.id, Job.backend_job_id).where(Job.id.in_(ids))).all()) \
+                    if ids else {}
             for st in listed:
-                if st.gateway_job_id and st.gateway_job_id not in known:
+                if not st.gateway_job_id:
+                    continue
+                recorded = known.get(st.gateway_job_id, "")
+                if st.gateway_job_id not in known or (recorded and recorded != st.backend_job_id):
                     out.append({"backend": name, "backend_job_id": st.backend_job_id,
                                 "gateway_job_id": st.gateway_job_id, "state": st.state.value})
         return out

@@ -80,6 +80,11 @@ def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm22):
     assert job["state"] == "running", job
     assert job["backend_job_id"] == running["backend_job_id"] != spoof
     assert backend.status(running["backend_job_id"]).state is BackendState.RUNNING
+    # admins see bob's job as an orphan: it carries a gateway id that is not its own
+    orphans = gw.client.get("/v1/admin/orphans", headers=gw.headers("root", (), admin=True)).json()
+    assert {"backend": "slurm", "backend_job_id": spoof, "gateway_job_id": victim} in [
+        {k: o[k] for k in ("backend", "backend_job_id", "gateway_job_id")} for o in orphans], orphans
+    assert running["backend_job_id"] not in [o["backend_job_id"] for o in orphans]
     with gw.session() as s:
         assert ledger.charged_gpu_seconds(s, job_id=victim) == 0  # nothing charged from bob's 1 s
         assert ledger.get_balance(s, "team-a").reserved_gpus == 8  # the gang's reservation is held
