@@ -111,6 +111,10 @@ class SubmitRequest:
     # (the job's first dispatch claim, not a retry or a crash recovery). An adapter whose
     # duplicate look-up is expensive (Slurm cannot filter jobs by comment) may skip it.
     first_attempt: bool = False
+    # No submission of this job can have reached the backend before this time (the gateway
+    # job's creation). Adoption refuses a backend job submitted earlier: anyone can copy a
+    # gateway id into a Slurm comment, not back-date a submission.
+    submitted_after: datetime | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -137,6 +141,11 @@ class JobStatus:
     nodes: tuple[str, ...] = ()
     allocated_gpus: int = 0  # GPUs held now (0 unless the whole gang holds them)
     raw_state: str = ""  # the backend's own state name(s), e.g. "PENDING" or "Admitted"
+    # When the backend last took the gang down and queued it again (Slurm: the requeue
+    # time; Kueue: the eviction), or None if it never did or does not say. A requeue
+    # newer than the run the gateway recorded means the gang was requeued in between,
+    # even if it is running again by now.
+    requeued_at: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,12 +242,22 @@ class Backend(abc.ABC):
         """Idle/allocated nodes and GPUs per pool."""
 
     @abc.abstractmethod
-    def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
-        """The backend job carrying this gateway id, or None (crash recovery)."""
+    def find_by_gateway_id(self, gateway_job_id: str, *, request: SubmitRequest | None = None) -> JobStatus | None:
+        """The backend job the gateway submitted for this gateway id, or None (crash recovery).
+
+        The gateway id on a backend job (a Slurm comment, a label) can be written by anyone
+        who can submit there, so it alone never proves the job is the gateway's: an adapter
+        returns only a job that is also where and as whom the gateway submits it (Slurm: its
+        partition, the mapped user, submitted after ``request.submitted_after``; Kubernetes:
+        the deterministic name in the account's namespace). Pass ``request`` whenever the
+        result may be adopted.
+        """
 
     def list_gateway_jobs(self) -> Iterable[JobStatus]:
-        """Every backend job carrying a gateway id (for orphan reports).
+        """Every backend job carrying a gateway id (for orphan reports and bulk polling).
 
+        The gateway id on these is the backend's label, not a proof of identity: the
+        gateway matches a listed status to a job by its recorded ``backend_job_id``.
         Optional: the default says it is unsupported.
         """
         raise Unsupported("listing jobs is not supported", backend=self.name)

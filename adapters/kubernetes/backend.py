@@ -35,10 +35,12 @@ from adapters.base import (
 from .render import (
     ANN_CANCELLED_AT,
     ANN_GATEWAY_ID,
+    ANN_USER,
     LABEL_GATEWAY_ID,
     LABEL_MANAGED,
     MANAGED_VALUE,
     TOMBSTONE_FINALIZER,
+    job_name,
     label_value,
     render_job,
 )
@@ -212,6 +214,29 @@ class KubernetesBackend(Backend):
         if problems:
             raise SubmissionRejected("the job can never fit: " + "; ".join(problems), backend=self.name)
 
+    # Clock difference tolerated between the gateway and the API server (adoption window).
+    SUBMIT_WINDOW_SLACK_S = 60.0
+
+    def _created_for(self, job: dict, request: SubmitRequest) -> bool:
+        """Whether an existing Job is the one the gateway creates for ``request``.
+
+        Labels and annotations can be written by anyone who may create Jobs: adopt only the
+        deterministic name in the account's namespace, for the same gateway id and user,
+        created after the gateway job existed.
+        """
+        meta = job["metadata"]
+        ann = meta.get("annotations") or {}
+        if (meta.get("namespace"), meta.get("name")) != (self.settings.namespace_for(request.account),
+                                                         job_name(request.gateway_job_id)):
+            return False
+        if ann.get(ANN_GATEWAY_ID) != request.gateway_job_id or ann.get(ANN_USER) != request.user:
+            return False
+        if request.submitted_after is not None:
+            created = parse_time(meta.get("creationTimestamp"))
+            if created is None or created.timestamp() < request.submitted_after.timestamp() - self.SUBMIT_WINDOW_SLACK_S:
+                return False
+        return True
+
     # -------------------------------------------------------------------- submit
     def submit(self, request: SubmitRequest) -> SubmitResult:
         self.check_supported(request)
@@ -230,7 +255,7 @@ class KubernetesBackend(Backend):
             # A job created earlier is still adopted even if the pool shrank since.
             with contextlib.suppress(JobNotFound):
                 existing = self._read_job(f"{ns}/{name}")
-                if (existing["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID) == request.gateway_job_id:
+                if self._created_for(existing, request):
                     return SubmitResult(backend_job_id=f"{ns}/{name}", adopted=True)
             raise
         try:
@@ -247,6 +272,9 @@ class KubernetesBackend(Backend):
         owner = (existing["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID)
         if owner != request.gateway_job_id:
             raise SubmissionRejected(f"Job {ns}/{name} exists for another gateway job ({owner!r})", backend=self.name)
+        if not self._created_for(existing, request):
+            raise SubmissionRejected(f"Job {ns}/{name} exists but was not created by the gateway for this job "
+                                     f"(other user or created before the job existed)", backend=self.name)
         return SubmitResult(backend_job_id=f"{ns}/{name}", adopted=True)
 
     # -------------------------------------------------------------------- status
@@ -293,13 +321,21 @@ class KubernetesBackend(Backend):
     def status(self, backend_job_id: str) -> JobStatus:
         return self._status_of(self._read_job(backend_job_id))
 
-    def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
+    def find_by_gateway_id(self, gateway_job_id: str, *, request: SubmitRequest | None = None) -> JobStatus | None:
+        if request is not None:
+            try:
+                job = self._read_job(f"{self.settings.namespace_for(request.account)}/{job_name(gateway_job_id)}")
+            except JobNotFound:
+                return None
+            return self._status_of(job) if self._created_for(job, request) else None
         api = self._connect()
         selector = f"{MANAGED_SELECTOR},{LABEL_GATEWAY_ID}={label_value(gateway_job_id)}"
         with self._errors("listing Jobs"):
             items = self._raw(api.batch.list_job_for_all_namespaces, label_selector=selector)["items"]
         for job in items:
-            if (job["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID) == gateway_job_id:
+            # Only the deterministic name: a label alone is anyone's to write.
+            if ((job["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID) == gateway_job_id
+                    and job["metadata"]["name"] == job_name(gateway_job_id)):
                 return self._status_of(job)
         return None
 

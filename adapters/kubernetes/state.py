@@ -71,6 +71,12 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
         [f"job:{','.join(['suspended' if spec.get('suspend') else 'unsuspended'] + [k for k in jc if _true(jc, k)])}"]
         + ([f"workload:{','.join(k for k in wc if _true(wc, k)) or 'Pending'}"] if workload else ["workload:none"])
     )
+    # A gang Kueue evicted held its GPUs until the Workload's quota reservation was released:
+    # that is when the requeue took them (while still reserved, they are held now).
+    quota = wc.get("QuotaReserved")
+    was_evicted = any(k in wc for k in ("Evicted", "Preempted", "Requeued"))
+    requeued_at = (parse_time(quota.get("lastTransitionTime"))
+                   if was_evicted and quota is not None and quota.get("status") == "False" else None)
     base = dict(backend_job_id=backend_job_id(job), gateway_job_id=ann.get(ANN_GATEWAY_ID), raw_state=raw)
 
     if ann.get(ANN_CANCELLED_AT):
@@ -98,7 +104,8 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
     evicted = _true(wc, "Evicted") or _true(wc, "Preempted")
     # An eviction newer than the current reservation wins: the gang is being taken down.
     if evicted and (not reserved or (evicted.get("lastTransitionTime") or "") >= (reserved.get("lastTransitionTime") or "")):
-        return JobStatus(**base, state=BackendState.REQUEUED, reason=_msg(evicted, "evicted by Kueue"))
+        return JobStatus(**base, state=BackendState.REQUEUED, reason=_msg(evicted, "evicted by Kueue"),
+                         requeued_at=requeued_at)
     if reserved:
         # Workers that already finished count: the whole gang did start (a step back to
         # STARTING while the peers of an early finisher still run would be wrong).
@@ -113,4 +120,5 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
     pending = wc.get("QuotaReserved")
     requeued = _true(wc, "Requeued")
     return JobStatus(**base, state=BackendState.QUEUED,
-                     reason=_msg(pending, "") or _msg(requeued, "") or "waiting for quota in the ClusterQueue")
+                     reason=_msg(pending, "") or _msg(requeued, "") or "waiting for quota in the ClusterQueue",
+                     requeued_at=requeued_at)

@@ -178,7 +178,7 @@ class SlurmBackend(Backend):
         # Listing jobs to find a duplicate is most of a submit's cost on Slurm (no server-side
         # filter by comment); on a first attempt the gateway guarantees there is none.
         if not request.first_attempt:
-            existing = self.find_by_gateway_id(request.gateway_job_id)
+            existing = self.find_by_gateway_id(request.gateway_job_id, request=request)
             if existing is not None:
                 return SubmitResult(existing.backend_job_id, adopted=True)
         if request.gpu_type:
@@ -199,7 +199,7 @@ class SlurmBackend(Backend):
             for delay in self.reconcile_delays_s:
                 time.sleep(delay)
                 try:
-                    found = self.find_by_gateway_id(request.gateway_job_id)
+                    found = self.find_by_gateway_id(request.gateway_job_id, request=request)
                 except BackendUnavailable:
                     continue
                 if found is not None:
@@ -228,7 +228,33 @@ class SlurmBackend(Backend):
         self._gpu_types = tuple(sorted({t for p in pools for t in p.gpu_types}))
         return Capacity(backend=self.name, pools=pools)
 
-    def find_by_gateway_id(self, gateway_job_id: str) -> JobStatus | None:
+    # Clock difference tolerated between the gateway and slurmctld in the submit-window check.
+    SUBMIT_WINDOW_SLACK_S = 60.0
+
+    def _submitted_by_gateway(self, record: Mapping, request: SubmitRequest | None) -> bool:
+        """Whether a job carrying a gateway id's comment is the gateway's submission.
+
+        Any Slurm user can submit with ``--comment=isthmus:<id>``; only the gateway submits
+        to its partition as the mapped user after the gateway job existed.
+        """
+        if str(record.get("partition") or "") != self.settings.partition:
+            return False
+        if request is None:
+            return True
+        if parse.submitted_by(record) != request.user:
+            return False
+        account = self._slurm_account(request.account)
+        if account is not None and str(record.get("account") or "") != account:
+            return False
+        if request.submitted_after is not None:
+            # A requeue resets Slurm's submit time to the requeue: still inside the window.
+            submitted = parse.timestamp(record.get("submit_time"))
+            earliest = request.submitted_after.timestamp() - self.SUBMIT_WINDOW_SLACK_S
+            if submitted is None or submitted.timestamp() < earliest:
+                return False
+        return True
+
+    def find_by_gateway_id(self, gateway_job_id: str, *, request: SubmitRequest | None = None) -> JobStatus | None:
         comment = parse.GATEWAY_COMMENT_PREFIX + gateway_job_id
         with self._comments_lock:
             known = dict(self._comments)
@@ -238,7 +264,9 @@ class SlurmBackend(Backend):
         matches = [job_id for job_id, c in current.items() if c == comment]
         for job_id in sorted(matches, key=lambda j: int(j) if j.isdigit() else 0, reverse=True):
             record = self._transport.job(job_id)
-            if record is not None:
+            # The owner may edit a comment after we cached it: check the record's own.
+            if (record is not None and parse.gateway_id_of(record) == gateway_job_id
+                    and self._submitted_by_gateway(record, request)):
                 return parse.job_status(record)
         return None
 

@@ -100,6 +100,7 @@ class CliTransport(Transport):
             f"--nodes={spec.nodes}", "--ntasks-per-node=1",
             f"--cpus-per-task={spec.cpus_per_node}", f"--mem={spec.memory_mib_per_node}",
             "--exclusive", f"--time={spec.time_limit_min}",
+            "--requeue" if spec.requeue else "--no-requeue",
             f"--chdir={spec.work_dir}", f"--output={spec.output}",
         ]
         if spec.gres:

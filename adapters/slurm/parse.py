@@ -200,6 +200,9 @@ def job_status(record: Mapping[str, Any]) -> JobStatus:
     ended = timestamp(record.get("end_time")) if state.final else None
     if started and ended and ended < started:  # cancelled while pending
         started = ended
+    # Slurm resets a requeued job's submit time to the requeue and counts restarts; no other
+    # field says when a requeue took the gang down (the start time is the next run's).
+    requeued_at = timestamp(record.get("submit_time")) if (number(record.get("restart_cnt")) or 0) > 0 else None
     return JobStatus(
         backend_job_id=str(number(record.get("job_id"))),
         gateway_job_id=gateway_id_of(record),
@@ -211,7 +214,21 @@ def job_status(record: Mapping[str, Any]) -> JobStatus:
         nodes=nodes,
         allocated_gpus=_allocated_gpus(record, nodes) if holds else 0,
         raw_state=raw_state,
+        requeued_at=requeued_at,
     )
+
+
+def submitted_by(record: Mapping[str, Any]) -> str:
+    """The POSIX user a job runs as (``user_name``; 22.05 REST may give only ``user_id``)."""
+    name = record.get("user_name") or ""
+    if not name and number(record.get("user_id")) is not None:
+        import pwd
+
+        try:
+            name = pwd.getpwuid(number(record.get("user_id"))).pw_name
+        except KeyError:
+            name = ""
+    return str(name)
 
 
 # ------------------------------------------------------------------------ capacity

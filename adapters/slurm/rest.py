@@ -132,6 +132,7 @@ class RestTransport(Transport):
             "cpus_per_task": spec.cpus_per_node,
             "current_working_directory": spec.work_dir,
             "standard_output": spec.output,
+            "requeue": spec.requeue,
         }
         if spec.account:
             job["account"] = spec.account

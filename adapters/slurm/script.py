@@ -43,6 +43,9 @@ class JobSpec:
     work_dir: str
     output: str
     script: str
+    # Never requeued by Slurm (node failure, preemption, ``scontrol requeue``): each run is
+    # admitted and charged by the gateway (docs/slurm.md, "Requeues").
+    requeue: bool = False
 
 
 def render_script(command: list[str] | tuple[str, ...], env: dict[str, str], nodes: int) -> str:

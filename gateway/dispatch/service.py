@@ -82,8 +82,31 @@ def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
         env=dict(spec.get("env") or {}), labels=dict(spec.get("labels") or {}), priority=job.priority,
-        first_attempt=first_attempt,
+        first_attempt=first_attempt, submitted_after=as_utc(job.created_at),
     )
+
+
+def requeued_at(*, state: JobState, started_at: datetime | None, status: JobStatus, now: datetime) -> datetime | None:
+    """When the backend took this job's running gang down and queued it again, or None.
+
+    A ``running`` job reported queued or requeued was requeued (Slurm shows a requeued job
+    as plain PENDING). A ``running`` job whose backend reports a requeue newer than the run
+    the registry recorded was requeued in between two looks, even if it runs again (or has
+    ended) by now. The time is the backend's where it reports one (``status.requeued_at``),
+    else ``now`` (the gang was still held when last seen); never before the run's start
+    nor after ``now``.
+    """
+    if state is not JobState.RUNNING or started_at is None:
+        return None
+    backend_at = as_utc(status.requeued_at)
+    if status.state in (BackendState.QUEUED, BackendState.REQUEUED):
+        # An older requeue than the run the registry recorded says nothing about this one.
+        at = backend_at if backend_at is not None and backend_at >= started_at else now
+    elif backend_at is not None and backend_at > started_at:
+        at = backend_at
+    else:
+        return None
+    return min(max(at, started_at), now)
 
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
@@ -431,8 +454,10 @@ class Dispatcher:
                 try:
                     if state == JobState.CANCELLING.value:
                         status = self._cancel_on_backend(backend, job_id, backend_job_id)
-                    elif job_id in listed:
-                        status = listed[job_id]
+                    elif backend_job_id is None:  # adopt only what the adapter proves is ours
+                        status = self._find_submitted(backend, job_id)
+                    elif backend_job_id in listed:
+                        status = listed[backend_job_id]
                     else:  # not in the listing: ask directly (finished, purged or never listed)
                         status = backend.status(backend_job_id)
                 except JobNotFound:
@@ -471,14 +496,29 @@ class Dispatcher:
         return charged
 
     def _list_statuses(self, backend: Backend) -> dict[str, JobStatus]:
+        """``backend_job_id -> status`` of every listed gateway job.
+
+        Keyed by the backend's own id, never by the gateway id the job carries: anyone who
+        can submit can write ``isthmus:<id>`` into a Slurm comment (docs/dispatch.md, "Job
+        identity").
+        """
         try:
-            return {st.gateway_job_id: st for st in backend.list_gateway_jobs() if st.gateway_job_id}
+            return {st.backend_job_id: st for st in backend.list_gateway_jobs() if st.backend_job_id}
         except BackendError:  # Unsupported or a failed listing: fall back to one call per job
             return {}
 
+    def _find_submitted(self, backend: Backend, job_id: str) -> JobStatus | None:
+        """The backend job the gateway submitted for ``job_id`` (mapped user, pool, submit window)."""
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id)
+            request = submit_request(job) if job is not None else None
+        if request is None:
+            return None
+        return backend.find_by_gateway_id(job_id, request=request)
+
     def _cancel_on_backend(self, backend: Backend, job_id: str, backend_job_id: str | None) -> JobStatus | None:
         if backend_job_id is None:
-            found = backend.find_by_gateway_id(job_id)
+            found = self._find_submitted(backend, job_id)
             if found is None:
                 return None
             backend_job_id = found.backend_job_id
@@ -506,8 +546,16 @@ class Dispatcher:
                     return 0  # one miss is not a loss (backend restarting, a stale listing)
                 return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.backend}", None, now,
                                     job.started_at)
+            if job.backend_job_id and status.backend_job_id != job.backend_job_id:
+                # Not the submission the registry recorded (e.g. a job someone else submitted
+                # with this gateway id in its comment): it says nothing about this job.
+                log.warning("ignoring %s job %s: job %s is recorded as %s job %s", job.backend,
+                            status.backend_job_id, job.id, job.backend, job.backend_job_id)
+                return 0
             self._misses.pop(job.id, None)
             if status.backend_job_id and not job.backend_job_id:
+                # Only statuses the adapter matched to our submission get here (find_by_gateway_id
+                # with the job's request); the watch defers jobs without a recorded id.
                 job.backend_job_id = status.backend_job_id
             if status.nodes:
                 job.nodes = list(status.nodes)
@@ -515,10 +563,15 @@ class Dispatcher:
             reason = status.reason or status.raw_state or target.value
             if job.state == JobState.CANCELLING.value and not target.final:
                 return 0  # still waiting for the backend to confirm the cancel
-            if job.state == JobState.RUNNING.value and target in (JobState.QUEUED, JobState.REQUEUED):
-                # Requeued or preempted on the backend. Slurm shows a requeued job as plain
-                # PENDING, so "queued" after "running" is a requeue too.
-                return self._requeue(s, job, status, reason, now, via)
+            at = requeued_at(state=JobState(job.state), started_at=as_utc(job.started_at), status=status, now=now)
+            if at is not None:
+                # Requeued or preempted on the backend (docs/dispatch.md, "Requeues").
+                seen = reason if target in (JobState.QUEUED, JobState.REQUEUED) else \
+                    f"requeued at {at.isoformat()} and {target.value} again before the gateway looked"
+                changed = self._requeue(s, job, status, seen, at, now, via)
+                if job.state != JobState.REQUEUED.value or target in (JobState.QUEUED, JobState.REQUEUED):
+                    return changed
+                # ... and running again (or ended) already: record that run below.
             if target in (JobState.RUNNING,) and job.started_at is None:
                 job.started_at = self._run_start(s, job, as_utc(status.started_at) or now)
                 ledger.record_start(s, job=job, started_at=job.started_at, actor=RECONCILER)
@@ -544,17 +597,27 @@ class Dispatcher:
                                  "allocated_gpus": status.allocated_gpus, "via": via})
             return 1
 
-    def _requeue(self, s: Session, job: Job, status: JobStatus, reason: str, now: datetime, via: str) -> int:
-        """A running gang was taken down and queued again: charge what it ran, queue its reservation."""
-        started = as_utc(job.started_at) or now
-        requeued_at = min(max(as_utc(status.ended_at) or now, started), now)
-        charged = ledger.record_requeue(s, job=job, started_at=started, requeued_at=requeued_at, actor=RECONCILER)
-        ran_s = int((requeued_at - started).total_seconds())
+    def _requeue(self, s: Session, job: Job, status: JobStatus, reason: str, at: datetime, now: datetime,
+                 via: str) -> int:
+        """A running gang was taken down at ``at`` and queued again: charge what it ran, re-admit it.
+
+        Its next run is admitted again against the account's GPU-hour budgets; a job that no
+        longer fits is cancelled (on the backend too) with the budget's words as the reason.
+        """
+        started = as_utc(job.started_at) or at
+        outcome = ledger.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now)
+        ran_s = int((at - started).total_seconds())
         job.started_at = None  # the next RUNNING records the new start
         jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
                        reason=f"requeued by {job.backend} after running {ran_s} s: {reason}",
-                       data={"raw_state": status.raw_state, "ran_s": ran_s, "charged_gpu_seconds": charged,
+                       data={"raw_state": status.raw_state, "ran_s": ran_s,
+                             "charged_gpu_seconds": outcome.charged_gpu_seconds, "requeued_at": at.isoformat(),
                              "via": via})
+        if outcome.over_budget:
+            jobs.set_state(s, job, JobState.CANCELLING, actor=RECONCILER,
+                           reason=f"cancelled at requeue: over budget: {outcome.over_budget}",
+                           data={"over_budget": outcome.over_budget, "via": via})
+            self._reconcile_wake.set()  # the polling thread cancels it on the backend now
         return 1
 
     def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:
@@ -603,7 +666,8 @@ class Dispatcher:
     # ------------------------------------------------------------ orphans
 
     def orphans(self) -> list[dict]:
-        """Backend jobs carrying a gateway id the registry does not know."""
+        """Backend jobs carrying a gateway id the registry does not know, or that are not the
+        backend job it recorded for that id (e.g. someone else's job with a copied comment)."""
         out: list[dict] = []
         for name, backend in self.backends.items():
             try:
@@ -613,9 +677,13 @@ class Dispatcher:
                 continue
             ids = [st.gateway_job_id for st in listed if st.gateway_job_id]
             with transaction(self.sessions) as s:
-                known = set(s.scalars(select(Job.id).where(Job.id.in_(ids)))) if ids else set()
+                known = dict(s.execute(select(Job.id, Job.backend_job_id).where(Job.id.in_(ids))).all()) \
+                    if ids else {}
             for st in listed:
-                if st.gateway_job_id and st.gateway_job_id not in known:
+                if not st.gateway_job_id:
+                    continue
+                recorded = known.get(st.gateway_job_id, "")
+                if st.gateway_job_id not in known or (recorded and recorded != st.backend_job_id):
                     out.append({"backend": name, "backend_job_id": st.backend_job_id,
                                 "gateway_job_id": st.gateway_job_id, "state": st.state.value})
         return out

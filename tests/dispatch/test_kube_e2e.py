@@ -69,3 +69,52 @@ def test_cancel_on_kubernetes_removes_the_job(gw):
     drive_until(gw, freed, timeout_s=30)
     assert gw.app.state.backends["kubernetes"].find_by_gateway_id(job) is None or \
         gw.app.state.backends["kubernetes"].find_by_gateway_id(job).state.value == "cancelled"
+
+
+def test_a_spoofed_job_in_another_namespace_is_ignored(gw):
+    """Someone who may create Jobs in another team's namespace copies the victim's gateway id
+    onto a 1 s Job of their own (issue #12, finding 1). The reconciler's listing no longer
+    takes it for the victim: the victim's gang stays running, held and unbilled by it."""
+    import time
+
+    from adapters.base import SubmitRequest
+    from adapters.kubernetes.render import render_job
+
+    victim = submit(gw)  # no run-for label: runs until cancelled
+    dispatcher = gw.app.state.dispatcher
+    dispatcher.LIST_THRESHOLD = 0  # follow through one listing, as with more than 5 jobs
+    running = drive_until(gw, lambda: job_state(gw, victim, "running"), timeout_s=60)
+    backend = gw.app.state.backends["kubernetes"]
+    body = render_job(SubmitRequest(gateway_job_id=victim, name="spoof", account="team-b", user="bob",
+                                    command=["true"], workers=1, gpus_per_worker=0, cpus_per_worker=1,
+                                    memory_mib_per_worker=64, time_limit_s=60, labels={KWOK_RUN_FOR: "1s"}),
+                      backend.settings)
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    api = backend._connect()
+    api.batch.create_namespaced_job(ns, body)
+    try:
+        deadline = time.monotonic() + 60
+        while not backend.status(f"{ns}/{name}").state.final:
+            assert time.monotonic() < deadline, backend.status(f"{ns}/{name}")
+            time.sleep(0.5)
+        assert backend.status(f"{ns}/{name}").gateway_job_id == victim
+        for _ in range(3):
+            dispatcher.run_once()
+        h = gw.headers("alice", ("team-a",))
+        job = gw.client.get(f"/v1/jobs/{victim}", headers=h).json()
+        assert job["state"] == "running" and job["backend_job_id"] == running["backend_job_id"], job
+        with gw.session() as s:
+            from gateway.ledger import service as ledger
+
+            assert ledger.charged_gpu_seconds(s, job_id=victim) == 0
+            assert ledger.get_balance(s, "team-a").reserved_gpus == 8
+            assert ledger.verify(s) == []
+        # adoption looks only at the deterministic name in the account's namespace
+        found = backend.find_by_gateway_id(victim, request=SubmitRequest(
+            gateway_job_id=victim, name="e2e", account="team-a", user="alice", command=["x"], workers=2,
+            gpus_per_worker=4, cpus_per_worker=1, memory_mib_per_worker=64, time_limit_s=600))
+        assert found is not None and found.backend_job_id == running["backend_job_id"]
+        assert gw.client.post(f"/v1/jobs/{victim}/cancel", headers=h).json()["state"] == "cancelling"
+        assert drive_until(gw, lambda: job_state(gw, victim, *FINAL), timeout_s=60)["state"] == "cancelled"
+    finally:
+        api.batch.delete_namespaced_job(name, ns, propagation_policy="Background")

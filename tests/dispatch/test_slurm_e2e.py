@@ -11,6 +11,7 @@ from datetime import datetime
 import pytest
 from sqlalchemy import select
 
+from adapters.base import BackendState
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
 from gateway.ledger.models import LedgerEntry
@@ -204,3 +205,78 @@ def test_a_running_job_is_charged_while_it_runs_and_the_total_is_its_real_run(da
                - as_utc(datetime.fromisoformat(done["started_at"]))).total_seconds()
         assert abs(charged - 8 * ran) <= 8, (charged, ran)  # Slurm times are whole seconds
         assert running["started_at"] == done["started_at"]
+
+
+def _ts(value: str) -> datetime:
+    return as_utc(datetime.fromisoformat(value))
+
+
+def test_a_requeue_over_budget_cancels_the_job_and_the_budget_holds(gw, slurm22):
+    """The next run of a requeued job is admitted again: with no budget left for it, the job is
+    cancelled with the budget's words, on Slurm too, and the account keeps its budget."""
+    admin = gw.headers("root", (), admin=True)
+    # 8 GPUs x 5 min = 0.667 GPU-hours committed: admitted with a little to spare, not twice
+    assert gw.client.put("/v1/admin/accounts/team-a/quota", json={"budget_gpu_hours": 0.67},
+                         headers=admin).status_code == 200
+    job = submit(gw, command=["sleep", "300"])
+    running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+    time.sleep(3)
+    scontrol(slurm22, "requeue", running["backend_job_id"])
+    done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=40)
+    assert done["state"] == "cancelled", done
+    h = gw.headers("alice", ("team-a",))
+    events = gw.client.get(f"/v1/jobs/{job}/events", headers=h).json()["items"]
+    states = [e["to_state"] for e in events if e["kind"] == "state"]
+    assert states[-3:] == ["requeued", "cancelling", "cancelled"], states
+    why = next(e["reason"] for e in events if e.get("to_state") == "cancelling")
+    assert why.startswith("cancelled at requeue: over budget: team-a: GPU-hour budget this month"), why
+    backend = gw.app.state.backends["slurm"]
+    assert backend.status(running["backend_job_id"]).state is BackendState.CANCELLED
+    usage = gw.client.get("/v1/accounts/team-a/usage", headers=h).json()
+    assert usage["remaining_gpu_hours"] >= 0, usage
+    assert usage["balance"]["committed_gpu_hours"] == 0 and usage["balance"]["reserved_gpus"] == 0, usage
+    with gw.session() as s:
+        charged = ledger.charged_gpu_seconds(s, job_id=job)
+        assert ledger.verify(s) == []
+    assert 8 * 2 <= charged <= 8 * 30, charged  # the run before the requeue, not the time limit
+
+
+def test_a_requeue_and_restart_between_two_looks_charges_each_run_to_slurms_times(gw, slurm22):
+    """The gateway does not look while Slurm requeues the gang and starts it again. It still
+    sees the requeue (Slurm's restart count and requeue time), charges the first run up to
+    Slurm's requeue time, not the wait in the queue, and the second run from its own start."""
+    job = submit(gw, command=["sleep", "300"])
+    running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
+    backend = gw.app.state.backends["slurm"]
+    bid = running["backend_job_id"]
+    time.sleep(2)
+    scontrol(slurm22, "requeue", bid)
+    requeued_at = datetime.now().astimezone()
+    time.sleep(4)  # in the queue: not to be charged
+    scontrol(slurm22, "update", f"jobid={bid}", "starttime=now")
+    deadline = time.monotonic() + 60
+    while backend.status(bid).state is not BackendState.RUNNING:
+        assert time.monotonic() < deadline, backend.status(bid)
+        time.sleep(0.5)
+    time.sleep(2)
+    again = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=10)
+    h = gw.headers("alice", ("team-a",))
+    events = gw.client.get(f"/v1/jobs/{job}/events", headers=h).json()["items"]
+    states = [e["to_state"] for e in events if e["kind"] == "state"]
+    assert states[-3:] == ["running", "requeued", "running"], states
+    assert _ts(again["started_at"]) > _ts(running["started_at"])
+    assert gw.client.post(f"/v1/jobs/{job}/cancel", headers=h).json()["state"] == "cancelling"
+    done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=60)
+    with gw.session() as s:
+        usage = list(s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job, LedgerEntry.kind == "usage")
+                               .order_by(LedgerEntry.id)))
+        charged = ledger.charged_gpu_seconds(s, job_id=job)
+        assert ledger.verify(s) == []
+    first_end = _ts(usage[0].data["ended_at"])
+    assert usage[0].data["requeued"] is True
+    assert abs((first_end - requeued_at).total_seconds()) <= 2, (first_end, requeued_at)  # Slurm's, not ours
+    run1 = (first_end - _ts(running["started_at"])).total_seconds()
+    run2 = (_ts(done["ended_at"]) - _ts(again["started_at"])).total_seconds()
+    assert abs(charged - 8 * (run1 + run2)) <= 8 * 2, (charged, run1, run2)
+    wall = (_ts(done["ended_at"]) - _ts(running["started_at"])).total_seconds()
+    assert charged <= 8 * (wall - 3), (charged, wall)  # the >= 4 s in the queue are not charged
