@@ -49,7 +49,7 @@ from gateway.kit.settings import Settings
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import service as ledger
 from gateway.ledger.models import Reservation
-from gateway.routing.service import JobShape, PoolView, parse_weights, route, take
+from gateway.routing.service import JobShape, PoolView, held_gpus, parse_weights, route, take
 
 log = logging.getLogger("isthmus.dispatch")
 
@@ -225,11 +225,13 @@ class Dispatcher:
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
         shape = JobShape.of(job)
         refusals: dict[str, str] = {}
+        # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
+        held = {name: held_gpus(shape, view) for name, view in views.items()}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
         if job.requested_backend == "auto" and len(views) > 1:
             for name in views:
-                ok, why = ledger.admission_check(s, job=job, pool=name, now=now)
+                ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
                 if not ok:
                     refusals[name] = why
         decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
@@ -242,11 +244,12 @@ class Dispatcher:
             self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
             return
         try:  # reserve() writes nothing when it refuses: no savepoint needed
-            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now)
+            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
         except QuotaExceeded as exc:
             self._note_waiting(s, job, f"quota: {exc.detail}")
             return
         job.backend = decision.pool
+        job.held_gpus = held[decision.pool]
         job.routing_reason = decision.reason
         job.next_attempt_at = now + timedelta(seconds=self.settings.dispatch_lease_s)
         job.dispatch_attempts += 1

@@ -230,7 +230,11 @@ class JobOut(BaseModel):
     image: str | None
     workers: int
     gpus_per_worker: int
-    total_gpus: int
+    total_gpus: int = Field(description="GPUs asked for: workers x gpus_per_worker.")
+    held_gpus: int | None = Field(
+        default=None, description="GPUs the gang holds, and is reserved and charged for, on its pool: on a "
+                                  "node-exclusive pool (Slurm) whole nodes x GPUs per node, even when it asked for "
+                                  "fewer. null until dispatched.")
     cpus_per_worker: int
     memory_per_worker: str
     gpu_type: str | None
