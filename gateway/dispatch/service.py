@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from adapters.base import (
     Backend,
@@ -39,6 +39,7 @@ from adapters.base import (
     SubmitRequest,
     Unsupported,
 )
+from gateway.accounts.models import Account
 from gateway.jobs import service as jobs
 from gateway.jobs.models import Job
 from gateway.jobs.schemas import parse_memory_mib
@@ -74,6 +75,8 @@ def _is_deadlock(exc: OperationalError) -> bool:
 
 def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
     spec = job.spec
+    # The backend priority class is the account's (an admin setting), never the user's choice.
+    account = object_session(job).get(Account, job.account_name)
     return SubmitRequest(
         gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
         command=list(spec["command"]), workers=job.workers, gpus_per_worker=job.gpus_per_worker,
@@ -81,7 +84,7 @@ def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
         env=dict(spec.get("env") or {}), labels=dict(spec.get("labels") or {}), priority=job.priority,
-        first_attempt=first_attempt,
+        priority_class=account.priority_class if account is not None else None, first_attempt=first_attempt,
     )
 
 
