@@ -124,7 +124,8 @@ class KubernetesSettings:
                 int(k): v for k, v in (p.split(":", 1) for p in values[ENV_PREFIX + "PRIORITY_CLASSES"].split(","))
             }
         if values.get(ENV_PREFIX + "UID_MAP"):  # "alice=1001,bob=1002"
-            kw["uid_map"] = {u.strip(): int(n) for u, n in (p.split("=", 1) for p in values[ENV_PREFIX + "UID_MAP"].split(","))}
+            pairs = (p.split("=", 1) for p in values[ENV_PREFIX + "UID_MAP"].split(","))
+            kw["uid_map"] = {u.strip(): int(n) for u, n in pairs}
         if values.get(ENV_PREFIX + "NAMESPACE_MAP"):  # "acct=ns,acct2=ns2"
             kw["namespaces"] = dict(p.split("=", 1) for p in values[ENV_PREFIX + "NAMESPACE_MAP"].split(","))
         kw.update(overrides)

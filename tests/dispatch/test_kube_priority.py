@@ -8,7 +8,12 @@ import time
 
 import pytest
 
-from tests.dispatch.conftest import drive_until, job_state, kube_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    kube_backend_options,
+    wired_gateway,
+)
 from tests.dispatch.test_watch import whole_pool
 
 pytestmark = pytest.mark.kubernetes

@@ -11,7 +11,12 @@ from sqlalchemy import select
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
 from gateway.ledger.models import LedgerEntry, Reservation
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.slurm
 FINAL = ("succeeded", "failed", "cancelled")

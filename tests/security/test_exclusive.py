@@ -9,7 +9,12 @@ from sqlalchemy import select
 
 from gateway.ledger import service as ledger
 from gateway.ledger.models import LedgerEntry
-from tests.dispatch.conftest import drive_until, slurm_backend_options, slurm_env, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    slurm_backend_options,
+    slurm_env,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.slurm
 
