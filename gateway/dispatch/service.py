@@ -79,7 +79,10 @@ def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
     account = object_session(job).get(Account, job.account_name)
     return SubmitRequest(
         gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
-        command=list(spec["command"]), workers=job.workers, gpus_per_worker=job.gpus_per_worker,
+        # A gang charged for whole nodes gets every GPU of them (held_gpus, set at the claim):
+        # without --gres, Slurm's --exclusive blocks the node's GPUs but gives the job none.
+        command=list(spec["command"]), workers=job.workers,
+        gpus_per_worker=max(job.gpus_per_worker, (job.held_gpus or 0) // max(job.workers, 1)),
         cpus_per_worker=int(spec.get("cpus_per_worker", 1)),
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),

@@ -48,10 +48,13 @@ def test_a_gang_that_asks_fewer_gpus_holds_whole_nodes_and_pays_for_them(gw, gpu
     # What the user sees: what they asked, and what they hold (and pay for).
     assert running["total_gpus"] == gpus_per_worker
     assert running["held_gpus"] == gpus_per_node, running
-    # The node really is the job's alone: Slurm gave it every CPU of the node.
+    # The node really is the job's alone: Slurm gave it every CPU of the node, and every GPU
+    # it pays for (Slurm's own accounting agrees with the ledger).
     (node_name,) = running["nodes"]
     node = _node(gw, node_name)
     assert int(node["alloc_cpus"]) == int(node["cpus"]), node
+    status = gw.app.state.backends["slurm"].status(running["backend_job_id"])
+    assert status.allocated_gpus == gpus_per_node, status
     with gw.session() as s:
         r = s.get(Reservation, job)
         assert r.gpus == gpus_per_node
