@@ -106,7 +106,10 @@ class SubmitRequest:
     gpu_type: str | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    priority: int = 0
+    priority: int = 0  # orders the user's jobs within the account (the gateway's queue)
+    # Backend priority class the gateway's administrators set for the account (Kueue
+    # WorkloadPriorityClass); never derived from ``priority``. None: the backend's default.
+    priority_class: str | None = None
     # True only when the gateway knows no earlier submission of this gateway id can exist
     # (the job's first dispatch claim, not a retry or a crash recovery). An adapter whose
     # duplicate look-up is expensive (Slurm cannot filter jobs by comment) may skip it.

@@ -6,7 +6,7 @@ import hashlib
 import re
 from typing import Any
 
-from adapters.base import SubmitRequest
+from adapters.base import SubmissionRejected, SubmitRequest
 
 from .settings import KubernetesSettings
 
@@ -28,6 +28,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 RESERVED_PREFIXES = (f"{GROUP}/managed-by", f"{GROUP}/gateway-job-id", f"{GROUP}/account",
                      f"{GROUP}/user", "kueue.x-k8s.io/", "batch.kubernetes.io/")
+# Set by the Job controller on its pods (legacy spellings of batch.kubernetes.io/*).
+RESERVED_KEYS = ("job-name", "controller-uid")
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -54,7 +56,10 @@ def job_name(gateway_job_id: str) -> str:
 
 def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str, Any]:
     """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker."""
-    labels = {k: v for k, v in request.labels.items() if not k.startswith(RESERVED_PREFIXES)}
+    # The gateway refuses these keys (422); an adapter used directly still never lets a
+    # request's label pose as the gateway's, Kueue's or the Job controller's.
+    labels = {k: v for k, v in request.labels.items()
+              if not k.startswith(RESERVED_PREFIXES) and k not in RESERVED_KEYS}
     labels.update({
         LABEL_MANAGED: MANAGED_VALUE,
         LABEL_GATEWAY_ID: label_value(request.gateway_job_id),
@@ -63,7 +68,11 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
     })
     job_labels = dict(labels)
     job_labels[KUEUE_QUEUE_LABEL] = settings.local_queue
-    priority_class = settings.priority_class_for(request.priority)
+    # The account's class (an administrator's setting), never one the user's priority picks.
+    try:
+        priority_class = settings.workload_priority_class(request.priority_class)
+    except ValueError as exc:
+        raise SubmissionRejected(str(exc), backend="kubernetes") from exc
     if priority_class:
         job_labels[KUEUE_PRIORITY_LABEL] = priority_class
     annotations = {
@@ -85,8 +94,16 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
         {"name": "ISTHMUS_GATEWAY_JOB_ID", "value": request.gateway_job_id},
         {"name": "ISTHMUS_WORKERS", "value": str(request.workers)},
     ]
+    pod_security: dict[str, Any] = {"runAsNonRoot": True}
+    uid = settings.uid_map.get(request.user)
+    if uid is not None:
+        pod_security["runAsUser"] = int(uid)
+    if settings.seccomp_profile:
+        pod_security["seccompProfile"] = {"type": settings.seccomp_profile}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "automountServiceAccountToken": bool(settings.automount_service_account_token),
+        "securityContext": pod_security,
         "containers": [{
             "name": "worker",
             "image": request.image or settings.default_image,
@@ -94,6 +111,8 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
             "env": env,
             # requests == limits: GPUs must be, and a gang worker should not be throttled.
             "resources": {"requests": resources, "limits": dict(resources)},
+            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False,
+                                "capabilities": {"drop": ["ALL"]}},
         }],
     }
     if request.gpu_type:

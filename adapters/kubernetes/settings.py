@@ -24,9 +24,21 @@ class KubernetesSettings:
         namespaces: explicit account -> namespace overrides (win over the template).
         local_queue: the LocalQueue name in every account namespace.
         cluster_queue: the ClusterQueue behind those LocalQueues (capacity, fit checks).
-        priority_classes: gateway priority threshold -> WorkloadPriorityClass. A request
-            gets the class of the largest threshold <= its priority (the lowest class if
-            below every threshold). Empty: no priority label.
+        priority_classes: the WorkloadPriorityClasses this site offers, by rank (rank ->
+            class). A job's class is its account's ``priority_class`` (set by the gateway's
+            administrators), else ``default_priority_class``, else the class of rank 0 (or
+            the lowest rank). A user's job ``priority`` never picks a class: the classes are
+            cluster-wide and decide whom the shared ClusterQueue preempts. A class not
+            listed here is refused. Empty: any class is accepted, and jobs without one get
+            no priority label.
+        default_priority_class: class of the jobs of accounts without one (see above).
+        uid_map: POSIX user -> uid; a mapped user's pods run as that uid (``runAsUser``).
+            Every pod runs with ``runAsNonRoot`` (an unmapped user's image must name a
+            non-root USER, or the kubelet refuses to start it).
+        automount_service_account_token: mount the namespace's ServiceAccount token into
+            the pods. Off: a job has no business calling the Kubernetes API as the namespace.
+        seccomp_profile: the pods' seccomp profile type (``RuntimeDefault``; None: the
+            cluster's default).
         backoff_limit: Job backoffLimit; 0 = one failed worker fails the gang.
         request_timeout_s: per API request (connect+read).
         default_image: image when the request has none (kwok runs no containers).
@@ -45,6 +57,10 @@ class KubernetesSettings:
     priority_classes: Mapping[int, str] = dataclasses.field(
         default_factory=lambda: {-1: "isthmus-low", 0: "isthmus-normal", 1: "isthmus-high"}
     )
+    default_priority_class: str | None = None
+    uid_map: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    automount_service_account_token: bool = False
+    seccomp_profile: str | None = "RuntimeDefault"
     backoff_limit: int = 0
     request_timeout_s: float = 10.0
     default_image: str = "isthmus/placeholder:latest"
@@ -55,6 +71,18 @@ class KubernetesSettings:
 
     def namespace_for(self, account: str) -> str:
         return self.namespaces.get(account) or self.namespace_template.format(account=account)
+
+    def workload_priority_class(self, account_class: str | None) -> str | None:
+        """The WorkloadPriorityClass of a job whose account has ``account_class`` (admin-set).
+
+        Raises:
+            ValueError: the class is not one this site offers (``priority_classes``).
+        """
+        chosen = account_class or self.default_priority_class or self.priority_class_for(0)
+        if chosen and self.priority_classes and chosen not in self.priority_classes.values():
+            raise ValueError(f"priority class {chosen!r} is not one this cluster offers "
+                             f"({', '.join(sorted(set(self.priority_classes.values())))})")
+        return chosen
 
     def priority_class_for(self, priority: int) -> str | None:
         if not self.priority_classes:
@@ -83,6 +111,10 @@ class KubernetesSettings:
             "LOCAL_QUEUE": ("local_queue", str), "CLUSTER_QUEUE": ("cluster_queue", str),
             "BACKOFF_LIMIT": ("backoff_limit", int), "REQUEST_TIMEOUT_S": ("request_timeout_s", float),
             "DEFAULT_IMAGE": ("default_image", str), "CANCELLED_RETENTION_S": ("cancelled_retention_s", int),
+            "DEFAULT_PRIORITY_CLASS": ("default_priority_class", str),
+            "AUTOMOUNT_SERVICE_ACCOUNT_TOKEN": ("automount_service_account_token",
+                                                lambda v: v.strip().lower() in ("1", "true", "yes")),
+            "SECCOMP_PROFILE": ("seccomp_profile", lambda v: None if v.strip().lower() == "none" else v.strip()),
         }
         for key, (field, conv) in simple.items():
             if values.get(ENV_PREFIX + key):
@@ -91,6 +123,9 @@ class KubernetesSettings:
             kw["priority_classes"] = {
                 int(k): v for k, v in (p.split(":", 1) for p in values[ENV_PREFIX + "PRIORITY_CLASSES"].split(","))
             }
+        if values.get(ENV_PREFIX + "UID_MAP"):  # "alice=1001,bob=1002"
+            pairs = (p.split("=", 1) for p in values[ENV_PREFIX + "UID_MAP"].split(","))
+            kw["uid_map"] = {u.strip(): int(n) for u, n in pairs}
         if values.get(ENV_PREFIX + "NAMESPACE_MAP"):  # "acct=ns,acct2=ns2"
             kw["namespaces"] = dict(p.split("=", 1) for p in values[ENV_PREFIX + "NAMESPACE_MAP"].split(","))
         kw.update(overrides)

@@ -28,6 +28,10 @@ class Account(Base):
         String(63), ForeignKey("account.name", ondelete="RESTRICT"), index=True)
     shares: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Kueue WorkloadPriorityClass of the account's jobs, set by an administrator only (a
+    # user's job priority never picks it: the class decides whom the shared ClusterQueue
+    # preempts). NULL: the backend's default class.
+    priority_class: Mapped[str | None] = mapped_column(String(253))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -113,7 +113,8 @@ def _check_name(name: str, field: str) -> None:
         raise Invalid(field, "must match ^[a-z0-9][a-z0-9-]{0,62}$")
 
 
-def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "") -> Account:
+def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "",
+           priority_class: str | None = None) -> Account:
     _check_name(name, "body.name")
     if session.get(Account, name) is not None:
         raise Conflict(f"account {name!r} exists")
@@ -121,7 +122,8 @@ def create(session: Session, *, name: str, parent_name: str | None, shares: int,
         get_or_raise(session, name=parent_name, field="body.parent")
         if len(chain(session, parent_name)) >= MAX_DEPTH:
             raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
-    acc = Account(name=name, parent_name=parent_name, shares=shares, description=description, created_at=utcnow())
+    acc = Account(name=name, parent_name=parent_name, shares=shares, description=description,
+                  priority_class=priority_class, created_at=utcnow())
     session.add(acc)
     session.flush()
     from gateway.ledger.models import AccountBalance
@@ -137,6 +139,8 @@ def update(session: Session, *, name: str, changes: dict[str, Any], actor: str) 
         acc.shares = changes["shares"]
     if "description" in changes and changes["description"] is not None:
         acc.description = changes["description"]
+    if "priority_class" in changes:  # null: back to the backend's default class
+        acc.priority_class = changes["priority_class"]
     if "parent" in changes:
         new_parent = changes["parent"]
         if new_parent != acc.parent_name:

@@ -62,7 +62,7 @@ def _admin_account(session: Session, name: str, half_life_s: int) -> AdminAccoun
     acc = accounts.get_or_raise(session, name=name)
     base = usage_out(session, name, half_life_s)
     return AdminAccountOut(**base.model_dump(), parent=acc.parent_name, shares=acc.shares,
-                           description=acc.description or "",
+                           description=acc.description or "", priority_class=acc.priority_class,
                            members=[_member_out(m) for m in accounts.members(session, name)])
 
 
@@ -81,7 +81,7 @@ def create_account(request: Request, response: Response, body: AccountCreate,
                    principal: Principal = Depends(require_admin),
                    session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     accounts.create(session, name=body.name, parent_name=body.parent, shares=body.shares,
-                    description=body.description)
+                    description=body.description, priority_class=body.priority_class)
     if body.quota is not None:
         accounts.set_quota(session, name=body.name, values=_quota_values(body.quota), actor=principal.subject)
     response.headers["Location"] = f"/v1/admin/accounts/{body.name}"
@@ -101,7 +101,7 @@ def get_account(name: AccountName, request: Request, session: Session = Depends(
 
 
 @router.patch("/accounts/{name}", response_model=AdminAccountOut, operation_id="updateAccount",
-              summary="Change an account's parent, shares or description",
+              summary="Change an account's parent, shares, description or priority class",
               description="Moving an account moves its subtree's running totals to the new ancestors. "
                           "A move below itself (a cycle) is a 422 naming `body.parent`.",
               responses=problem_responses(401, 403, 404, 409, 422))

@@ -13,6 +13,12 @@ from gateway.ledger.models import ENTRY_KINDS
 
 NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
 USER = r"^[a-z_][a-z0-9_-]{0,31}$"
+# A Kubernetes object name (DNS-1123 subdomain), as a WorkloadPriorityClass is named.
+PRIORITY_CLASS = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+PRIORITY_CLASS_DOC = ("Kueue WorkloadPriorityClass of the account's jobs on Kubernetes: it decides which "
+                      "accounts' jobs the shared ClusterQueue may preempt. Only administrators set it; a "
+                      "user's job `priority` orders jobs within their account only. null: the backend's "
+                      "default class.")
 
 LedgerEntryKind = enum.Enum("LedgerEntryKind", {k.upper(): k for k in ENTRY_KINDS}, type=str)
 LedgerEntryKind.__doc__ = "What a ledger entry records (docs/ledger.md)."
@@ -34,23 +40,29 @@ class AccountCreate(BaseModel):
     parent: str | None = Field(default=None, pattern=NAME, max_length=63)
     shares: int = Field(default=1, ge=0, le=1_000_000, description="Fair-share weight among siblings.")
     description: str = Field(default="", max_length=2000)
+    priority_class: str | None = Field(default=None, pattern=PRIORITY_CLASS, max_length=253,
+                                       description=PRIORITY_CLASS_DOC)
     quota: QuotaIn | None = None
 
 
 class AccountUpdate(BaseModel):
     """Only the fields present change. ``parent: null`` makes the account a root."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"shares": 3}, {"parent": "org-b"}]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"shares": 3}, {"parent": "org-b"},
+                                                                                 {"priority_class": "isthmus-high"}]})
 
     parent: str | None = Field(default=None, pattern=NAME, max_length=63)
     shares: int | None = Field(default=None, ge=0, le=1_000_000)
     description: str | None = Field(default=None, max_length=2000)
+    priority_class: str | None = Field(default=None, pattern=PRIORITY_CLASS, max_length=253,
+                                       description=PRIORITY_CLASS_DOC + " `null` goes back to the default.")
 
 
 class AdminAccountOut(AccountUsageOut):
     parent: str | None
     shares: int
     description: str
+    priority_class: str | None = Field(default=None, description=PRIORITY_CLASS_DOC)
     members: list["MemberOut"] = []
 
 

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, object_session, sessionmaker
 
 from adapters.base import (
     Backend,
@@ -39,6 +39,7 @@ from adapters.base import (
     SubmitRequest,
     Unsupported,
 )
+from gateway.accounts.models import Account
 from gateway.jobs import service as jobs
 from gateway.jobs.models import Job
 from gateway.jobs.schemas import parse_memory_mib
@@ -50,7 +51,7 @@ from gateway.kit.settings import Settings
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import service as ledger
 from gateway.ledger.models import Reservation
-from gateway.routing.service import JobShape, PoolView, parse_weights, route, take
+from gateway.routing.service import JobShape, PoolView, held_gpus, parse_weights, route, take
 
 log = logging.getLogger("isthmus.dispatch")
 
@@ -75,13 +76,19 @@ def _is_deadlock(exc: OperationalError) -> bool:
 
 def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
     spec = job.spec
+    # The backend priority class is the account's (an admin setting), never the user's choice.
+    account = object_session(job).get(Account, job.account_name)
     return SubmitRequest(
         gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
-        command=list(spec["command"]), workers=job.workers, gpus_per_worker=job.gpus_per_worker,
+        # A gang charged for whole nodes gets every GPU of them (held_gpus, set at the claim):
+        # without --gres, Slurm's --exclusive blocks the node's GPUs but gives the job none.
+        command=list(spec["command"]), workers=job.workers,
+        gpus_per_worker=max(job.gpus_per_worker, (job.held_gpus or 0) // max(job.workers, 1)),
         cpus_per_worker=int(spec.get("cpus_per_worker", 1)),
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
         env=dict(spec.get("env") or {}), labels=dict(spec.get("labels") or {}), priority=job.priority,
+        priority_class=account.priority_class if account is not None else None,
         first_attempt=first_attempt, submitted_after=as_utc(job.created_at),
     )
 
@@ -249,11 +256,13 @@ class Dispatcher:
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
         shape = JobShape.of(job)
         refusals: dict[str, str] = {}
+        # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
+        held = {name: held_gpus(shape, view) for name, view in views.items()}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
         if job.requested_backend == "auto" and len(views) > 1:
             for name in views:
-                ok, why = ledger.admission_check(s, job=job, pool=name, now=now)
+                ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
                 if not ok:
                     refusals[name] = why
         decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
@@ -266,11 +275,12 @@ class Dispatcher:
             self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
             return
         try:  # reserve() writes nothing when it refuses: no savepoint needed
-            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now)
+            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
         except QuotaExceeded as exc:
             self._note_waiting(s, job, f"quota: {exc.detail}")
             return
         job.backend = decision.pool
+        job.held_gpus = held[decision.pool]
         job.routing_reason = decision.reason
         job.next_attempt_at = now + timedelta(seconds=self.settings.dispatch_lease_s)
         job.dispatch_attempts += 1

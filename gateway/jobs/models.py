@@ -37,6 +37,9 @@ class Job(Base):
     workers: Mapped[int] = mapped_column(Integer)
     gpus_per_worker: Mapped[int] = mapped_column(Integer)
     total_gpus: Mapped[int] = mapped_column(Integer)
+    # GPUs the gang holds (and is charged for) on the pool it was routed to: on a node-exclusive
+    # pool whole nodes x GPUs per node, whatever it asked for. NULL until dispatched.
+    held_gpus: Mapped[int | None] = mapped_column(Integer)
     time_limit_s: Mapped[int] = mapped_column(Integer)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     backend_job_id: Mapped[str | None] = mapped_column(String(128))

@@ -34,7 +34,7 @@ def to_out(job: Job) -> JobOut:
         backend=BackendChoice(job.requested_backend), assigned_backend=job.backend, state=JobState(job.state),
         state_reason=job.state_reason or "", routing_reason=job.routing_reason or "",
         command=spec["command"], image=spec.get("image"), workers=job.workers,
-        gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
+        gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus, held_gpus=job.held_gpus,
         cpus_per_worker=spec["cpus_per_worker"], memory_per_worker=spec["memory_per_worker"],
         gpu_type=spec.get("gpu_type"), time_limit=format_duration(job.time_limit_s), time_limit_s=job.time_limit_s,
         env=spec.get("env") or {}, labels=spec.get("labels") or {}, priority=job.priority,

@@ -21,6 +21,13 @@ IMAGE_RE = r"^[a-z0-9][a-z0-9._/:@-]{0,254}$"
 GPU_TYPE_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"
 # Variables the backends set themselves; a job may not override them.
 RESERVED_ENV_PREFIXES = ("SLURM_", "ISTHMUS_", "KUBERNETES_")
+# Label keys a job may not set (docs/kubernetes.md, "Pod hardening"). The Job controller
+# selects its pods by job-name / controller-uid; Kueue reads its own keys (queue, priority
+# class); kubernetes.io / k8s.io (and their subdomains) belong to Kubernetes; the gateway's
+# isthmus.io keys say whose pod it is, and sites select on them (Services, NetworkPolicies).
+RESERVED_LABEL_KEYS = frozenset({"job-name", "controller-uid", "isthmus.io/managed-by", "isthmus.io/gateway-job-id",
+                                 "isthmus.io/account", "isthmus.io/user"})
+RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "x-k8s.io")
 
 MAX_WORKERS = 1024
 MAX_GPUS_PER_WORKER = 16
@@ -123,6 +130,15 @@ EXAMPLE_SPEC = {
 }
 
 
+def reserved_label_key(key: str) -> bool:
+    """Whether a job may not set this label key (case-insensitive, as a DNS prefix is)."""
+    k = key.lower()
+    if k in RESERVED_LABEL_KEYS:
+        return True
+    prefix = k.split("/", 1)[0] if "/" in k else ""
+    return any(prefix == d or prefix.endswith("." + d) for d in RESERVED_LABEL_DOMAINS)
+
+
 class JobSpec(BaseModel):
     """What a user asks to run: one gang of ``workers`` identical workers."""
 
@@ -209,6 +225,8 @@ class JobSpec(BaseModel):
         for key, value in v.items():
             if len(key) > 253 or not LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key[:64]!r} is not a valid label name")
+            if reserved_label_key(key):
+                raise ValueError(f"label key {key!r} is reserved for the gateway and the backends")
             if not LABEL_VALUE_RE.fullmatch(value):
                 raise ValueError(f"label {key!r}: value must be up to 63 letters, digits, '-', '_', '.'")
         return v
@@ -249,7 +267,11 @@ class JobOut(BaseModel):
     image: str | None
     workers: int
     gpus_per_worker: int
-    total_gpus: int
+    total_gpus: int = Field(description="GPUs asked for: workers x gpus_per_worker.")
+    held_gpus: int | None = Field(
+        default=None, description="GPUs the gang holds, and is reserved and charged for, on its pool: on a "
+                                  "node-exclusive pool (Slurm) whole nodes x GPUs per node, even when it asked for "
+                                  "fewer. null until dispatched.")
     cpus_per_worker: int
     memory_per_worker: str
     gpu_type: str | None

@@ -258,12 +258,15 @@ def _job_pool(job: Any, pool: str | None) -> str | None:
     return pool
 
 
-def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None) -> tuple[bool, str]:
+def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None,
+                    gpus: int | None = None) -> tuple[bool, str]:
     """Would ``job`` be admitted now? The same rule as :func:`reserve`, without locking or writing.
 
     Args:
         job: the job (``account_name``, ``total_gpus``, ``time_limit_s``, ``spec``, ``username``).
         pool: "slurm", "kubernetes", or None for "either pool".
+        gpus: the GPUs the gang would hold in ``pool`` (whole nodes on a node-exclusive pool);
+            default ``job.total_gpus``.
 
     Returns:
         (fits, reason): the reason is a sentence for the user either way.
@@ -279,8 +282,9 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
     gpu_type = normalise_gpu_type((job.spec or {}).get("gpu_type"))
     weight = billing_weight(session, pool, gpu_type) if pool else min(
         billing_weight(session, p, gpu_type) for p in POOLS)
-    committed = committed_for(job.total_gpus, job.time_limit_s, weight)
-    why = _refusal(session, names=names, balances=balances, gpus=job.total_gpus, pool=pool,
+    gpus = job.total_gpus if gpus is None else gpus
+    committed = committed_for(gpus, job.time_limit_s, weight)
+    why = _refusal(session, names=names, balances=balances, gpus=gpus, pool=pool,
                    committed=committed, username=job.username, now=now)
     if why:
         return False, why
@@ -357,7 +361,8 @@ _RESERVE_WRITES_PG = _RESERVE_BALANCES.add_cte(
 )
 
 
-def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime | None = None) -> None:
+def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime | None = None,
+            gpus: int | None = None) -> None:
     """Reserve the whole gang's GPUs and committed GPU-time on the job's account chain.
 
     Nothing is written when the gang does not fit, so a caller needs no savepoint to go on
@@ -367,6 +372,9 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         job: the job being dispatched to ``pool``.
         pool: "slurm" or "kubernetes".
         actor: who dispatches (e.g. "system:dispatcher").
+        gpus: the GPUs the gang holds in ``pool``, reserved, limited and later charged (on a
+            node-exclusive pool whole nodes x GPUs per node; docs/ledger.md); at least
+            ``job.total_gpus``, the default.
 
     Raises:
         QuotaExceeded: the gang does not fit; nothing was written.
@@ -377,6 +385,8 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         raise Invalid("pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
     if job.total_gpus < 0 or job.time_limit_s <= 0:
         raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
+    # Never less than asked: a caller cannot make a gang cheaper than its request.
+    held = job.total_gpus if gpus is None else max(int(gpus), job.total_gpus)
     # Hot path (bench/bench_ledger.py): Core statements, three round trips while the chain
     # is locked (four with a GPU-hour budget in the chain), instead of ORM objects.
     conn = session.connection()
@@ -393,22 +403,24 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         raise Conflict(f"job {job.id} already finished; it cannot reserve again")
     balances = {r.name: _BalanceView(**{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
     quotas = {r.name: _QuotaView(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
-    committed = committed_for(job.total_gpus, job.time_limit_s, weight)
-    why = _refusal(session, names=names, balances=balances, gpus=job.total_gpus, pool=pool,
+    committed = committed_for(held, job.time_limit_s, weight)
+    why = _refusal(session, names=names, balances=balances, gpus=held, pool=pool,
                    committed=committed, username=job.username, now=now, quotas=quotas)
     if why:
         raise QuotaExceeded(why)
     row = dict(job_id=job.id, account_name=job.account_name, username=job.username, pool=pool, gpu_type=gpu_type,
-               gpus=job.total_gpus, time_limit_s=job.time_limit_s, billing_weight=weight,
+               gpus=held, time_limit_s=job.time_limit_s, billing_weight=weight,
                committed_gpu_seconds=committed, status="reserved", reserved_at=now, started_at=None,
                ended_at=None, used_gpu_seconds=0, accrued_gpu_seconds=0, accrued_at=None, requeued_at=None)
+    why_held = "" if held == job.total_gpus else \
+        f" (whole nodes: {job.workers} x {held // job.workers} GPUs; asked {job.total_gpus})"
     entry = dict(at=now, account_name=job.account_name, kind="reserve", job_id=job.id, pool=pool,
-                 gpu_type=gpu_type, username=job.username, gpus=job.total_gpus,
+                 gpu_type=gpu_type, username=job.username, gpus=held,
                  committed_gpu_seconds=committed, gpu_seconds=0, billing_weight=weight, actor=actor,
-                 reason=f"{job.total_gpus} GPUs x {job.time_limit_s} s x weight {weight:g}")
-    deltas = {"names": names, "now": now, "d_reserved_gpus": job.total_gpus, "d_committed_gpu_seconds": committed,
-              "d_queued_jobs": 1, "d_reserved_gpus_slurm": job.total_gpus if pool == "slurm" else 0,
-              "d_reserved_gpus_kubernetes": job.total_gpus if pool == "kubernetes" else 0}
+                 reason=f"{held} GPUs{why_held} x {job.time_limit_s} s x weight {weight:g}")
+    deltas = {"names": names, "now": now, "d_reserved_gpus": held, "d_committed_gpu_seconds": committed,
+              "d_queued_jobs": 1, "d_reserved_gpus_slurm": held if pool == "slurm" else 0,
+              "d_reserved_gpus_kubernetes": held if pool == "kubernetes" else 0}
     if r_status is None and conn.dialect.name == "postgresql":
         # All three writes in one round trip: the locks are held for one fewer wait each.
         conn.execute(_RESERVE_WRITES_PG, {**{f"r_{k}": v for k, v in row.items()},

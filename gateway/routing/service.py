@@ -100,6 +100,19 @@ def never_fits(shape: JobShape, view: PoolView) -> str | None:
     return None
 
 
+def held_gpus(shape: JobShape, view: PoolView) -> int:
+    """GPUs the gang will hold on this pool, which is what the ledger reserves, limits and charges.
+
+    A node-exclusive pool gives each worker a whole node and every GPU on it (sbatch(1)
+    ``--exclusive``: "the job is allocated all CPUs and GRES on all nodes"), whatever the job
+    asked for: workers x the pool's GPUs per node (its largest node when nodes differ). Other
+    pools place GPUs one by one: what was asked.
+    """
+    if view.node_exclusive and view.gpus_per_node:
+        return max(shape.total_gpus, shape.workers * view.gpus_per_node)
+    return shape.total_gpus
+
+
 def fits_now(shape: JobShape, view: PoolView) -> bool:
     if view.capacity is None:
         return False

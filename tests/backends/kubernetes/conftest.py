@@ -162,12 +162,14 @@ def clean(kube):
 
 
 def request(gid: str, *, account: str = "team-a", workers: int = 1, gpus: int = 8, labels=None,
-            priority: int = 0, cpus: int = 4, memory_mib: int = 8192) -> SubmitRequest:
+            priority: int = 0, cpus: int = 4, memory_mib: int = 8192,
+            priority_class: str | None = None) -> SubmitRequest:
     return SubmitRequest(
         gateway_job_id=gid, name=f"test {gid}", account=account, user="alice",
         command=["python", "-m", "train", "--epochs", "1"], workers=workers, gpus_per_worker=gpus,
         cpus_per_worker=cpus, memory_mib_per_worker=memory_mib, time_limit_s=3600,
         env={"EXPERIMENT": "contract"}, labels={SUITE_LABEL: SUITE, **(labels or {})}, priority=priority,
+        priority_class=priority_class,
     )
 
 

@@ -111,6 +111,7 @@ def test_failing_worker_fails_gang_and_frees_gpus(backend, kube, accounts):
 
 
 def test_preemption_by_higher_priority_is_reported_as_requeued(backend, kube, accounts):
+    # The classes are the accounts' (admin-set in the gateway), never the requests' priority.
     stop = threading.Event()
     mine: set[str] = set()  # as the gateway does: the replay skips Jobs this test does not follow
     stream = backend.watch_events(stop, interested=mine.__contains__)
@@ -123,10 +124,12 @@ def test_preemption_by_higher_priority_is_reported_as_requeued(backend, kube, ac
     t = threading.Thread(target=collect, daemon=True)
     t.start()
     try:
-        low = backend.submit(request(gid("low"), account=accounts[0], workers=4, gpus=8, priority=-1)).backend_job_id
+        low = backend.submit(request(gid("low"), account=accounts[0], workers=4, gpus=8,
+                                   priority_class="isthmus-low")).backend_job_id
         mine.add(low)
         wait_state(backend, low, {BackendState.RUNNING})
-        high = backend.submit(request(gid("high"), account=accounts[1], workers=1, gpus=8, priority=1)).backend_job_id
+        high = backend.submit(request(gid("high"), account=accounts[1], workers=1, gpus=8,
+                                    priority_class="isthmus-high")).backend_job_id
         mine.add(high)
         st = wait_state(backend, low, {BackendState.REQUEUED}, timeout_s=30)
         assert "preempt" in st.reason.lower() or "evict" in st.reason.lower(), st.reason

@@ -1,6 +1,6 @@
 """indexes for the submit-time caps: a user's waiting jobs, a caller's recent idempotency keys
 
-Revision ID: 0005h3
+Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = '0005h3'
+revision = '0005'
 down_revision = '0004'
 branch_labels = None
 depends_on = None
