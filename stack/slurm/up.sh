@@ -3,6 +3,7 @@
 #   bash stack/slurm/up.sh 22.05   # Debian 12 host packages
 #   bash stack/slurm/up.sh 24.11   # Debian 13 (trixie) chroot, cached
 #   bash stack/slurm/up.sh 26.05   # Debian unstable (sid) chroot, cached
+#   bash stack/slurm/up.sh 25.11   # built from source on the host (build-25.11.sh), cached
 # One slurmctld, slurmd gpu[1-4] (8 fake GPUs each), slurmrestd with JWT, own munged,
 # own ports. Runtime state goes to .stack/slurm-<ver>/ (the env file tests read);
 # downloaded/built things go to ${ISTHMUS_CACHE:-/var/cache/isthmus}/slurm-<ver>/.
@@ -26,6 +27,13 @@ flock -w 600 9 || { log "another up.sh holds $STATE/.up.lock"; exit 1; }
 if [ "$MODE" = host ]; then
   apt_install slurm-wlm slurmrestd munge
   dpkg-query -W -f='${Version}\n' slurmctld >"$CACHE/slurm-package-version"
+elif [ "$MODE" = prefix ]; then
+  # Cached: a no-op once built. ISTHMUS_PYSLURM_VENV also puts pyslurm into that venv.
+  bash "$HERE/build-$VER.sh" ${ISTHMUS_PYSLURM_VENV:+--pyslurm "$ISTHMUS_PYSLURM_VENV"}
+  apt_install munge
+  getent group slurm >/dev/null || groupadd --system slurm
+  getent passwd slurm >/dev/null || useradd --system -g slurm -M -d /nonexistent -s /usr/sbin/nologin slurm
+  "$PREFIX/sbin/slurmctld" -V | awk '{print $2}' >"$CACHE/slurm-package-version"
 else
   apt_install debootstrap
   ensure_rootfs
@@ -143,11 +151,14 @@ SchedulerParameters=bf_interval=1,sched_interval=2,sched_min_interval=200000
 NodeName=gpu[1-4] NodeHostname=localhost Port=[$SLURMD_PORT0-$SLURMD_PORT_LAST] CPUs=8 RealMemory=64000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=gpu[1-4] Default=YES MaxTime=INFINITE State=UP
 CONF
+  # Slurm 25.11 serves OpenMetrics over HTTP on slurmctld's own port (GET /metrics/...).
+  [ "$VER" = 25.11 ] && echo "MetricsType=metrics/openmetrics"
+  return 0
 }
 write_conf >"$CONF.new"
 printf 'AutoDetect=off\nNodeName=gpu[1-4] Name=gpu File=%s/dev/nvidia[0-7]\n' "$STATE" >"$STATE/etc/gres.conf"
 # Slurm >= 23.02 reads cgroup.conf even with proctrack/linuxproc; no cgroups here.
-[ "$MODE" = chroot ] && echo "CgroupPlugin=disabled" >"$STATE/etc/cgroup.conf"
+[ "$MODE" != host ] && echo "CgroupPlugin=disabled" >"$STATE/etc/cgroup.conf"
 chmod 644 "$STATE"/etc/*
 
 stop_cluster_daemons() {
@@ -163,6 +174,12 @@ mv "$CONF.new" "$CONF"
 
 # --------------------------------------------------------------------- daemons
 RUN_ENV=(env SLURM_CONF="$CONF")
+# Where this version's daemons and commands are: the distribution's, or the built prefix.
+SBIN=/usr/sbin; BINDIR=""
+if [ "$MODE" = prefix ]; then
+  SBIN="$PREFIX/sbin"; BINDIR="$PREFIX/bin"
+  RUN_ENV+=(PATH="$BINDIR:$SBIN:/usr/sbin:/usr/bin:/sbin:/bin")
+fi
 if ! pid_alive "$STATE/munge/munged.pid" munged; then
   log "starting munged"
   "${CH[@]}" runuser -u munge -- /usr/sbin/munged --force \
@@ -172,12 +189,12 @@ if ! pid_alive "$STATE/munge/munged.pid" munged; then
 fi
 if ! pid_alive "$STATE/run/slurmctld.pid" slurmctld; then
   log "starting slurmctld on port $CTLD_PORT"
-  "${CH[@]}" "${RUN_ENV[@]}" /usr/sbin/slurmctld -f "$CONF" 9>&-
+  "${CH[@]}" "${RUN_ENV[@]}" "$SBIN/slurmctld" -f "$CONF" 9>&-
 fi
 for n in 1 2 3 4; do
   if ! pid_alive "$STATE/run/slurmd-gpu$n.pid" slurmd; then
     log "starting slurmd gpu$n"
-    "${CH[@]}" "${RUN_ENV[@]}" /usr/sbin/slurmd -f "$CONF" -N "gpu$n" 9>&-
+    "${CH[@]}" "${RUN_ENV[@]}" "$SBIN/slurmd" -f "$CONF" -N "gpu$n" 9>&-
   fi
 done
 
@@ -189,7 +206,7 @@ if ! pid_alive "$STATE/run/slurmrestd.pid" slurmrestd; then
   (
     cd /
     setsid "${CH[@]}" env SLURM_CONF="$CONF" SLURM_JWT=daemon \
-      /usr/sbin/slurmrestd -f "$CONF" -u slurmrest -g slurmrest -a rest_auth/jwt \
+      "$SBIN/slurmrestd" -f "$CONF" -u slurmrest -g slurmrest -a rest_auth/jwt \
       -s "$REST_PLUGINS" "127.0.0.1:$REST_PORT" \
       </dev/null >>"$STATE/log/slurmrestd.log" 2>&1 9>&- &
     echo $! >"$STATE/run/slurmrestd.pid"
@@ -197,7 +214,7 @@ if ! pid_alive "$STATE/run/slurmrestd.pid" slurmrestd; then
 fi
 
 # ---------------------------------------------------------- wait for the nodes
-CLI=("${CH[@]}" env SLURM_CONF="$CONF")
+CLI=("${CH[@]}" "${RUN_ENV[@]}")
 deadline=$((SECONDS + ${ISTHMUS_SLURM_UP_TIMEOUT_S:-90}))
 while :; do
   states=$("${CLI[@]}" sinfo -h -N -p gpu -o '%N %t' 2>/dev/null | sort -u || true)
@@ -238,6 +255,9 @@ q() { printf "'%s'" "$1"; }   # values never contain single quotes
   echo "SLURM_TEST_USERS=$(q alice,bob,carol)"
   echo "SLURM_CTLD_PORT=$(q "$CTLD_PORT")"
   echo "SLURM_STACK_DIR=$(q "$STATE")"
+  # Only for a cluster whose commands are not on the default PATH (a built prefix).
+  if [ -n "$BINDIR" ]; then echo "SLURM_BIN_DIR=$(q "$BINDIR")"; fi
+  if [ "$VER" = 25.11 ]; then echo "SLURM_METRICS_URL=$(q "http://127.0.0.1:$CTLD_PORT/metrics")"; fi
 } >"$STATE/env.new"
 mv "$STATE/env.new" "$STATE/env"
 log "up: $("${CLI[@]}" sinfo -h -p gpu -o '%P %D %t %N' | tr '\n' ' ')— env: $STATE/env"
