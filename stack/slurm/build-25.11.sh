@@ -8,8 +8,8 @@
 # (<tarball>.sha256 beside it, or ISTHMUS_SLURM_SHA256) before anything is built.
 # Installs under ${ISTHMUS_CACHE:-/var/cache/isthmus}/slurm-25.11/prefix; a marker that
 # records the tarball's checksum makes a second run a no-op (a different tarball rebuilds).
-# pyslurm is built once into a wheel cached beside the prefix, with an rpath to the
-# prefix's lib/, so a fresh venv installs it in seconds and only SLURM_CONF is needed.
+# pyslurm is built once into a wheel cached beside the prefix (it links with an rpath to
+# the prefix's lib/), so a fresh venv installs it in seconds and needs only a slurm.conf.
 set -euo pipefail
 VER=25.11
 PYSLURM_VERSION="${ISTHMUS_PYSLURM_VERSION:-25.11.2}"
@@ -99,10 +99,10 @@ if ! ls "$WHEELS"/pyslurm-"$PYSLURM_VERSION"-*.whl >/dev/null 2>&1; then
   log "building pyslurm $PYSLURM_VERSION against $PREFIX (a few minutes; log: $CACHE/pyslurm-build.log)"
   start=$SECONDS
   mkdir -p "$WHEELS"
-  # The rpath lets "import pyslurm" find libslurm without LD_LIBRARY_PATH.
+  # pyslurm's setup links with an rpath to SLURM_LIB_DIR, so "import pyslurm" finds
+  # libslurm without LD_LIBRARY_PATH as long as the prefix stays where it is.
   SLURM_INCLUDE_DIR="$PREFIX/include" SLURM_LIB_DIR="$PREFIX/lib" \
-    LDFLAGS="-Wl,-rpath,$PREFIX/lib -Wl,-rpath,$PREFIX/lib/slurm" \
-    nice -n 10 "$PIP" wheel --no-deps --no-binary pyslurm -w "$WHEELS" \
+    PYSLURM_BUILD_JOBS="$(nproc)" nice -n 10 "$PIP" wheel --no-deps --no-binary pyslurm -w "$WHEELS" \
     "pyslurm==$PYSLURM_VERSION" >"$CACHE/pyslurm-build.log" 2>&1 || {
       log "pyslurm build failed; see $CACHE/pyslurm-build.log"; tail -30 "$CACHE/pyslurm-build.log" >&2; exit 1; }
   echo "$((SECONDS - start))" >"$CACHE/pyslurm-build-seconds"

@@ -28,8 +28,14 @@ if [ "$MODE" = host ]; then
   apt_install slurm-wlm slurmrestd munge
   dpkg-query -W -f='${Version}\n' slurmctld >"$CACHE/slurm-package-version"
 elif [ "$MODE" = prefix ]; then
-  # Cached: a no-op once built. ISTHMUS_PYSLURM_VENV also puts pyslurm into that venv.
-  bash "$HERE/build-$VER.sh" ${ISTHMUS_PYSLURM_VENV:+--pyslurm "$ISTHMUS_PYSLURM_VENV"}
+  # Cached: a no-op once built. pyslurm goes into the repository's .venv when there is
+  # one (what `make test` reaches), or into ISTHMUS_PYSLURM_VENV; set that empty to skip.
+  PYSLURM_VENV=${ISTHMUS_PYSLURM_VENV-$REPO_ROOT/.venv}
+  if [ -n "$PYSLURM_VENV" ] && [ -x "$PYSLURM_VENV/bin/pip" ]; then
+    bash "$HERE/build-$VER.sh" --pyslurm "$PYSLURM_VENV"
+  else
+    bash "$HERE/build-$VER.sh"
+  fi
   apt_install munge
   getent group slurm >/dev/null || groupadd --system slurm
   getent passwd slurm >/dev/null || useradd --system -g slurm -M -d /nonexistent -s /usr/sbin/nologin slurm
