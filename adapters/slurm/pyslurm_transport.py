@@ -60,8 +60,9 @@ def _major_minor(version: str) -> tuple[int, int]:
 class _Child:
     """One worker process and its pipes. Not thread-safe: the pool hands it to one caller."""
 
-    def __init__(self, slurm_conf: str | None, start_timeout_s: float, env: Mapping[str, str]):
-        argv = [sys.executable, str(WORKER)] + ([slurm_conf] if slurm_conf else [])
+    def __init__(self, slurm_conf: str | None, start_timeout_s: float, env: Mapping[str, str],
+                 python: str):
+        argv = [python, str(WORKER)] + ([slurm_conf] if slurm_conf else [])
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, env=dict(env), text=True,
@@ -137,9 +138,13 @@ class PyslurmTransport(Transport):
     name = "pyslurm"
 
     def __init__(self, *, slurm_conf: str | None = None, timeout_s: float = 30.0,
-                 workers: int = 1, path: str = "/usr/local/bin:/usr/bin:/bin"):
+                 workers: int = 1, path: str = "/usr/local/bin:/usr/bin:/bin",
+                 python: str | None = None):
+        """``python``: the interpreter of the child (default: the gateway's own), e.g. a
+        separate venv that holds pyslurm."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        self._python = python or sys.executable
         self._conf = slurm_conf
         self._timeout_s = timeout_s
         # The child gets a clean environment: pyslurm exports every SLURM_* variable of
@@ -172,7 +177,7 @@ class PyslurmTransport(Transport):
         if child is not None and child.alive():
             return child
         try:
-            return _Child(self._conf, self._timeout_s, self._env)
+            return _Child(self._conf, self._timeout_s, self._env, self._python)
         except TimeoutError as exc:
             self._idle.put(None)
             raise BackendUnavailable(str(exc), backend="slurm") from exc

@@ -98,7 +98,7 @@ def _submit(pyslurm, req: dict[str, Any]) -> int:
         user_id=req["uid"], group_id=req["gid"],
         nodes=req["nodes"], ntasks=req["nodes"], ntasks_per_node=1,
         cpus_per_task=req["cpus_per_node"], memory_per_node=req["memory_mib_per_node"],
-        resource_sharing="exclusive", time_limit=str(req["time_limit_min"]),
+        resource_sharing="exclusive", time_limit=int(req["time_limit_min"]),
         working_directory=req["work_dir"], standard_output=req["output"],
         script=req["script"], environment=dict(req["environment"]),
     )

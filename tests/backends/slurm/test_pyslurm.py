@@ -152,6 +152,14 @@ def test_newer_slurmctld_answers_an_older_libslurm(env25):
         b.close()
 
 
+def test_without_pyslurm_the_transport_says_why(env25):
+    """An interpreter without pyslurm (the system's) is refused with the reason, at once."""
+    with pytest.raises(Unsupported) as exc:
+        PyslurmTransport(slurm_conf=env25["SLURM_CONF"], python="/usr/bin/python3")
+    assert "pyslurm" in exc.value.message and "'rest' or 'cli'" in exc.value.message
+    assert "No module named 'pyslurm'" in (exc.value.detail or "")
+
+
 def test_slurmctld_serves_openmetrics(env25):
     url = env25["SLURM_METRICS_URL"]
     text = httpx.get(f"{url}/nodes", timeout=10, follow_redirects=True).text
