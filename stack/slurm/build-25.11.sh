@@ -8,8 +8,8 @@
 # (<tarball>.sha256 beside it, or ISTHMUS_SLURM_SHA256) before anything is built.
 # Installs under ${ISTHMUS_CACHE:-/var/cache/isthmus}/slurm-25.11/prefix; a marker that
 # records the tarball's checksum makes a second run a no-op (a different tarball rebuilds).
-# pyslurm is built once into a wheel cached beside the prefix (it links with an rpath to
-# the prefix's lib/), so a fresh venv installs it in seconds and needs only a slurm.conf.
+# pyslurm is built once into a wheel cached beside the prefix (its setup links with an
+# rpath to the prefix's lib/), so a fresh venv installs it in seconds.
 set -euo pipefail
 VER=25.11
 PYSLURM_VERSION="${ISTHMUS_PYSLURM_VERSION:-25.11.2}"
@@ -27,8 +27,13 @@ done
 PREFIX="$CACHE/prefix"
 MARKER="$CACHE/.build-complete"
 mkdir -p "$CACHE"
-exec 8>"$CACHE/.build.lock"
-flock -w 3600 8 || { log "another build holds $CACHE/.build.lock"; exit 1; }
+# Builds hold this lock; the "already built" checks below do not need it, so a running
+# pyslurm build never blocks up.sh from (re)starting the cluster.
+take_lock() {
+  exec 8>"$CACHE/.build.lock"
+  flock -w 3600 8 || { log "another build holds $CACHE/.build.lock"; exit 1; }
+}
+built() { [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT" ] && [ -x "$PREFIX/sbin/slurmctld" ]; }
 
 # ------------------------------------------------------------------ the tarball
 find_source() {
@@ -53,7 +58,7 @@ fi
 [[ "$WANT" =~ ^[0-9a-f]{64}$ ]] || { log "checksum for $SRC is not a sha256 hex digest"; exit 1; }
 
 # ------------------------------------------------------------------- Slurm build
-if [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$WANT" ] && [ -x "$PREFIX/sbin/slurmctld" ]; then
+if built || { take_lock; built; }; then
   log "Slurm $VER already built in $PREFIX"
 else
   GOT=$(sha256sum "$SRC" | awk '{print $1}')
@@ -95,7 +100,8 @@ WHEELS="$CACHE/wheels-$(cat "$MARKER" | cut -c1-12)"
 if want_pyslurm; then
   log "pyslurm $PYSLURM_VERSION already in $VENV"; exit 0
 fi
-if ! ls "$WHEELS"/pyslurm-"$PYSLURM_VERSION"-*.whl >/dev/null 2>&1; then
+have_wheel() { ls "$WHEELS"/pyslurm-"$PYSLURM_VERSION"-*.whl >/dev/null 2>&1; }
+if ! have_wheel && { take_lock; ! have_wheel; }; then
   log "building pyslurm $PYSLURM_VERSION against $PREFIX (a few minutes; log: $CACHE/pyslurm-build.log)"
   start=$SECONDS
   mkdir -p "$WHEELS"

@@ -32,6 +32,7 @@ for p in /proc/[0-9]*; do
   kill -KILL "${p#/proc/}" 2>/dev/null || true
 done
 stop_pidfile "$STATE/munge/munged.pid" munged
+for n in 1 2 3 4; do stop_pidfile "$STATE/munge/munged-gpu$n.pid" munged; done  # 25.11
 if [ "$MODE" = chroot ]; then
   # The chroot up.sh used (recorded in the state dir), else this environment's cache.
   roots=("$ROOTFS"); [ -s "$STATE/rootfs" ] && roots=("$(cat "$STATE/rootfs")" "$ROOTFS")
