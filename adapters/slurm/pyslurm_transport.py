@@ -62,7 +62,8 @@ class _Child:
 
     def __init__(self, slurm_conf: str | None, start_timeout_s: float, env: Mapping[str, str],
                  python: str):
-        argv = [python, str(WORKER)] + ([slurm_conf] if slurm_conf else [])
+        # -P: the worker's own directory must not shadow the standard library (token.py).
+        argv = [python, "-P", str(WORKER)] + ([slurm_conf] if slurm_conf else [])
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, env=dict(env), text=True,

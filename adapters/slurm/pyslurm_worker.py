@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 
@@ -32,23 +33,18 @@ def _gres_text(gres: Any) -> str:
     return ",".join(parts)
 
 
-def _gpu_count(tres: Any) -> int:
-    """GPUs in a pyslurm TrackableResources (or dict/str) value; 0 when unknown."""
-    if tres is None:
-        return 0
-    text = str(getattr(tres, "to_str", lambda: tres)() if hasattr(tres, "to_str") else tres)
-    total = 0
-    for item in text.split(","):
-        key, _, val = item.partition("=")
-        if key.strip() == "gres/gpu" and val.strip().isdigit():
-            total = int(val)
-    if total:
-        return total
-    gres = getattr(tres, "gres", None) or {}
-    for name, val in dict(gres).items():
-        if str(name).split(":")[0] == "gpu":
-            total += int(getattr(val, "count", val) or 0)
-    return total
+def _tres_per_node(job: Any) -> str:
+    """The job's per-node GRES request as Slurm's text (``gres/gpu:8``).
+
+    Without accounting, ``tres_alloc_str`` carries no GPUs, so parse.py counts them as
+    per-node request x nodes, as for REST and the CLI.
+    """
+    gres = job.gres_per_node or {}   # {"gres/gpu": 8} or {"gpu:a100": 8}
+    parts = []
+    for name, count in dict(gres).items():
+        name = str(name)
+        parts.append(f"{name if name.startswith('gres/') else 'gres/' + name}:{count}")
+    return ",".join(parts)
 
 
 def job_record(job: Any) -> dict[str, Any]:
@@ -68,7 +64,7 @@ def job_record(job: Any) -> dict[str, Any]:
         "end_time": job.end_time or 0,
         "exit_code": {"status": ["SIGNALED"] if signal else (["EXITED"] if code is not None else []),
                       "return_code": code, "signal": {"id": signal}},
-        "tres_alloc_str": f"gres/gpu={_gpu_count(job.allocated_tres)}" if job.allocated_nodes else "",
+        "tres_per_node": _tres_per_node(job),
     }
 
 
@@ -164,6 +160,8 @@ def main() -> None:
         out.flush()
 
     os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"  # init with our conf, below
+    # gres_per_node is marked deprecated, but it is the only plain view of tres_per_node.
+    warnings.simplefilter("ignore", DeprecationWarning)
     try:
         import pyslurm
     except ImportError as exc:
