@@ -36,7 +36,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from adapters.base import BackendUnavailable, JobNotFound, SubmissionRejected, Unsupported
+from adapters.base import (
+    BackendForbidden,
+    BackendUnavailable,
+    JobNotFound,
+    SubmissionRejected,
+    Unsupported,
+)
 from adapters.slurm.errors import AmbiguousSubmit, classify, is_done
 from adapters.slurm.script import JobSpec
 from adapters.slurm.transport import Record, Transport
@@ -47,6 +53,12 @@ REASON = ("pyslurm is unavailable: each pyslurm release builds only against its 
           "major.minor (the package index carries 25.11.x); install it against Slurm "
           f"{SUPPORTED_SLURM} with `pip install isthmus[pyslurm]` (docs/slurm.md) or use "
           "transport 'rest' or 'cli'")
+
+
+# What an older slurmctld answers to libslurm 25.11 (seen from 22.05 and 24.11). A
+# slurmctld that is down answers "Unable to contact slurm controller" instead.
+_OLDER_CONTROLLER_TEXT = ("zero bytes were transmitted", "protocol authentication error",
+                          "protocol version", "incompatible")
 
 
 def _major_minor(version: str) -> tuple[int, int]:
@@ -227,10 +239,15 @@ class PyslurmTransport(Transport):
         """
         try:
             version = str(self._call("version"))
-        except BackendUnavailable as exc:
-            if "protocol" in exc.message.lower() or "version" in exc.message.lower():
-                raise Unsupported(f"{REASON} (slurmctld answered: {exc.message})",
-                                  backend="slurm") from exc
+        except (BackendUnavailable, BackendForbidden) as exc:
+            # An older slurmctld cannot even read the request, so it cannot say its
+            # version: it drops the connection (22.05) or fails the auth header (24.11).
+            if any(t in exc.message.lower() for t in _OLDER_CONTROLLER_TEXT):
+                raise Unsupported(
+                    f"slurmctld did not understand libslurm {SUPPORTED_SLURM} (it answered "
+                    f"{exc.message!r}), so it is probably older than {SUPPORTED_SLURM}; pyslurm "
+                    f"cannot talk to it. Use transport 'rest' or 'cli' for it",
+                    backend="slurm") from exc
             raise
         if _major_minor(version) < _major_minor(SUPPORTED_SLURM):
             raise Unsupported(f"pyslurm {self.versions.get('pyslurm', '?')} (libslurm "

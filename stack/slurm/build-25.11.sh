@@ -46,7 +46,15 @@ find_source() {
   log "no Slurm $VER tarball: set ISTHMUS_SLURM_SRC or put it in ../shared/vendor"
   return 1
 }
-SRC=$(find_source)
+if ! SRC=$(find_source 2>/dev/null) && [ -f "$MARKER" ] && [ -x "$PREFIX/sbin/slurmctld" ]; then
+  # Built before from a verified tarball; no source needed to use the cache.
+  log "Slurm $VER already built in $PREFIX (no source given; using the cache)"
+  WANT=$(cat "$MARKER")
+  SKIP_SOURCE=1
+else
+  SRC=$(find_source)
+fi
+if [ -z "${SKIP_SOURCE:-}" ]; then
 [ -r "$SRC" ] || { log "cannot read $SRC"; exit 1; }
 if [ -n "${ISTHMUS_SLURM_SHA256:-}" ]; then
   WANT="$ISTHMUS_SLURM_SHA256"
@@ -56,6 +64,7 @@ else
   log "no checksum for $SRC: put it in $SRC.sha256 or ISTHMUS_SLURM_SHA256"; exit 1
 fi
 [[ "$WANT" =~ ^[0-9a-f]{64}$ ]] || { log "checksum for $SRC is not a sha256 hex digest"; exit 1; }
+fi
 
 # ------------------------------------------------------------------- Slurm build
 if built || { take_lock; built; }; then
