@@ -80,7 +80,7 @@ def run_version(version: str, jobs: int, repeats: int) -> dict:
     cleaner = backends["cli"]
     results: dict[str, list[dict]] = {m: [] for m in ("raw", *transports)}
     for r in range(repeats):
-        for mode in results:
+        for mode, runs in results.items():
             in_memory = len(cleaner.transport.jobs())
             t0 = time.perf_counter()
             if mode == "raw":
@@ -88,7 +88,7 @@ def run_version(version: str, jobs: int, repeats: int) -> dict:
             else:
                 lat, ids = adapter_submit_loop(backends[mode], jobs)
             wall = time.perf_counter() - t0
-            results[mode].append({"jobs_s": jobs / wall, "p50": pct(lat, 50), "p99": pct(lat, 99),
+            runs.append({"jobs_s": jobs / wall, "p50": pct(lat, 50), "p99": pct(lat, 99),
                                   "in_memory": in_memory})
             for job_id in ids:  # keep the queue short for the next round
                 cleaner.cancel(job_id)

@@ -8,6 +8,7 @@ refusal of other Slurm versions, and 25.11's metrics endpoint.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import signal
 import threading
@@ -17,7 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters.base import BackendState, BackendUnavailable, SubmissionRejected, Unsupported
+from adapters.base import (
+    BackendState,
+    BackendUnavailable,
+    SubmissionRejected,
+    Unsupported,
+)
 from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file
 from adapters.slurm.pyslurm_transport import PyslurmTransport
 
@@ -71,7 +77,7 @@ def test_hung_slurmctld_times_out_without_freezing_the_gateway(env25):
         hb.join()
     assert elapsed < 6, f"the 3 s bound took {elapsed:.1f}s"
     assert "did not answer within 3s" in exc.value.message
-    gaps = [b2 - a for a, b2 in zip(ticks, ticks[1:])]
+    gaps = [b2 - a for a, b2 in itertools.pairwise(ticks)]
     assert gaps and max(gaps) < 1.0, f"caller's threads froze for {max(gaps):.1f}s"
     # The killed child is replaced on the next call; the cluster answers again.
     deadline = time.monotonic() + 30
