@@ -99,9 +99,9 @@ def cluster_env(slurm_version) -> dict[str, str]:
 def transport(request, slurm_version) -> str:
     if request.param == "pyslurm":
         if slurm_version != PYSLURM_VERSION:
-            pytest.skip(f"pyslurm links libslurm {PYSLURM_VERSION} and speaks only to a "
-                        f"{PYSLURM_VERSION} slurmctld; Slurm {slurm_version} is tested over "
-                        f"rest and cli")
+            pytest.skip(f"pyslurm links libslurm {PYSLURM_VERSION}: the matrix runs it on Slurm "
+                        f"{PYSLURM_VERSION} only (older slurmctld refuse it; test_pyslurm.py "
+                        f"checks both); Slurm {slurm_version} is tested over rest and cli")
         # Not imported here: libslurm would read a slurm.conf into the test process.
         if importlib.util.find_spec("pyslurm") is None:
             missing("pyslurm is not installed in this venv; run "
