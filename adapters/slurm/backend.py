@@ -40,7 +40,8 @@ class SlurmSettings:
     """Plain settings; the gateway builds these from its own configuration.
 
     Attributes:
-        transport: "rest" (slurmrestd, preferred) or "cli" (sbatch/squeue/scancel).
+        transport: "rest" (slurmrestd, preferred), "cli" (sbatch/squeue/scancel) or
+            "pyslurm" (libslurm in a child process; Slurm 25.11 only, docs/slurm.md).
         rest_url: slurmrestd base URL, e.g. ``http://127.0.0.1:16820``.
         jwt_key_path: the cluster's HS256 key; the adapter signs short-lived tokens
             for ``jwt_user`` with it. Alternatively pass ``token``.
@@ -55,10 +56,13 @@ class SlurmSettings:
             (a dict without the key, or a callable returning None, rejects the job).
         work_dir: job working directory, writable by every mapped user; output goes
             to ``<work_dir>/slurm-<jobid>.out``.
-        slurm_conf: SLURM_CONF for the CLI transport.
+        slurm_conf: SLURM_CONF for the CLI and pyslurm transports.
         cli_prefix: argv (or shell-style string) put before every command, e.g.
             ``chroot /var/cache/isthmus/slurm-24.11/root``.
         cli_admin_user: user for CLI queries and scancel (None: the gateway's user).
+        slurm_bin_dir: where this cluster's Slurm commands are when they are not on the
+            default PATH (a Slurm built into a prefix): the CLI runs them from there and
+            jobs get it first on their PATH, so ``srun`` in the job is the same version.
         job_environment: base environment of every job (REST ``environment``; CLI:
             the environment sbatch exports). The request's env is added in the script.
         timeout_s / connect_timeout_s: per call.
@@ -76,6 +80,7 @@ class SlurmSettings:
     slurm_conf: str | None = None
     cli_prefix: tuple[str, ...] | str = ()
     cli_admin_user: str | None = None
+    slurm_bin_dir: str | None = None
     job_environment: Mapping[str, str] = dataclasses.field(
         default_factory=lambda: {"PATH": DEFAULT_PATH})
     timeout_s: float = 10.0
@@ -85,6 +90,8 @@ class SlurmSettings:
     def from_env_file(cls, path: str | Path, **overrides) -> SlurmSettings:
         """Settings for a local cluster from the env file stack/slurm/up.sh writes."""
         env = read_env_file(path)
+        bin_dir = env.get("SLURM_BIN_DIR") or None
+        job_path = f"{bin_dir}:{DEFAULT_PATH}" if bin_dir else DEFAULT_PATH
         base: dict = {
             "rest_url": env["SLURMRESTD_URL"],
             "jwt_key_path": env["SLURM_JWT_KEY"],
@@ -94,7 +101,8 @@ class SlurmSettings:
             "slurm_conf": env["SLURM_CONF"],
             "cli_prefix": tuple(shlex.split(env.get("SLURM_CLI_PREFIX", ""))),
             # srun inside the job must find this cluster's (non-default) slurm.conf.
-            "job_environment": {"PATH": DEFAULT_PATH, "SLURM_CONF": env["SLURM_CONF"]},
+            "job_environment": {"PATH": job_path, "SLURM_CONF": env["SLURM_CONF"]},
+            "slurm_bin_dir": bin_dir,
         }
         base.update(overrides)
         return cls(**base)
@@ -118,13 +126,16 @@ def make_transport(settings: SlurmSettings) -> Transport:
     if settings.transport == "cli":
         from adapters.slurm.cli import CliTransport
 
+        extra = {"path": f"{settings.slurm_bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                         f"/usr/bin:/sbin:/bin"} if settings.slurm_bin_dir else {}
         return CliTransport(slurm_conf=settings.slurm_conf, prefix=settings.cli_prefix,
                             timeout_s=max(settings.timeout_s, 30.0),
-                            admin_user=settings.cli_admin_user)
+                            admin_user=settings.cli_admin_user, **extra)
     if settings.transport == "pyslurm":
         from adapters.slurm.pyslurm_transport import PyslurmTransport
 
-        return PyslurmTransport()
+        return PyslurmTransport(slurm_conf=settings.slurm_conf,
+                                timeout_s=max(settings.timeout_s, 30.0))
     raise ValueError(f"unknown Slurm transport {settings.transport!r}")
 
 

@@ -7,13 +7,16 @@ slurm_version_layout() {
     22.05) MODE=host;   SUITE="";      CTLD_PORT=16817; SLURMD_PORT0=17001; REST_PORT=16820 ;;
     24.11) MODE=chroot; SUITE=trixie;  CTLD_PORT=16917; SLURMD_PORT0=17101; REST_PORT=16920 ;;
     26.05) MODE=chroot; SUITE=sid;     CTLD_PORT=17017; SLURMD_PORT0=17201; REST_PORT=17020 ;;
-    *) echo "unsupported Slurm version '$1' (use 22.05, 24.11 or 26.05)" >&2; return 2 ;;
+    # Built from source (stack/slurm/build-25.11.sh), runs on the host from its prefix.
+    25.11) MODE=prefix; SUITE="";      CTLD_PORT=17317; SLURMD_PORT0=17301; REST_PORT=17320 ;;
+    *) echo "unsupported Slurm version '$1' (use 22.05, 24.11, 25.11 or 26.05)" >&2; return 2 ;;
   esac
   SLURMD_PORT_LAST=$((SLURMD_PORT0 + 3))
   REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
   STATE="$REPO_ROOT/.stack/slurm-$1"
   CACHE="${ISTHMUS_CACHE:-/var/cache/isthmus}/slurm-$1"
   ROOTFS="$CACHE/root"
+  PREFIX="$CACHE/prefix"   # MODE=prefix: where build-<ver>.sh installed Slurm
   CLUSTER="isthmus${1//./}"
   if [ "$MODE" = chroot ]; then CH=(chroot "$ROOTFS"); else CH=(); fi
 }

@@ -1,6 +1,8 @@
 """Fixtures for the Slurm adapter tests against the local clusters (stack/slurm/up.sh).
 
-Every version whose ``.stack/slurm-<ver>/env`` exists is tested over both transports.
+Every version whose ``.stack/slurm-<ver>/env`` exists is tested over the REST and CLI
+transports; Slurm 25.11 (built from source) also over pyslurm, which links libslurm 25.11
+and is skipped with that reason on the other versions.
 A missing cluster is skipped with the reason, or fails under ISTHMUS_REQUIRE_STACK=1.
 ISTHMUS_SLURM_VERSIONS (comma separated) narrows the versions, e.g. "22.05,24.11".
 
@@ -11,6 +13,7 @@ TIMEOUT job is submitted first and holds one node), phase 2 checks the TIMEOUT j
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 import uuid
@@ -22,10 +25,11 @@ from adapters.base import Backend, BackendState, JobStatus
 from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file
 
 REPO = Path(__file__).resolve().parents[3]
-ALL_VERSIONS = ("22.05", "24.11", "26.05")
+ALL_VERSIONS = ("22.05", "24.11", "25.11", "26.05")
 VERSIONS = tuple(v.strip() for v in os.environ.get("ISTHMUS_SLURM_VERSIONS",
                                                      ",".join(ALL_VERSIONS)).split(",") if v.strip())
-TRANSPORTS = ("rest", "cli")
+TRANSPORTS = ("rest", "cli", "pyslurm")
+PYSLURM_VERSION = "25.11"  # the only Slurm the current pyslurm line builds against
 REQUIRE_STACK = os.environ.get("ISTHMUS_REQUIRE_STACK") == "1"
 
 
@@ -92,7 +96,16 @@ def cluster_env(slurm_version) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session", params=TRANSPORTS)
-def transport(request) -> str:
+def transport(request, slurm_version) -> str:
+    if request.param == "pyslurm":
+        if slurm_version != PYSLURM_VERSION:
+            pytest.skip(f"pyslurm links libslurm {PYSLURM_VERSION}: the matrix runs it on Slurm "
+                        f"{PYSLURM_VERSION} only (older slurmctld refuse it; test_pyslurm.py "
+                        f"checks both); Slurm {slurm_version} is tested over rest and cli")
+        # Not imported here: libslurm would read a slurm.conf into the test process.
+        if importlib.util.find_spec("pyslurm") is None:
+            missing("pyslurm is not installed in this venv; run "
+                    "`bash stack/slurm/build-25.11.sh --pyslurm .venv`")
     return request.param
 
 

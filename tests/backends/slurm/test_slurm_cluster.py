@@ -371,5 +371,6 @@ def test_each_offered_api_version_round_trips(cluster_env, slurm_version, api_ve
 @pytest.mark.phase(1)
 def test_negotiates_newest_supported_version(cluster_env, slurm_version):
     b = SlurmBackend(SlurmSettings.from_env_file(env_path(slurm_version), transport="rest"))
-    expected = {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.42"}[slurm_version]
+    expected = {"22.05": "v0.0.38", "24.11": "v0.0.42", "25.11": "v0.0.42",
+                "26.05": "v0.0.42"}[slurm_version]
     assert b.transport.negotiate() == expected

@@ -1,0 +1,192 @@
+"""The child process behind PyslurmTransport: one libslurm, one slurm.conf, JSON lines.
+
+Run as ``python pyslurm_worker.py <slurm.conf>`` by :mod:`adapters.slurm.pyslurm_transport`,
+never imported by the gateway. Why a process and not a thread: pyslurm calls libslurm
+while holding the GIL, so a slurmctld that does not answer would freeze every thread of
+the gateway (event loop included) for libslurm's own MessageTimeout, and no timeout in
+the same process could fire. A process can be killed at its deadline; libslurm also reads
+one slurm.conf per process, so each cluster gets its own worker.
+
+Protocol: one JSON object per line each way. Requests ``{"op": ..., ...}``; answers
+``{"ok": <result>}`` or ``{"error": {"errno": int|None, "message": str, "kind": str}}``.
+The first line the worker prints is the answer to its own start-up (versions, or why
+pyslurm is unusable). Only the standard library and pyslurm are imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+
+def _gres_text(gres: Any) -> str:
+    """pyslurm's GRES dict (``{"gpu": 8}`` or ``{"gpu:a100": 8}``) as Slurm's own text."""
+    if isinstance(gres, str):
+        return gres
+    parts = []
+    for name, count in (gres or {}).items():
+        count = getattr(count, "count", count)
+        parts.append(f"{name}:{count}")
+    return ",".join(parts)
+
+
+def _tres_per_node(job: Any) -> str:
+    """The job's per-node GRES request as Slurm's text (``gres/gpu:8``).
+
+    Without accounting, ``tres_alloc_str`` carries no GPUs, so parse.py counts them as
+    per-node request x nodes, as for REST and the CLI.
+    """
+    gres = job.gres_per_node or {}   # {"gres/gpu": 8} or {"gpu:a100": 8}
+    parts = []
+    for name, count in dict(gres).items():
+        name = str(name)
+        parts.append(f"{name if name.startswith('gres/') else 'gres/' + name}:{count}")
+    return ",".join(parts)
+
+
+def job_record(job: Any) -> dict[str, Any]:
+    """A pyslurm Job in the shape of Slurm's JSON job record (what parse.job_status reads)."""
+    signal = job.exit_code_signal or 0
+    code = job.exit_code
+    return {
+        "job_id": job.id,
+        # libslurm's state string is the base state, or the flag that overrides it
+        # (COMPLETING, CONFIGURING, REQUEUED, ...), exactly as squeue prints it.
+        "job_state": [s for s in str(job.state or "").split(",") if s],
+        "state_reason": job.state_reason or "",
+        "comment": job.comment or "",
+        "user_name": job.user_name,
+        "nodes": job.allocated_nodes or "",
+        "start_time": job.start_time or 0,
+        "end_time": job.end_time or 0,
+        "exit_code": {"status": ["SIGNALED"] if signal else (["EXITED"] if code is not None else []),
+                      "return_code": code, "signal": {"id": signal}},
+        "tres_per_node": _tres_per_node(job),
+    }
+
+
+def node_record(node: Any) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "state": [s for s in str(node.state or "").split("+") if s],
+        "gres": _gres_text(node.configured_gres),
+        "partitions": list(node.partitions or []),
+        "alloc_cpus": node.allocated_cpus or 0,
+        "cpus": node.total_cpus,
+    }
+
+
+def _all_jobs(pyslurm) -> list[Any]:
+    jobs = pyslurm.Jobs.load()
+    out = []
+    for value in jobs.values():  # one level per cluster in pyslurm >= 24.x
+        out.extend(value.values() if isinstance(value, dict) else [value])
+    return out
+
+
+def _submit(pyslurm, req: dict[str, Any]) -> int:
+    desc = pyslurm.JobSubmitDescription(
+        name=req["name"], comment=req["comment"], partitions=req["partition"],
+        account=req.get("account") or None,
+        user_id=req["uid"], group_id=req["gid"],
+        nodes=req["nodes"], ntasks=req["nodes"], ntasks_per_node=1,
+        cpus_per_task=req["cpus_per_node"], memory_per_node=req["memory_mib_per_node"],
+        resource_sharing="exclusive", time_limit=int(req["time_limit_min"]),
+        working_directory=req["work_dir"], standard_output=req["output"],
+        script=req["script"], environment=dict(req["environment"]),
+    )
+    if req.get("gres"):
+        desc.gres_per_node = req["gres"]
+    return int(desc.submit())
+
+
+def _cancel(pyslurm, job_id: int) -> str:
+    try:
+        pyslurm.Job(job_id).cancel()
+        return "cancelled"
+    except pyslurm.RPCError:
+        # pyslurm reads errno after slurm_kill_job without resetting it first, so a
+        # stale errno can look like a failure: believe the job's state instead.
+        try:
+            job = pyslurm.Job.load(job_id)
+        except pyslurm.RPCError as exc:
+            if getattr(exc, "errno", None) == 2017:  # ESLURM_INVALID_JOB_ID: gone
+                return "unknown"
+            raise
+        if str(job.state).split(",")[0] in ("PENDING", "RUNNING", "SUSPENDED", "CONFIGURING"):
+            raise
+        return "done"
+
+
+def handle(pyslurm, req: dict[str, Any]) -> Any:
+    op = req.get("op")
+    if op == "submit":
+        return _submit(pyslurm, req)
+    if op == "jobs":
+        return [job_record(j) for j in _all_jobs(pyslurm)]
+    if op == "job":
+        try:
+            return job_record(pyslurm.Job.load(int(req["job_id"])))
+        except pyslurm.RPCError as exc:
+            if getattr(exc, "errno", None) == 2017:  # ESLURM_INVALID_JOB_ID
+                return None
+            raise
+    if op == "comments":
+        return {str(j.id): j.comment or "" for j in _all_jobs(pyslurm)}
+    if op == "cancel":
+        return _cancel(pyslurm, int(req["job_id"]))
+    if op == "nodes":
+        return [node_record(n) for n in pyslurm.Nodes.load().values()]
+    if op == "version":   # the controller's, e.g. "25.11.7"
+        return str(pyslurm.slurmctld.Config.load().version)
+    raise ValueError(f"unknown op {op!r}")
+
+
+def _error(kind: str, message: str, errno: int | None = None) -> dict[str, Any]:
+    return {"error": {"kind": kind, "message": message, "errno": errno}}
+
+
+def main() -> None:
+    conf = sys.argv[1] if len(sys.argv) > 1 else None
+    out = sys.stdout
+    # Nothing but our JSON may reach stdout: libslurm's own messages go to stderr.
+    sys.stdout = sys.stderr
+
+    def send(obj: Any) -> None:
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"  # init with our conf, below
+    # gres_per_node is marked deprecated, but it is the only plain view of tres_per_node.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    try:
+        import pyslurm
+    except ImportError as exc:
+        send(_error("unsupported", f"pyslurm does not import: {exc}"))
+        return
+    try:
+        pyslurm.slurm_init(conf)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent verbatim
+        send(_error("unavailable", f"libslurm could not read {conf}: {exc}"))
+        return
+    send({"ok": {"pyslurm": pyslurm.__version__, "pid": os.getpid()}})
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+        except ValueError:
+            send(_error("protocol", "request is not JSON"))
+            continue
+        try:
+            send({"ok": handle(pyslurm, req)})
+        except pyslurm.RPCError as exc:
+            send(_error("slurm", str(getattr(exc, "msg", None) or exc), getattr(exc, "errno", None)))
+        except (ValueError, TypeError, KeyError) as exc:
+            # pyslurm validates the description itself (e.g. a malformed GRES string).
+            send(_error("invalid", f"{type(exc).__name__}: {exc}"))
+
+
+if __name__ == "__main__":
+    main()
