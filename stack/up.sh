@@ -9,7 +9,7 @@ mkdir -p .stack "$ISTHMUS_CACHE"
 t0=$SECONDS
 step() { local s=$SECONDS; echo "== stack: $*"; "$@"; echo "== stack: $1 ${2:-} done in $((SECONDS - s)) s"; }
 step bash stack/postgres.sh up
-for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 slurm-26.05 kube prometheus}; do
+for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 slurm-25.11 slurm-26.05 kube prometheus}; do
   case $part in
     prometheus) step bash stack/prometheus.sh ;;
     oidc) [ -f stack/oidc/up.sh ] && step bash stack/oidc/up.sh ;;

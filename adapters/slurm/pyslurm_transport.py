@@ -272,7 +272,7 @@ class PyslurmTransport(Transport):
             "submit", submitting=True,
             name=spec.name, comment=spec.comment, partition=spec.partition,
             account=spec.account, uid=user.pw_uid, gid=user.pw_gid, nodes=spec.nodes,
-            gres=spec.gres, cpus_per_node=spec.cpus_per_node,
+            gres=spec.gres, cpus_per_node=spec.cpus_per_node, requeue=spec.requeue,
             memory_mib_per_node=spec.memory_mib_per_node, time_limit_min=spec.time_limit_min,
             work_dir=spec.work_dir, output=spec.output, script=spec.script,
             environment=job_env)

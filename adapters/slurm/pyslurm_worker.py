@@ -95,6 +95,8 @@ def _submit(pyslurm, req: dict[str, Any]) -> int:
         nodes=req["nodes"], ntasks=req["nodes"], ntasks_per_node=1,
         cpus_per_task=req["cpus_per_node"], memory_per_node=req["memory_mib_per_node"],
         resource_sharing="exclusive", time_limit=int(req["time_limit_min"]),
+        # Never requeued by Slurm behind the gateway's back (docs/dispatch.md, "Requeues").
+        is_requeueable=bool(req.get("requeue", False)),
         working_directory=req["work_dir"], standard_output=req["output"],
         script=req["script"], environment=dict(req["environment"]),
     )
