@@ -59,6 +59,11 @@ def job_record(job: Any) -> dict[str, Any]:
         "state_reason": job.state_reason or "",
         "comment": job.comment or "",
         "user_name": job.user_name,
+        # what adoption checks (backend.find_by_gateway_id) and requeue detection read
+        "partition": job.partition or "",
+        "account": job.account or "",
+        "submit_time": job.submit_time or 0,
+        "restart_cnt": job.requeue_count or 0,
         "nodes": job.allocated_nodes or "",
         "start_time": job.start_time or 0,
         "end_time": job.end_time or 0,
