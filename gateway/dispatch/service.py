@@ -579,6 +579,7 @@ class Dispatcher:
     def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
                 ended: datetime, started: datetime | None, status: JobStatus | None = None, *,
                 via: str = "poll") -> int:
+        exit_code = jobs.final_exit_code(target, exit_code)
         job.exit_code = exit_code
         job.ended_at = ended
         if started is not None:
