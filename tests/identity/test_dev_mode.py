@@ -100,3 +100,34 @@ def test_importing_identity_emits_no_deprecation_warning():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.dumps(r.stderr) == '""'
+
+
+def test_isthmus_token_uses_one_documented_key_whatever_the_directory(tmp_path, monkeypatch):
+    """Run from two directories, `isthmus token` signs with the same key, kept in the user's
+    config directory; the gateway's default settings find that key (#14, 6)."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_") and k != "XDG_CONFIG_HOME"}
+    env.update(HOME=str(home), ISTHMUS_DEV_MODE="true")
+    runs = []
+    for where in ("clone", "elsewhere"):
+        (tmp_path / where).mkdir()
+        runs.append(subprocess.run([ISTHMUS, "token", "--user", "alice", "--groups", "team-a"], env=env,
+                                   cwd=tmp_path / where, capture_output=True, text=True, timeout=60))
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    key = home / ".config" / "isthmus" / "dev-issuer-key.pem"
+    assert key.exists() and oct(key.stat().st_mode & 0o777) == "0o600"
+    assert f"created a development key at {key}" in runs[0].stderr and "created" not in runs[1].stderr
+    assert not (tmp_path / "clone" / ".isthmus").exists() and not (tmp_path / "elsewhere" / ".isthmus").exists()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("ISTHMUS_DEV_KEY_PATH", raising=False)
+    settings = Settings(dev_mode=True, database_url=f"sqlite:///{tmp_path}/x.db")
+    assert settings.dev_key_path == key
+    authenticator = build_authenticator(settings)
+    for r in runs:
+        assert authenticator.authenticate(r.stdout.strip()).username == "alice"
+
+
+def test_token_help_says_dev_mode_is_needed_and_where_the_key_is():
+    r = subprocess.run([ISTHMUS, "token", "--help"], capture_output=True, text=True, timeout=60)
+    assert "ISTHMUS_DEV_MODE=true" in r.stdout and "~/.config/isthmus/dev-issuer-key.pem" in r.stdout
