@@ -14,11 +14,14 @@ from gateway.accounts.router import router as accounts_router
 from gateway.admin.router import router as admin_router
 from gateway.dispatch.backends import build_backends
 from gateway.dispatch.service import Dispatcher
+from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import install_error_handlers
 from gateway.kit.settings import Settings, get_settings
+from gateway.pools import service as pools
+from gateway.pools.router import router as pools_router
 
 log = logging.getLogger("isthmus")
 
@@ -32,6 +35,8 @@ Authenticate with an OIDC bearer token from your organisation's provider.
 TAGS = [
     {"name": "jobs", "description": "Submit, follow and cancel gang jobs."},
     {"name": "accounts", "description": "Your accounts: usage, remaining budget, fair share."},
+    {"name": "identity", "description": "What the gateway made of your token."},
+    {"name": "pools", "description": "The configured pools, their health and capacity."},
     {"name": "admin", "description": "Administration: accounts, quotas, credits, ledger, usage reports."},
     {"name": "health", "description": "Liveness and readiness probes (no authentication)."},
 ]
@@ -69,6 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)
+    app.include_router(identity_router)
+    app.include_router(pools_router)
 
     @app.get("/healthz", tags=["health"], operation_id="healthz", summary="Liveness",
              responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}})
@@ -76,9 +83,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"], operation_id="readyz", summary="Readiness",
-             description="Checks the database and reports each identity provider's key status. "
-                         "503 when the database is unreachable.",
-             responses={200: {"content": {"application/json": {"example": {"status": "ok", "database": "ok"}}}},
+             description="Checks the database, each identity provider's keys and each pool's health. "
+                         "503 when the database is unreachable or no identity provider has a key to "
+                         "validate a token with (nobody can log in); 200 `degraded` when some provider or pool is "
+                         "unhealthy (`pools.<name>.reason` says why).",
+             responses={200: {"content": {"application/json": {"example": {
+                 "status": "ok", "database": "ok",
+                 "identity": {"development issuer (dev mode)": {"ok": True, "keys": 1}},
+                 "pools": {"slurm": {"ok": True, "kind": "slurm", "reason": "4/4 nodes idle"}}}}}},
                         503: {"description": "Not ready"}})
     def readyz(request: Request):
         body: dict = {"status": "ok", "database": "ok"}
@@ -89,9 +101,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             body.update(status="unavailable", database=f"error: {type(exc).__name__}")
         identity = request.app.state.authenticator.status()
         body["identity"] = identity
-        if body["status"] == "ok" and any(not v.get("ok", True) for v in identity.values()):
+        body["pools"] = {name: {"ok": h.ok, "kind": h.kind, "reason": h.reason}
+                         for name, h in pools.current(getattr(request.app.state, "dispatcher", None)).items()}
+        if not body["pools"]:
+            body["pools_note"] = "no pool is configured (ISTHMUS_BACKENDS): jobs wait in pending"
+        unhealthy = [v for v in identity.values() if not v.get("ok", True)]
+        # An issuer with cached keys still validates tokens while its provider is away.
+        if not any(v.get("keys", 0) for v in identity.values()) and body["status"] == "ok":
+            body["status"] = "unavailable"
+            body["identity_note"] = "no identity provider has a usable key: no token can be validated"
+        elif body["status"] == "ok" and (unhealthy or any(not p["ok"] for p in body["pools"].values())):
             body["status"] = "degraded"
-        return JSONResponse(body, status_code=200 if body["database"] == "ok" else 503)
+        return JSONResponse(body, status_code=200 if body["status"] != "unavailable" else 503)
 
     return app
 

@@ -247,11 +247,13 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
         idle = "IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
         for part in node.get("partitions") or []:
             p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0,
-                                        "free_gpus": 0, "per_node": set(), "types": set()})
+                                        "free_gpus": 0, "per_node": set(), "types": set(), "mem": 0, "cpus": 0})
             p["total_nodes"] += 1
             p["total_gpus"] += gpus
             p["per_node"].add(gpus)
             p["types"].update(types)
+            p["mem"] = max(p["mem"], number(node.get("real_memory")) or 0)
+            p["cpus"] = max(p["cpus"], number(node.get("cpus")) or 0)
             if idle:
                 p["idle_nodes"] += 1
                 p["free_gpus"] += gpus
@@ -264,5 +266,6 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
             gpu_types=tuple(sorted(p["types"])),
             detail=f"{p['idle_nodes']}/{p['total_nodes']} nodes idle (exclusive allocation: "
                    f"a node with any job is not free)",
+            memory_mib_per_node=int(p["mem"]), cpus_per_node=int(p["cpus"]),
         ))
     return out

@@ -75,11 +75,19 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
         return
     from gateway.routing.service import JobShape, check_pinned
 
-    shape = JobShape(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
-                     image=spec.image, gpu_type=spec.gpu_type)
+    shape = JobShape.of_spec(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
+                             total_gpus=spec.total_gpus, spec=spec.model_dump(mode="json"))
     reason = check_pinned(shape, spec.backend.value, views)
     if reason:
         raise Invalid("body.backend" if spec.backend.value != "auto" else "body", f"this job can never run: {reason}")
+
+
+def _waiting_reason(request: Request) -> str:
+    if not getattr(request.app.state, "backends", None):
+        from gateway.pools.router import NO_POOL
+
+        return NO_POOL
+    return "waiting for dispatch"
 
 
 @router.post(
@@ -108,7 +116,8 @@ def submit_job(
     _refuse_if_never_fits(request, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
-                                  max_time_limit_s=settings.max_time_limit_s)
+                                  max_time_limit_s=settings.max_time_limit_s,
+                                  waiting_reason=_waiting_reason(request))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
