@@ -118,3 +118,21 @@ def test_a_healthy_pool_is_shown_with_its_capacity(database_url, dev_key_path, s
 def test_build_backends_refuses_what_parse_refuses():
     with pytest.raises(BackendConfigError, match="rest_ulr"):
         build_backends(json.dumps({"slurm": {"rest_ulr": "x"}}))
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("ask, why", [
+    ({"memory_per_worker": "64Gi"}, "a worker asks 65536 MiB of memory; the largest node has 64000 MiB"),
+    ({"cpus_per_worker": 16}, "a worker asks 16 CPUs; the largest node has 8"),
+])
+def test_a_job_bigger_than_any_node_is_refused_at_submit_with_the_numbers(database_url, dev_key_path, slurm22,
+                                                                          ask, why):
+    """The README's old 64Gi job: Slurm said "Requested node configuration is not available"
+    after routing said "4/4 nodes idle" (#14, 1 and 4)."""
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+        gw.app.state.dispatcher.views(fresh=True)
+        body = {"name": "big", "account": "team-a", "command": ["true"], "workers": 2, "gpus_per_worker": 8, **ask}
+        r = gw.client.post("/v1/jobs", json=body, headers=gw.headers())
+        assert r.status_code == 422, r.text
+        assert why in r.json()["detail"]
+        assert gw.client.get("/v1/jobs", headers=gw.headers()).json()["items"] == []
