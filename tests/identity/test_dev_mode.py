@@ -59,7 +59,7 @@ def test_dev_issuer_tokens_work_in_dev_mode(make_client, tmp_path):
     assert client.get("/v1/admin/accounts", headers=bearer(admin)).status_code == 200
     expired = dev.mint(user="alice", groups=["team-a"], lifetime_s=-120)
     r = submit(client, expired, "team-a")
-    assert r.status_code == 401 and r.json()["detail"] == "token expired"
+    assert r.status_code == 401 and r.json()["detail"].startswith("token expired: ")
     label = next(iter(client.get("/readyz").json()["identity"]))
     assert "development issuer" in label
 
@@ -73,7 +73,7 @@ def test_dev_tokens_are_refused_outside_dev_mode(make_client, tmp_path):
         client = make_client(issuers=[{"issuer": LOCAL_ISSUER, "jwks_uri": server.url}])
         dev = build_dev_issuer(Settings(dev_key_path=tmp_path / "dev-key.pem"))
         r = submit(client, dev.mint(user="alice", groups=["team-a"]))
-        assert r.status_code == 401 and r.json()["detail"] == "untrusted issuer"
+        assert r.status_code == 401 and r.json()["detail"].startswith("untrusted issuer: ")
     finally:
         server.close()
 
@@ -131,3 +131,35 @@ def test_isthmus_token_uses_one_documented_key_whatever_the_directory(tmp_path, 
 def test_token_help_says_dev_mode_is_needed_and_where_the_key_is():
     r = subprocess.run([ISTHMUS, "token", "--help"], capture_output=True, text=True, timeout=60)
     assert "ISTHMUS_DEV_MODE=true" in r.stdout and "~/.config/isthmus/dev-issuer-key.pem" in r.stdout
+
+
+def test_identity_errors_show_the_values_they_compared(make_client, tmp_path):
+    """Issuer, audience, expiry and signature refusals name both sides (#14, 5 and 7)."""
+    from tests.identity.conftest import JwksServer, LocalSigner, LOCAL_ISSUER
+
+    signer = LocalSigner()
+    server = JwksServer(signer.public_jwks())
+    try:
+        client = make_client(issuers=[{"issuer": LOCAL_ISSUER, "jwks_uri": server.url}])
+        dev = build_dev_issuer(Settings(dev_key_path=tmp_path / "dev-key.pem"))
+        r = submit(client, dev.mint(user="alice", groups=["team-a"]))
+        assert r.json()["detail"] == (f"untrusted issuer: the token's iss is 'urn:isthmus:dev-issuer'; "
+                                      f"this gateway trusts {LOCAL_ISSUER!r}")
+    finally:
+        server.close()
+
+
+def test_dev_issuer_errors_show_audience_expiry_and_key(make_client, tmp_path):
+    settings = {"dev_mode": True}
+    client = make_client(issuers=[], **settings)
+    dev = client.app.state.authenticator.issuers["urn:isthmus:dev-issuer"]
+    issuer = build_dev_issuer(client.app.state.settings)
+    r = submit(client, issuer.mint(user="alice", groups=["team-a"], extra={"aud": "other-service"}))
+    assert r.json()["detail"] == "wrong audience: the token's aud is 'other-service'; this gateway accepts [\"isthmus\"]"
+    r = submit(client, issuer.mint(user="alice", groups=["team-a"], extra={"exp": 1_000_000_000}))
+    assert r.json()["detail"].startswith("token expired: exp 2001-09-09T01:46:40Z, now 20")
+    assert r.json()["detail"].endswith(f"(leeway {dev.leeway_s} s)")
+    other_key = build_dev_issuer(Settings(dev_key_path=tmp_path / "another-clone.pem"))
+    r = submit(client, other_key.mint(user="alice", groups=["team-a"]))
+    assert r.json()["detail"] == ("bad signature: not made by the key 'isthmus-dev-1' of development issuer "
+                                  "(dev mode) that this gateway holds")
