@@ -224,6 +224,16 @@ class Dispatcher:
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
         shape = JobShape.of(job)
+        verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
+                                        time_limit_s=job.time_limit_s, gpu_type=(job.spec or {}).get("gpu_type"),
+                                        now=now)
+        if verdict is not None and verdict[0] == "never":
+            jobs.set_state(s, job, JobState.FAILED, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
+            job.ended_at = now
+            return
+        if verdict is not None:  # not this period: held with the reason, never "waiting for capacity"
+            self._note_waiting(s, job, f"held: {verdict[1]}")
+            return
         refusals: dict[str, str] = {}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
