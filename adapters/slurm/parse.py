@@ -180,6 +180,27 @@ def _allocated_gpus(record: Mapping[str, Any], nodes: tuple[str, ...]) -> int:
     return _gpus_per_node(record) * len(nodes)
 
 
+def user_words(slurm_reason: str, record: Mapping[str, Any]) -> str:
+    """Slurm's pending reasons that mean "this will not start as submitted", in a user's words.
+
+    The gateway never submits with --begin, so BeginTime means slurmctld tried to launch
+    the job, failed, and put it back with a delay: on a test or a real cluster that is
+    almost always a user without a POSIX account on the nodes (checked on 22.05).
+    """
+    # An unknown user has no user_name in the record (slurmctld cannot resolve it).
+    user = f"user {record['user_name']!r}" if record.get("user_name") else "the job's user"
+    account = str(record.get("account") or "")
+    if slurm_reason == "BeginTime":
+        return (f"Slurm could not start the job as {user} and retries it later (Slurm reason BeginTime); "
+                f"usually the user has no POSIX account on the cluster's nodes")
+    if slurm_reason == "InvalidAccount":
+        return (f"Slurm does not let {user} charge account {account!r} (Slurm reason InvalidAccount); "
+                f"the cluster's admins must add the user to that Slurm account")
+    if slurm_reason == "InvalidQOS":
+        return f"Slurm does not let {user} use the job's QOS (Slurm reason InvalidQOS)"
+    return slurm_reason
+
+
 def job_status(record: Mapping[str, Any]) -> JobStatus:
     names = states(record)
     state = map_state(names)
@@ -188,7 +209,7 @@ def job_status(record: Mapping[str, Any]) -> JobStatus:
     if slurm_reason == "None":
         slurm_reason = ""
     if state is BackendState.QUEUED:
-        reason = slurm_reason or raw_state
+        reason = user_words(slurm_reason, record) or raw_state
     elif state in (BackendState.FAILED, BackendState.CANCELLED, BackendState.REQUEUED):
         base = names[0] if names else raw_state
         reason = f"{base}: {slurm_reason}" if slurm_reason else base
