@@ -15,7 +15,7 @@ def test_a_user_without_a_posix_account_is_told_so_not_begintime(database_url, d
         body = {"name": "nouser", "account": "team-a", "command": ["true"], "workers": 1, "gpus_per_worker": 1}
         job = gw.client.post("/v1/jobs", json=body, headers=who).json()["id"]
         shown = drive_until(gw, lambda: (lambda j: j if "BeginTime" in j["state_reason"] else None)(
-            gw.client.get(f"/v1/jobs/{job}", headers=who).json()), timeout_s=60)
+            gw.client.get(f"/v1/jobs/{job}", headers=who).json()), timeout_s=240)
         assert shown["state"] == "queued"
         assert shown["state_reason"].startswith(
             "Slurm could not start the job as the job's user and retries it later (Slurm reason BeginTime); "
