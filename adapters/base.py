@@ -163,6 +163,9 @@ class PoolCapacity:
     gpus_per_node: int = 0
     gpu_types: tuple[str, ...] = ()
     detail: str = ""  # human-readable, shown in routing reasons
+    # The largest node's memory and CPUs (0: unknown), for "can this worker ever fit".
+    memory_mib_per_node: int = 0
+    cpus_per_node: int = 0
 
 
 def site_gpu_type(requested: str | None, known: Iterable[str]) -> str | None:

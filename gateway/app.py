@@ -17,6 +17,7 @@ from gateway.accounts.router import router as accounts_router
 from gateway.admin.router import router as admin_router
 from gateway.dispatch.backends import build_backends
 from gateway.dispatch.service import Dispatcher
+from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
@@ -25,6 +26,8 @@ from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
 from gateway.kit.limits import BodyLimitMiddleware
 from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
+from gateway.pools import service as pools
+from gateway.pools.router import router as pools_router
 
 log = logging.getLogger("isthmus")
 
@@ -38,6 +41,8 @@ Authenticate with an OIDC bearer token from your organisation's provider.
 TAGS = [
     {"name": "jobs", "description": "Submit, follow and cancel gang jobs."},
     {"name": "accounts", "description": "Your accounts: usage, remaining budget, fair share."},
+    {"name": "identity", "description": "What the gateway made of your token."},
+    {"name": "pools", "description": "The configured pools, their health and capacity."},
     {"name": "admin", "description": "Administration: accounts, quotas, credits, ledger, usage reports."},
     {"name": "health", "description": "Liveness and readiness probes (no authentication)."},
 ]
@@ -52,12 +57,23 @@ class ReadyStatus(str, enum.Enum):
     UNAVAILABLE = "unavailable"
 
 
-class ReadyOut(BaseModel):
-    """The readiness report, sent with 200 (ready) and 503 (database unreachable)."""
+class PoolReadiness(BaseModel):
+    ok: bool
+    kind: str = Field(description="`slurm` or `kubernetes`.")
+    reason: str = Field(description="Why it is (un)healthy, in a user's words.")
 
-    status: ReadyStatus = Field(description="`degraded`: the database is fine but an identity provider's keys are not.")
+
+class ReadyOut(BaseModel):
+    """The readiness report, sent with 200 (ready or degraded) and 503 (not ready)."""
+
+    status: ReadyStatus = Field(description="`degraded`: the database answers but an identity provider or a pool "
+                                            "is unhealthy; `unavailable` (503): the database does not answer, or no "
+                                            "identity provider can validate a token.")
     database: str = Field(description="`ok` or `error: <type>`.")
     identity: dict[str, dict[str, Any]] = Field(description="Per identity provider: `ok` and its key status.")
+    pools: dict[str, PoolReadiness] = Field(description="Per configured pool: its last probe.")
+    pools_note: str | None = Field(default=None, description="Set when no pool is configured.")
+    identity_note: str | None = Field(default=None, description="Set when no identity provider has a usable key.")
 
 
 def client_friendly_openapi(spec: dict[str, Any]) -> dict[str, Any]:
@@ -147,6 +163,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)
+    app.include_router(identity_router)
+    app.include_router(pools_router)
     app.include_router(metrics_router)
 
     fastapi_openapi = app.openapi
@@ -164,12 +182,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"], operation_id="readyz", summary="Readiness",
-             description="Checks the database and reports each identity provider's key status. "
-                         "503 when the database is unreachable.",
-             responses={200: {"model": ReadyOut, "description": "Ready (or degraded)", "content": {
-                                 "application/json": {"example": {"status": "ok", "database": "ok",
-                                                                  "identity": {"dev": {"ok": True, "keys": 1}}}}}},
-                        503: {"model": ReadyOut, "description": "Not ready: the database is unreachable"}})
+             description="Checks the database, each identity provider's keys and each pool's health. "
+                         "503 when the database is unreachable or no identity provider has a key to "
+                         "validate a token with (nobody can log in); 200 `degraded` when some provider or pool is "
+                         "unhealthy (`pools.<name>.reason` says why).",
+             responses={200: {"model": ReadyOut, "description": "Ready (or degraded)",
+                              "content": {"application/json": {"example": {
+                 "status": "ok", "database": "ok",
+                 "identity": {"development issuer (dev mode)": {"ok": True, "keys": 1}},
+                 "pools": {"slurm": {"ok": True, "kind": "slurm", "reason": "4/4 nodes idle"}}}}}},
+                        503: {"model": ReadyOut, "description": "Not ready: the database is unreachable, "
+                                                                "or no identity provider can validate a token"}})
     def readyz(request: Request):
         body: dict = {"status": "ok", "database": "ok"}
         try:
@@ -179,9 +202,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             body.update(status="unavailable", database=f"error: {type(exc).__name__}")
         identity = request.app.state.authenticator.status()
         body["identity"] = identity
-        if body["status"] == "ok" and any(not v.get("ok", True) for v in identity.values()):
+        body["pools"] = {name: {"ok": h.ok, "kind": h.kind, "reason": h.reason}
+                         for name, h in pools.current(getattr(request.app.state, "dispatcher", None)).items()}
+        if not body["pools"]:
+            body["pools_note"] = "no pool is configured (ISTHMUS_BACKENDS): jobs wait in pending"
+        unhealthy = [v for v in identity.values() if not v.get("ok", True)]
+        # An issuer with cached keys still validates tokens while its provider is away.
+        if not any(v.get("keys", 0) for v in identity.values()) and body["status"] == "ok":
+            body["status"] = "unavailable"
+            body["identity_note"] = "no identity provider has a usable key: no token can be validated"
+        elif body["status"] == "ok" and (unhealthy or any(not p["ok"] for p in body["pools"].values())):
             body["status"] = "degraded"
-        return JSONResponse(body, status_code=200 if body["database"] == "ok" else 503)
+        return JSONResponse(body, status_code=200 if body["status"] != "unavailable" else 503)
 
     return app
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from gateway.cli_client import Client, _emit, _table, client_options
+from gateway.cli_client import Client, _emit, _table, client_options, fmt
 
 
 
@@ -42,10 +42,10 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8080, show_default=True, type=int, help="port to listen on")
 @click.option("--workers", default=1, show_default=True, type=int, help="uvicorn worker processes")
-@click.option("--dev", is_flag=True, help="dev mode: trust the local development issuer")
+@click.option("--dev", is_flag=True, help="dev mode (same as ISTHMUS_DEV_MODE=true): trust the local development issuer")
 @click.option("--migrate/--no-migrate", default=None,
               help="apply migrations first (default: yes on SQLite, no on Postgres)")
 def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -> None:
@@ -63,6 +63,7 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
         build_authenticator(settings)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
+    _check_pools(settings)
     if settings.dev_mode and settings.log_format == "text":  # in JSON, the app logs the same warning
         click.secho("DEV MODE: tokens from `isthmus token` are trusted. Never run this in production.",
                     fg="yellow", err=True)
@@ -73,6 +74,37 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
                 log_level=settings.log_level, access_log=False, log_config=None, http="h11",
                 limit_concurrency=settings.max_connections, timeout_keep_alive=5,
                 h11_max_incomplete_event_size=settings.max_header_bytes)
+
+
+def _check_pools(settings) -> None:
+    """Refuse settings that cannot work (one line, exit 1); log which pools are unhealthy now
+    (in the log format the gateway uses, so a JSON log stays all JSON)."""
+    import logging
+
+    from gateway.dispatch.backends import BackendConfigError, build_backends
+    from gateway.kit.logs import configure as configure_logging
+    from gateway.pools.service import probe
+
+    try:
+        backends = build_backends(settings.backends)
+    except BackendConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    configure_logging(settings.log_level, settings.log_format)
+    log = logging.getLogger("isthmus.pools")
+    if not backends:
+        log.warning("no pool is configured (ISTHMUS_BACKENDS is empty): jobs are accepted but wait "
+                    "until one is; see docs/slurm.md and docs/kubernetes.md")
+    try:
+        for name, backend in sorted(backends.items()):
+            health = probe(name, backend)
+            if health.ok:
+                log.info("pool %s: ok, %s", name, health.reason, extra={"pool": name})
+            else:
+                log.error("pool %s: UNAVAILABLE: %s (jobs wait until it recovers; GET /readyz and /v1/pools "
+                          "show it)", name, health.reason, extra={"pool": name})
+    finally:
+        for backend in backends.values():
+            backend.close()
 
 
 @main.command()
@@ -90,9 +122,14 @@ def worker(once: bool) -> None:
     from gateway.kit.logs import configure as configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
-    backends = build_backends(settings.backends)
+    from gateway.dispatch.backends import BackendConfigError
+
+    try:
+        backends = build_backends(settings.backends)
+    except BackendConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     if not backends:
-        raise click.ClickException("no backends configured: set ISTHMUS_BACKENDS (see docs/dispatch.md)")
+        raise click.ClickException("no pool configured: set ISTHMUS_BACKENDS (see docs/slurm.md, docs/kubernetes.md)")
     engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
     dispatcher = Dispatcher(sessions=make_sessionmaker(engine), backends=backends, settings=settings)
     if once:
@@ -109,7 +146,7 @@ def worker(once: bool) -> None:
 
 
 @main.command()
-@click.option("--revision", default="head", show_default=True)
+@click.option("--revision", default="head", show_default=True, help="Alembic revision to migrate to")
 def migrate(revision: str) -> None:
     """Apply database migrations (ISTHMUS_DATABASE_URL)."""
     settings = _settings()
@@ -123,13 +160,21 @@ def migrate(revision: str) -> None:
 @click.option("--admin", is_flag=True, help="add the admin role")
 @click.option("--lifetime", default=3600, show_default=True, type=int, help="seconds")
 def token(user: str, groups: str, admin: bool, lifetime: int) -> None:
-    """Mint a token from the local development issuer (dev mode only)."""
+    """Mint a token from the local development issuer.
+
+    Needs dev mode (ISTHMUS_DEV_MODE=true), here and in the gateway. The key is
+    ISTHMUS_DEV_KEY_PATH, by default ~/.config/isthmus/dev-issuer-key.pem (under
+    $XDG_CONFIG_HOME when set), whatever the current directory; it is created on first use.
+    """
     settings = _settings()
     if not settings.dev_mode:
         raise click.ClickException("the development issuer is off: set ISTHMUS_DEV_MODE=true")
     from gateway.identity.setup import build_dev_issuer
 
+    existed = Path(settings.dev_key_path).exists()
     issuer = build_dev_issuer(settings)
+    if not existed:
+        click.echo(f"created a development key at {settings.dev_key_path}", err=True)
     click.echo(issuer.mint(user=user, groups=[g for g in groups.split(",") if g], admin=admin,
                            lifetime_s=lifetime))
 
@@ -160,13 +205,17 @@ def openapi_json() -> str:
 
 @main.group()
 def account() -> None:
-    """Bootstrap accounts directly in the database (the admin API is for running gateways)."""
+    """Bootstrap: create accounts directly in the database (ISTHMUS_DATABASE_URL).
+
+    For a running gateway use `isthmus admin accounts ...`; to see your own accounts,
+    `isthmus accounts`.
+    """
 
 
 @account.command("create")
 @click.argument("name")
-@click.option("--parent", default=None)
-@click.option("--shares", default=1, show_default=True, type=int)
+@click.option("--parent", default=None, help="parent account (quotas and budgets are inherited from it)")
+@click.option("--shares", default=1, show_default=True, type=int, help="fair-share shares among its siblings")
 def account_create(name: str, parent: str | None, shares: int) -> None:
     from gateway.accounts.models import Account
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
@@ -194,15 +243,23 @@ def _job_detail(job: dict) -> str:
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
             "exit_code", "created_at", "started_at", "ended_at"]
-    return "\n".join(f"{k + ':':18} {json.dumps(job.get(k)) if isinstance(job.get(k), list) else job.get(k)}"
+    return "\n".join(f"{k + ':':18} {json.dumps(job[k]) if k == 'command' else fmt(job[k])}"
                      for k in keys if k in job)
+
+
+JOB_STATES = ["pending", "dispatching", "queued", "starting", "running", "requeued", "cancelling",
+              "succeeded", "failed", "cancelled"]
+FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
 @main.command()
 @click.argument("file", type=click.File("r"))
-@click.option("--idempotency-key", default=None)
+@click.option("--idempotency-key", default=None, metavar="KEY",
+              help="make the submission safe to retry: the same KEY and file give the same job "
+                   "(reported as 'replayed'), never a second one")
+@click.option("--quiet", "-q", is_flag=True, help="print only the job id (for scripts)")
 @client_options
-def submit(file, idempotency_key: str | None, url: str, token: str | None, as_json: bool) -> None:
+def submit(file, idempotency_key: str | None, quiet: bool, url: str, token: str | None, as_json: bool) -> None:
     """Submit a job from a YAML or JSON file ('-' for stdin)."""
     import yaml
 
@@ -213,15 +270,22 @@ def submit(file, idempotency_key: str | None, url: str, token: str | None, as_js
     if not isinstance(spec, dict):
         raise click.ClickException(f"{file.name}: expected a mapping with the job spec")
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    job = Client(url, token).call("POST", "/v1/jobs", json=spec, headers=headers)
-    _emit(job, as_json, lambda j: f"submitted job {j['id']} ({j['name']}), state {j['state']}")
+    status, job = Client(url, token).request("POST", "/v1/jobs", json=spec, headers=headers)
+    if quiet and not as_json:
+        click.echo(job["id"])
+        return
+    # 200: the gateway had this Idempotency-Key already and answers with that job.
+    verb = "replayed (same Idempotency-Key as before; no new job)" if status == 200 else "submitted"
+    _emit(job, as_json, lambda j: f"{verb} job {j['id']} ({j['name']}), state {j['state']}: {j['state_reason']}")
 
 
 @main.command()
-@click.option("--state", multiple=True)
-@click.option("--account")
-@click.option("--backend", type=click.Choice(["auto", "slurm", "kubernetes"]))
-@click.option("--limit", default=50, show_default=True, type=int)
+@click.option("--state", multiple=True, type=click.Choice(JOB_STATES),
+              help="only jobs in this state (repeatable)")
+@click.option("--account", help="only jobs of this account")
+@click.option("--backend", type=click.Choice(["auto", "slurm", "kubernetes"]),
+              help="only jobs that asked for or were routed to this pool")
+@click.option("--limit", default=50, show_default=True, type=int, help="jobs per page")
 @click.option("--all", "all_pages", is_flag=True, help="follow every page")
 @client_options
 def jobs(state, account, backend, limit, all_pages, url, token, as_json) -> None:
@@ -247,11 +311,22 @@ def jobs(state, account, backend, limit, all_pages, url, token, as_json) -> None
 @main.command()
 @click.argument("job_id")
 @click.option("--events", is_flag=True, help="also print the job's history")
+@click.option("--wait", is_flag=True,
+              help="wait until the job ends; exit status 0 only if it succeeded")
+@click.option("--timeout", default=3600, show_default=True, type=int, help="seconds --wait waits at most")
 @client_options
-def job(job_id, events, url, token, as_json) -> None:
+def job(job_id, events, wait, timeout, url, token, as_json) -> None:
     """Show one job."""
+    import time
+
     client = Client(url, token)
     data = client.call("GET", f"/v1/jobs/{job_id}")
+    deadline = time.monotonic() + timeout
+    while wait and data["state"] not in FINAL_STATES:
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"job {job_id} still {data['state']} after {timeout} s: {data['state_reason']}")
+        time.sleep(2)
+        data = client.call("GET", f"/v1/jobs/{job_id}")
     if events:
         data = {**data, "events": client.call("GET", f"/v1/jobs/{job_id}/events")["items"]}
 
@@ -263,6 +338,8 @@ def job(job_id, events, url, token, as_json) -> None:
         return out
 
     _emit(data, as_json, render)
+    if wait and data["state"] != "succeeded":
+        raise click.ClickException(f"job {job_id} {data['state']}: {data['state_reason']}")
 
 
 @main.command()
@@ -272,6 +349,66 @@ def cancel(job_id, url, token, as_json) -> None:
     """Cancel a job."""
     data = Client(url, token).call("POST", f"/v1/jobs/{job_id}/cancel")
     _emit(data, as_json, lambda j: f"job {j['id']}: {j['state']}")
+
+
+@main.command()
+@client_options
+def whoami(url, token, as_json) -> None:
+    """What the gateway made of your token: user, POSIX user, accounts, admin, issuer."""
+    data = Client(url, token).call("GET", "/v1/me")
+
+    def render(me: dict) -> str:
+        lines = [f"{'subject:':10} {me['subject']}", f"{'user:':10} {me['user'] or '- (no POSIX user)'}",
+                 f"{'kind:':10} {me['kind']}", f"{'admin:':10} {fmt(me['admin'])}", f"{'issuer:':10} {me['issuer']}"]
+        accts = [f"  {a['name']} ({a['role']}{'' if a['exists'] else ', not an account on this gateway'})"
+                 for a in me["accounts"]]
+        return "\n".join(lines + ["accounts:"] + (accts or ["  - (none: you cannot submit jobs)"]))
+
+    _emit(data, as_json, render)
+
+
+@main.command()
+@client_options
+def accounts(url, token, as_json) -> None:
+    """Your accounts and their fair-share factor (admins: all accounts)."""
+    data = Client(url, token).call("GET", "/v1/accounts")["items"]
+    _emit(data, as_json, lambda rows: _table(
+        [{**r, "fairshare_factor": None if r["fairshare_factor"] is None else f"{r['fairshare_factor']:.4f}"}
+         for r in rows], [("name", "ACCOUNT"), ("parent", "PARENT"), ("shares", "SHARES"),
+                          ("fairshare_factor", "FAIRSHARE"), ("description", "DESCRIPTION")]))
+
+
+def inherited(limit: dict, account: str) -> str:
+    """A quota value, marked with the account it comes from when that is not ``account``."""
+    if limit.get("value") is None:
+        return "-"
+    source = limit.get("source")
+    return fmt(limit["value"]) + ("" if source in (None, account) else f" (from {source})")
+
+
+@main.command()
+@click.argument("account")
+@client_options
+def usage(account, url, token, as_json) -> None:
+    """An account's usage, remaining budget, quotas and fair share."""
+    data = Client(url, token).call("GET", f"/v1/accounts/{account}/usage")
+
+    def render(u: dict) -> str:
+        budget_from = u["quota"]["budget_gpu_hours"].get("source")
+        shared = "" if budget_from in (None, account) else f" (budget of {budget_from}, shared with its subaccounts)"
+        lines = [f"account:            {u['account']}", f"period:             {fmt(u['period'])}",
+                 f"used GPU-h:         {fmt(u['used_gpu_hours'])}{shared}",
+                 f"committed GPU-h:    {fmt(u['committed_gpu_hours'])}",
+                 f"remaining GPU-h:    {fmt(u['remaining_gpu_hours'])}{shared}",
+                 f"GPUs in use:        {u['balance']['reserved_gpus']}", "quotas:"]
+        for k, v in u["quota"].items():
+            if isinstance(v, dict):
+                lines.append(f"  {k:26} {inherited(v, account)}")
+        if u.get("fairshare"):
+            lines.append(f"fair-share factor:  {u['fairshare']['factor']:.4f}")
+        return "\n".join(lines)
+
+    _emit(data, as_json, render)
 
 
 from gateway.admin.cli import admin as _admin  # noqa: E402  (after main exists)

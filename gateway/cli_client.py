@@ -18,6 +18,10 @@ class Client:
         self.http = httpx.Client(base_url=url, headers=headers, timeout=30)
 
     def call(self, method: str, path: str, **kw) -> Any:
+        return self.request(method, path, **kw)[1]
+
+    def request(self, method: str, path: str, **kw) -> tuple[int, Any]:
+        """(HTTP status, JSON body); a problem answer becomes a one-message ClickException."""
         import httpx
 
         try:
@@ -33,18 +37,33 @@ class Client:
             except ValueError:
                 msg = f"{r.status_code}: {r.text[:500]}"
             raise click.ClickException(msg)
-        return r.json()
+        return r.status_code, r.json()
 
 
 def client_options(f):
-    f = click.option("--url", envvar="ISTHMUS_URL", default=DEFAULT_URL, show_default=True)(f)
-    f = click.option("--token", envvar="ISTHMUS_TOKEN", default=None, help="bearer token (or ISTHMUS_TOKEN)")(f)
-    f = click.option("--json", "as_json", is_flag=True, help="print JSON")(f)
+    f = click.option("--url", envvar="ISTHMUS_URL", default=DEFAULT_URL, show_default=True, show_envvar=True,
+                     help="the gateway's base URL")(f)
+    f = click.option("--token", envvar="ISTHMUS_TOKEN", default=None, show_envvar=True,
+                     help="bearer token (an OIDC access token, or `isthmus token` in dev mode)")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="print the API's JSON instead of text")(f)
     return f
 
 
+def fmt(value: Any) -> str:
+    """A value as a person reads it: no Python reprs (None, True, [..], {..})."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ", ".join(fmt(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={fmt(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    cells = [[str(r.get(k) if r.get(k) is not None else "-") for k, _ in columns] for r in rows]
+    cells = [[fmt(r.get(k)) for k, _ in columns] for r in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
     lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]

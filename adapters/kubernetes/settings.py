@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from adapters.envfile import read_env_file  # noqa: E402,F401  (re-exported)
 
 ENV_PREFIX = "ISTHMUS_KUBE_"
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,29 @@ class KubernetesSettings:
             if t <= priority:
                 chosen = t
         return self.priority_classes[chosen]
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, why) for settings that cannot work, checked without contacting the cluster."""
+        out: list[tuple[str, str]] = []
+        if self.kubeconfig is not None:
+            p = Path(self.kubeconfig)
+            if not p.is_file():
+                out.append(("kubeconfig", f"no such file: {self.kubeconfig}"))
+            elif not os.access(p, os.R_OK):
+                out.append(("kubeconfig", f"not readable by this user: {self.kubeconfig}"))
+        for name in ("cluster_queue", "local_queue"):
+            if not _DNS_NAME.fullmatch(getattr(self, name) or ""):
+                out.append((name, f"not a Kubernetes object name: {getattr(self, name)!r}"))
+        try:
+            example = self.namespace_template.format(account="team-a")
+        except (KeyError, IndexError, ValueError):
+            out.append(("namespace_template", f"only {{account}} may be substituted: {self.namespace_template!r}"))
+        else:
+            if not _DNS_NAME.fullmatch(example):
+                out.append(("namespace_template", f"gives namespace {example!r}, not a valid name"))
+        if self.request_timeout_s <= 0:
+            out.append(("request_timeout_s", "must be > 0"))
+        return out
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, env_file: str | Path | None = None,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import shlex
 import threading
 import time
@@ -33,6 +35,17 @@ from adapters.slurm.transport import Transport
 
 AccountMap = Mapping[str, str] | Callable[[str], str | None] | Literal["same"] | None
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(:\d{1,5})?/?")
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def _readable_file(field: str, path: str) -> list[tuple[str, str]]:
+    p = Path(path)
+    if not p.is_file():
+        return [(field, f"no such file: {path}")]
+    if not os.access(p, os.R_OK):
+        return [(field, f"not readable by this user: {path}")]
+    return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +98,27 @@ class SlurmSettings:
         default_factory=lambda: {"PATH": DEFAULT_PATH})
     timeout_s: float = 10.0
     connect_timeout_s: float = 3.0
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, why) for settings that cannot work, checked without contacting the cluster."""
+        out: list[tuple[str, str]] = []
+        if self.transport == "rest":
+            if not _URL.fullmatch(self.rest_url or ""):
+                out.append(("rest_url", f"needs an http(s)://host:port URL of slurmrestd, got {self.rest_url!r}"))
+            if self.token is None and not self.jwt_key_path:
+                out.append(("jwt_key_path", "the REST transport needs the cluster's JWT key file (or a token)"))
+        if self.jwt_key_path and self.token is None and self.transport == "rest":
+            out += _readable_file("jwt_key_path", self.jwt_key_path)
+        if self.slurm_conf and self.transport == "cli" and not self.cli_prefix:
+            out += _readable_file("slurm_conf", self.slurm_conf)
+        if not _NAME.fullmatch(self.partition or ""):
+            out.append(("partition", f"not a Slurm partition name: {self.partition!r}"))
+        if not (self.work_dir or "").startswith("/"):
+            out.append(("work_dir", f"must be an absolute path on the nodes, got {self.work_dir!r}"))
+        for name in ("timeout_s", "connect_timeout_s"):
+            if getattr(self, name) <= 0:
+                out.append((name, "must be > 0"))
+        return out
 
     @classmethod
     def from_env_file(cls, path: str | Path, **overrides) -> SlurmSettings:
@@ -235,9 +269,16 @@ class SlurmBackend(Backend):
         self._transport.cancel(str(backend_job_id))
 
     def capacity(self) -> Capacity:
-        pools = tuple(parse.pool_capacity(self._transport.nodes()))
-        self._gpu_types = tuple(sorted({t for p in pools for t in p.gpu_types}))
-        return Capacity(backend=self.name, pools=pools)
+        """The configured partition only: jobs go nowhere else. A partition the cluster does
+        not have is an error, never an empty (or another partition's) "idle" pool."""
+        pools = parse.pool_capacity(self._transport.nodes())
+        mine = tuple(p for p in pools if p.pool == self.settings.partition)
+        if not mine:
+            have = ", ".join(p.pool for p in pools) or "none"
+            raise BackendUnavailable(f"partition {self.settings.partition!r} does not exist on this cluster "
+                                     f"(partitions: {have})", backend=self.name)
+        self._gpu_types = tuple(sorted({t for p in mine for t in p.gpu_types}))
+        return Capacity(backend=self.name, pools=mine)
 
     # Clock difference tolerated between the gateway and slurmctld in the submit-window check.
     SUBMIT_WINDOW_SLACK_S = 60.0

@@ -180,6 +180,27 @@ def _allocated_gpus(record: Mapping[str, Any], nodes: tuple[str, ...]) -> int:
     return _gpus_per_node(record) * len(nodes)
 
 
+def user_words(slurm_reason: str, record: Mapping[str, Any]) -> str:
+    """Slurm's pending reasons that mean "this will not start as submitted", in a user's words.
+
+    The gateway never submits with --begin, so BeginTime means slurmctld tried to launch
+    the job, failed, and put it back with a delay: on a test or a real cluster that is
+    almost always a user without a POSIX account on the nodes (checked on 22.05).
+    """
+    # An unknown user has no user_name in the record (slurmctld cannot resolve it).
+    user = f"user {record['user_name']!r}" if record.get("user_name") else "the job's user"
+    account = str(record.get("account") or "")
+    if slurm_reason == "BeginTime":
+        return (f"Slurm could not start the job as {user} and retries it later (Slurm reason BeginTime); "
+                f"usually the user has no POSIX account on the cluster's nodes")
+    if slurm_reason == "InvalidAccount":
+        return (f"Slurm does not let {user} charge account {account!r} (Slurm reason InvalidAccount); "
+                f"the cluster's admins must add the user to that Slurm account")
+    if slurm_reason == "InvalidQOS":
+        return f"Slurm does not let {user} use the job's QOS (Slurm reason InvalidQOS)"
+    return slurm_reason
+
+
 def job_status(record: Mapping[str, Any]) -> JobStatus:
     names = states(record)
     state = map_state(names)
@@ -188,7 +209,7 @@ def job_status(record: Mapping[str, Any]) -> JobStatus:
     if slurm_reason == "None":
         slurm_reason = ""
     if state is BackendState.QUEUED:
-        reason = slurm_reason or raw_state
+        reason = user_words(slurm_reason, record) or raw_state
     elif state in (BackendState.FAILED, BackendState.CANCELLED, BackendState.REQUEUED):
         base = names[0] if names else raw_state
         reason = f"{base}: {slurm_reason}" if slurm_reason else base
@@ -264,11 +285,13 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
         idle = "IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
         for part in node.get("partitions") or []:
             p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0,
-                                        "free_gpus": 0, "per_node": set(), "types": set()})
+                                        "free_gpus": 0, "per_node": set(), "types": set(), "mem": 0, "cpus": 0})
             p["total_nodes"] += 1
             p["total_gpus"] += gpus
             p["per_node"].add(gpus)
             p["types"].update(types)
+            p["mem"] = max(p["mem"], number(node.get("real_memory")) or 0)
+            p["cpus"] = max(p["cpus"], number(node.get("cpus")) or 0)
             if idle:
                 p["idle_nodes"] += 1
                 p["free_gpus"] += gpus
@@ -281,5 +304,6 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
             gpu_types=tuple(sorted(p["types"])),
             detail=f"{p['idle_nodes']}/{p['total_nodes']} nodes idle (exclusive allocation: "
                    f"a node with any job is not free)",
+            memory_mib_per_node=int(p["mem"]), cpus_per_node=int(p["cpus"]),
         ))
     return out

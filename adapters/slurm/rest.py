@@ -54,7 +54,7 @@ class RestTransport(Transport):
         try:
             resp = self._client.request(method, path, headers=self._headers(user), json=body)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise BackendUnavailable(f"slurmrestd unreachable: {exc}", backend="slurm") from exc
+            raise BackendUnavailable(f"slurmrestd unreachable at {self._client.base_url}: {exc}", backend="slurm") from exc
         except (httpx.ReadTimeout, httpx.WriteTimeout, httpx.RemoteProtocolError,
                 httpx.ReadError) as exc:
             cls = AmbiguousSubmit if submitting else BackendUnavailable

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from gateway.cli_client import Client, _emit, _table, client_options
+from gateway.cli_client import Client, _emit, _table, client_options, fmt
 
 ACCOUNT_COLUMNS = [("name", "ACCOUNT"), ("parent", "PARENT"), ("shares", "SHARES"), ("gpus", "GPUS"),
                    ("max_gpus", "MAX_GPUS"), ("used_gpu_hours", "USED_H"), ("remaining_gpu_hours", "LEFT_H"),
@@ -24,10 +24,21 @@ def admin() -> None:
     """Administer accounts, quotas, credits and reports (needs the admin role)."""
 
 
+def _own_or_inherited(value, source: str | None, account: str) -> str:
+    """``value``, marked ``(org)`` when it is an ancestor's limit or budget rather than this account's."""
+    if value is None:
+        return "-"
+    return fmt(value) + ("" if source in (None, account) else f" ({source})")
+
+
 def _account_row(a: dict) -> dict:
-    return {"name": a["account"], "parent": a["parent"], "shares": a["shares"],
-            "gpus": a["balance"]["reserved_gpus"], "max_gpus": a["quota"]["max_gpus"]["value"],
-            "used_gpu_hours": a["used_gpu_hours"], "remaining_gpu_hours": a["remaining_gpu_hours"],
+    name, q = a["account"], a["quota"]
+    budget_from = q["budget_gpu_hours"].get("source")
+    return {"name": name, "parent": a["parent"], "shares": a["shares"],
+            "gpus": a["balance"]["reserved_gpus"],
+            "max_gpus": _own_or_inherited(q["max_gpus"]["value"], q["max_gpus"].get("source"), name),
+            "used_gpu_hours": _own_or_inherited(a["used_gpu_hours"], budget_from, name),
+            "remaining_gpu_hours": _own_or_inherited(a["remaining_gpu_hours"], budget_from, name),
             "factor": f"{a['fairshare']['factor']:.4f}" if a.get("fairshare") else None}
 
 
@@ -39,16 +50,21 @@ def accounts() -> None:
 @accounts.command("list")
 @client_options
 def accounts_list(url, token, as_json) -> None:
-    """All accounts with quotas, usage and fair share."""
+    """All accounts with quotas, usage and fair share.
+
+    A value followed by an account name in parentheses, e.g. ``32 (org)``, is inherited:
+    MAX_GPUS is that ancestor's limit, USED_H and LEFT_H its budget, shared by its
+    subaccounts (credits included, so USED_H may be negative).
+    """
     data = Client(url, token).call("GET", "/v1/admin/accounts")
     _emit(data, as_json, lambda rows: _table([_account_row(a) for a in rows], ACCOUNT_COLUMNS))
 
 
 @accounts.command("create")
 @click.argument("name")
-@click.option("--parent")
-@click.option("--shares", type=int, default=1, show_default=True)
-@click.option("--description", default="")
+@click.option("--parent", help="parent account (limits and budgets are inherited from it)")
+@click.option("--shares", type=int, default=1, show_default=True, help="fair-share shares among its siblings")
+@click.option("--description", default="", help="free text")
 @client_options
 def accounts_create(name, parent, shares, description, url, token, as_json) -> None:
     """Create an account."""
@@ -60,8 +76,8 @@ def accounts_create(name, parent, shares, description, url, token, as_json) -> N
 @accounts.command("update")
 @click.argument("name")
 @click.option("--parent", help="new parent ('-' for none)")
-@click.option("--shares", type=int)
-@click.option("--description")
+@click.option("--shares", type=int, help="new fair-share shares")
+@click.option("--description", help="new description")
 @client_options
 def accounts_update(name, parent, shares, description, url, token, as_json) -> None:
     """Change an account's parent, shares or description."""
@@ -90,14 +106,15 @@ def accounts_delete(name, url, token, as_json) -> None:
 
 @admin.command("quota")
 @click.argument("name")
-@click.option("--max-gpus", type=int)
-@click.option("--max-gpus-slurm", type=int)
-@click.option("--max-gpus-kubernetes", type=int)
-@click.option("--budget-gpu-hours", type=float)
-@click.option("--budget-period", type=click.Choice(["month", "rolling"]))
-@click.option("--budget-window-days", type=int)
-@click.option("--max-queued-jobs", type=int)
-@click.option("--max-queued-jobs-per-user", type=int)
+@click.option("--max-gpus", type=int, help="GPUs the account's running jobs may hold at once, both pools")
+@click.option("--max-gpus-slurm", type=int, help="the same, on the Slurm pool only")
+@click.option("--max-gpus-kubernetes", type=int, help="the same, on the Kubernetes pool only")
+@click.option("--budget-gpu-hours", type=float, help="GPU-hours per budget period")
+@click.option("--budget-period", type=click.Choice(["month", "rolling"]),
+              help="calendar month, or a rolling window of --budget-window-days")
+@click.option("--budget-window-days", type=int, help="length of a rolling budget window")
+@click.option("--max-queued-jobs", type=int, help="jobs the account may have waiting")
+@click.option("--max-queued-jobs-per-user", type=int, help="jobs one user may have waiting in the account")
 @click.option("--unset", multiple=True, help="remove a limit (field name, repeatable), e.g. --unset max_gpus")
 @client_options
 def quota(name, unset, url, token, as_json, **limits) -> None:
@@ -125,7 +142,7 @@ def members_list(account, url, token, as_json) -> None:
 @members.command("add")
 @click.argument("account")
 @click.argument("username")
-@click.option("--coordinator", is_flag=True)
+@click.option("--coordinator", is_flag=True, help="may manage the account's subtree")
 @client_options
 def members_add(account, username, coordinator, url, token, as_json) -> None:
     data = Client(url, token).call("PUT", f"/v1/admin/accounts/{account}/members/{username}",
@@ -148,9 +165,9 @@ def members_remove(account, username, url, token, as_json) -> None:
 def _adjust(kind: str):
     @click.argument("account")
     @click.argument("gpu_hours", type=float)
-    @click.option("--reason", required=True)
-    @click.option("--job", "job_id")
-    @click.option("--pool", type=click.Choice(["slurm", "kubernetes"]))
+    @click.option("--reason", required=True, help="why (kept in the ledger, shown to the account)")
+    @click.option("--job", "job_id", help="the job this entry is about (required for a refund)")
+    @click.option("--pool", type=click.Choice(["slurm", "kubernetes"]), help="the pool it is about")
     @client_options
     def cmd(account, gpu_hours, reason, job_id, pool, url, token, as_json) -> None:
         body = {"account": account, "kind": kind, "gpu_hours": gpu_hours, "reason": reason}
@@ -172,15 +189,16 @@ for _kind in ("credit", "debit", "refund"):
 
 
 @admin.command("ledger")
-@click.option("--account")
-@click.option("--subaccounts", is_flag=True)
-@click.option("--job", "job_id")
-@click.option("--kind", multiple=True)
-@click.option("--pool", type=click.Choice(["slurm", "kubernetes"]))
-@click.option("--since")
-@click.option("--until")
-@click.option("--limit", type=int, default=100, show_default=True)
-@click.option("--all", "all_pages", is_flag=True)
+@click.option("--account", help="only this account's entries")
+@click.option("--subaccounts", is_flag=True, help="with --account: its subaccounts' entries too")
+@click.option("--job", "job_id", help="only this job's entries")
+@click.option("--kind", multiple=True, help="only entries of this kind (repeatable): reserve, start, usage, "
+                                            "release, requeue, credit, debit, refund")
+@click.option("--pool", type=click.Choice(["slurm", "kubernetes"]), help="only this pool's entries")
+@click.option("--since", help="from this time on (ISO 8601, e.g. 2026-11-01 or 2026-11-01T12:00:00Z)")
+@click.option("--until", help="before this time (ISO 8601)")
+@click.option("--limit", type=int, default=100, show_default=True, help="entries per page")
+@click.option("--all", "all_pages", is_flag=True, help="follow every page")
 @client_options
 def ledger_cmd(account, subaccounts, job_id, kind, pool, since, until, limit, all_pages, url, token, as_json):
     """Ledger entries, oldest first."""
@@ -201,10 +219,11 @@ def ledger_cmd(account, subaccounts, job_id, kind, pool, since, until, limit, al
 
 
 @admin.command("usage")
-@click.option("--since")
-@click.option("--until")
-@click.option("--period", type=click.Choice(["month", "day"]), default="month", show_default=True)
-@click.option("--account")
+@click.option("--since", help="from this time on (ISO 8601)")
+@click.option("--until", help="before this time (ISO 8601)")
+@click.option("--period", type=click.Choice(["month", "day"]), default="month", show_default=True,
+              help="one row per account, pool and this period")
+@click.option("--account", help="only this account (and its subaccounts)")
 @click.option("--csv", "as_csv", is_flag=True, help="print CSV (for spreadsheets)")
 @client_options
 def usage(since, until, period, account, as_csv, url, token, as_json) -> None:
@@ -242,12 +261,36 @@ def fairshare(url, token, as_json) -> None:
     _emit(data, as_json, render)
 
 
-@admin.command("weight")
+class _WeightGroup(click.Group):
+    """``weight list`` and ``weight set``; ``weight POOL TYPE W`` still means ``set``."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["set", *args]
+        return super().resolve_command(ctx, args)
+
+
+@admin.group("weight", cls=_WeightGroup)
+def weight() -> None:
+    """Billing weights: what one GPU-hour of a GPU type costs in a pool."""
+
+
+@weight.command("set")
 @click.argument("pool", type=click.Choice(["slurm", "kubernetes"]))
 @click.argument("gpu_type")
 @click.argument("weight", type=float)
 @client_options
-def weight(pool, gpu_type, weight, url, token, as_json) -> None:
+def weight_set(pool, gpu_type, weight, url, token, as_json) -> None:
     """Set a GPU type's billing weight in a pool ('*' = pool default)."""
     data = Client(url, token).call("PUT", f"/v1/admin/billing-weights/{pool}/{gpu_type}", json={"weight": weight})
     _emit(data, as_json, lambda w: f"{w['pool']}/{w['gpu_type']}: weight {w['weight']}")
+
+
+@weight.command("list")
+@client_options
+def weight_list(url, token, as_json) -> None:
+    """Every billing weight set (types not listed weigh 1.0)."""
+    data = Client(url, token).call("GET", "/v1/admin/billing-weights")
+    _emit(data, as_json, lambda rows: _table(rows, [("pool", "POOL"), ("gpu_type", "GPU_TYPE"),
+                                                     ("weight", "WEIGHT")]) if rows else
+          "no billing weights set: every GPU-hour weighs 1.0")

@@ -255,6 +255,16 @@ class Dispatcher:
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
         shape = JobShape.of(job)
+        verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
+                                        time_limit_s=job.time_limit_s, gpu_type=(job.spec or {}).get("gpu_type"),
+                                        now=now)
+        if verdict is not None and verdict[0] == "never":
+            jobs.set_state(s, job, JobState.FAILED, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
+            job.ended_at = now
+            return
+        if verdict is not None:  # not this period: held with the reason, never "waiting for capacity"
+            self._note_waiting(s, job, f"held: {verdict[1]}")
+            return
         refusals: dict[str, str] = {}
         # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
         held = {name: held_gpus(shape, view) for name, view in views.items()}
@@ -655,6 +665,7 @@ class Dispatcher:
     def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
                 ended: datetime, started: datetime | None, status: JobStatus | None = None, *,
                 via: str = "poll") -> int:
+        exit_code = jobs.final_exit_code(target, exit_code)
         job.exit_code = exit_code
         job.ended_at = ended
         if started is not None:

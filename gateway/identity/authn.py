@@ -157,7 +157,8 @@ class Authenticator:
         iss = unverified.get("iss")
         trusted = self.issuers.get(iss) if isinstance(iss, str) else None
         if trusted is None:
-            raise InvalidToken("untrusted issuer")
+            raise InvalidToken(f"untrusted issuer: the token's iss is {_show(iss)}; this gateway trusts "
+                               + ", ".join(_show(i) for i in sorted(self.issuers)))
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in trusted.algorithms:
             raise InvalidToken("algorithm not allowed")
@@ -174,7 +175,7 @@ class Authenticator:
             claims = jwt.decode(token, key, algorithms=[alg], registry=_JWS_REGISTRY).claims
             trusted.claims_registry(now).validate(claims)
         except JoseError as exc:
-            raise InvalidToken(_reason(exc)) from None
+            raise InvalidToken(_with_values(_reason(exc), unverified, trusted, kid, now)) from None
         except (ValueError, TypeError, UnicodeError):
             raise InvalidToken("malformed token") from None
         if claims.get("typ") in NOT_ACCESS_TOKEN_TYPES:
@@ -190,6 +191,36 @@ class Authenticator:
 
     def status(self) -> dict[str, Any]:
         return {i.label: i.keys.status() for i in self.issuers.values()}
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    """A claim value for an error message: quoted, bounded (it comes from an unverified token)."""
+    text = json.dumps(value, ensure_ascii=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _show(value)
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+
+
+def _with_values(reason: str, claims: dict[str, Any], trusted: TrustedIssuer, kid: str | None, now: int) -> str:
+    """The short reason plus the values it compared, so a misconfiguration can be seen."""
+    if reason == "token expired":
+        return (f"token expired: exp {_when(claims.get('exp'))}, now {_when(now)} "
+                f"(leeway {trusted.leeway_s} s)")
+    if reason == "token not yet valid":
+        return f"token not yet valid: nbf {_when(claims.get('nbf'))}, now {_when(now)} (leeway {trusted.leeway_s} s)"
+    if reason == "token issued in the future":
+        return f"token issued in the future: iat {_when(claims.get('iat'))}, now {_when(now)}"
+    if reason == "wrong audience":
+        return f"wrong audience: the token's aud is {_show(claims.get('aud'))}; this gateway accepts {_show(trusted.audiences)}"
+    if reason == "wrong issuer":
+        return f"wrong issuer: the token's iss is {_show(claims.get('iss'))}; expected {_show(trusted.issuer)}"
+    if reason == "bad signature":
+        return f"bad signature: not made by the key {_show(kid)} of {trusted.label} that this gateway holds"
+    return reason
 
 
 def _reason(exc: JoseError) -> str:

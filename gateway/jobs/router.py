@@ -99,11 +99,38 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
         return
     from gateway.routing.service import JobShape, check_pinned
 
-    shape = JobShape(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
-                     image=spec.image, gpu_type=spec.gpu_type)
+    shape = JobShape.of_spec(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
+                             total_gpus=spec.total_gpus, spec=spec.model_dump(mode="json"))
     reason = check_pinned(shape, spec.backend.value, views)
     if reason:
         raise Invalid("body.backend" if spec.backend.value != "auto" else "body", f"this job can never run: {reason}")
+
+
+def _budget_verdict(session, spec: JobSpec, settings) -> str | None:
+    """Refuse a job bigger than a whole budget period; the reason it is held when this period's budget is short."""
+    from gateway.jobs.schemas import parse_duration_s
+    from gateway.kit.errors import NotFound
+    from gateway.ledger import service as ledger
+
+    time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else settings.default_time_limit_s
+    try:
+        verdict = ledger.budget_verdict(session, account=spec.account, total_gpus=spec.total_gpus,
+                                        time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
+    except NotFound:
+        return None  # an unknown account: create() names the field
+    if verdict is None:
+        return None
+    if verdict[0] == "never":
+        raise Invalid("body.time_limit", f"this job can never run: {verdict[1]}")
+    return verdict[1]
+
+
+def _waiting_reason(request: Request) -> str:
+    if not getattr(request.app.state, "backends", None):
+        from gateway.pools.router import NO_POOL
+
+        return NO_POOL
+    return "waiting for dispatch"
 
 
 @router.post(
@@ -132,9 +159,11 @@ def submit_job(
     settings = request.app.state.settings
     _refuse_system_user(principal, settings)
     _refuse_if_never_fits(request, spec)
+    held = _budget_verdict(session, spec, settings) if principal.may_use(spec.account) else None
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
-                                  max_time_limit_s=settings.max_time_limit_s, caps=_caps(settings))
+                                  max_time_limit_s=settings.max_time_limit_s, caps=_caps(settings),
+                                  waiting_reason=f"held: {held}" if held else _waiting_reason(request))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"

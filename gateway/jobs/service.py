@@ -122,6 +122,17 @@ def mark_submitted(session: Session, *, job_id: str, backend_job_id: str, actor:
     return done
 
 
+def final_exit_code(target: JobState, exit_code: int | None) -> int | None:
+    """The exit code a finished job reports: a cancelled job has none unless it really exited non-zero.
+
+    Slurm reports 0 for a job whose steps it killed on cancel; showing that as "exit code 0"
+    would claim the command succeeded. A signal (128 + n) or a real failure code is kept.
+    """
+    if target is JobState.CANCELLED and not exit_code:
+        return None
+    return exit_code
+
+
 def spec_hash(spec: JobSpec) -> str:
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -228,8 +239,8 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
 
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
            max_time_limit_s: int, idempotency_key: str | None = None,
-           caps: SubmitCaps | None = None) -> tuple[Job, bool]:
-    """Record a new job in state ``pending``. Returns (job, created).
+           caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch") -> tuple[Job, bool]:
+    """Record a new job in state ``pending``, ``waiting_reason`` as its state reason. Returns (job, created).
 
     ``caps`` None checks no caps (internal callers); the API always passes them.
     """
@@ -253,7 +264,7 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     values = dict(
         id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
         username=principal.username, requested_backend=spec.backend.value, backend=None,
-        state=JobState.PENDING.value, state_reason="waiting for dispatch", spec=normalised,
+        state=JobState.PENDING.value, state_reason=waiting_reason, spec=normalised,
         workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
         created_at=now, updated_at=now,
@@ -354,6 +365,8 @@ def cancel(session: Session, *, principal: Principal, job_id: str, reason: str =
     if job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
     if state is JobState.PENDING:
+        # Never sent anywhere: it ends now, and it has no exit code.
+        job.ended_at = job.cancel_requested_at
         set_state(session, job, JobState.CANCELLED, actor=principal.subject, reason=why)
     else:
         # Submitted (or being submitted): the control loop cancels it on the backend and

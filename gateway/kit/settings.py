@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -21,7 +22,9 @@ class Settings(BaseSettings):
     # Dev mode enables the local development issuer (``isthmus token``) and demo accounts.
     # Outside dev mode the gateway refuses to start without a real OIDC issuer.
     dev_mode: bool = False
-    dev_key_path: Path = Path(".isthmus/dev-issuer-key.pem")
+    # One place whatever the current directory, so `isthmus token` and `isthmus serve` run
+    # from anywhere use the same key (docs/identity.md).
+    dev_key_path: Path = Field(default_factory=lambda: default_dev_key_path())
     dev_issuer: str = "urn:isthmus:dev-issuer"
     dev_accounts: str = "team-a,team-b"  # created on start in dev mode if missing
 
@@ -107,6 +110,13 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+
+def default_dev_key_path() -> Path:
+    """``$XDG_CONFIG_HOME/isthmus/dev-issuer-key.pem``, else ``~/.config/isthmus/dev-issuer-key.pem``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or ""
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".config"
+    return root / "isthmus" / "dev-issuer-key.pem"
 
 
 @functools.lru_cache

@@ -251,6 +251,43 @@ def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountB
     return None
 
 
+def budget_verdict(session: Session, *, account: str, total_gpus: int, time_limit_s: int, gpu_type: str | None,
+                   now: datetime | None = None) -> tuple[str, str] | None:
+    """Whether a job can ever run within the GPU-hour budgets of its account chain.
+
+    Returns None when it can (now or once other jobs end), ``("never", why)`` when it needs
+    more than a whole budget period holds, ``("later", why)`` when this period's budget
+    has too little left even with nothing else running (it can run once the period
+    renews, or after an admin credit). The job's need is its time limit at the cheapest
+    pool's billing weight, so a job routable to either pool is not refused for the dearer one.
+    """
+    now = _now(now)
+    names = [a.name for a in accounts.chain(session, account)]
+    quotas = {q.account_name: q for q in session.scalars(
+        select(AccountQuota).where(AccountQuota.account_name.in_(names), AccountQuota.budget_gpu_seconds.isnot(None)))}
+    if not quotas:
+        return None  # the common case costs two small reads
+    weight = min(billing_weight(session, p, gpu_type) for p in POOLS)
+    needs = committed_for(total_gpus, time_limit_s, weight)
+    for name in reversed(names):
+        q = quotas.get(name)
+        if q is None or q.budget_gpu_seconds is None:
+            continue
+        label = "monthly" if q.budget_period == "month" else f"{q.budget_window_days}-day"
+        if needs > q.budget_gpu_seconds:
+            return ("never", f"{name}'s {label} GPU-hour budget is {_hours(q.budget_gpu_seconds)} GPU-hours and "
+                             f"this job needs {_hours(needs)} ({total_gpus} GPUs x {time_limit_s / 3600:.2f} h "
+                             f"time limit); ask for fewer GPUs or a shorter time limit")
+        charged = charged_in_period(session, name, period_start(q.budget_period, q.budget_window_days, now))
+        left = q.budget_gpu_seconds - charged
+        if needs > left:
+            when = "the budget renews next month" if q.budget_period == "month" else "older usage leaves the window"
+            return ("later", f"{name}'s GPU-hour budget {period_label(q.budget_period, q.budget_window_days)} has "
+                             f"{_hours(max(left, 0))} of {_hours(q.budget_gpu_seconds)} GPU-hours left and this job "
+                             f"needs {_hours(needs)}: it is held until {when} or an admin credits the account")
+    return None
+
+
 def _job_pool(job: Any, pool: str | None) -> str | None:
     pool = pool or job.backend
     if pool is not None and pool not in POOLS:

@@ -34,6 +34,8 @@ class PoolView:
     gpus_per_node: int = 0
     gpu_types: frozenset[str] = frozenset()
     queue_depth: int = 0
+    memory_mib_per_node: int = 0  # 0: unknown
+    cpus_per_node: int = 0
 
     @classmethod
     def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0) -> "PoolView":
@@ -47,6 +49,8 @@ class PoolView:
             total_gpus=sum(p.total_gpus for p in cap.pools), total_nodes=sum(p.total_nodes for p in cap.pools),
             gpus_per_node=max((p.gpus_per_node for p in cap.pools), default=0),
             gpu_types=frozenset(normalise_gpu_type(t) for p in cap.pools for t in p.gpu_types), queue_depth=queue_depth,
+            memory_mib_per_node=max((p.memory_mib_per_node for p in cap.pools), default=0),
+            cpus_per_node=max((p.cpus_per_node for p in cap.pools), default=0),
         )
 
     @property
@@ -73,12 +77,24 @@ class JobShape:
     total_gpus: int
     image: str | None
     gpu_type: str | None
+    memory_mib_per_worker: int = 0
+    cpus_per_worker: int = 0
 
     @classmethod
     def of(cls, job) -> "JobShape":
         spec = job.spec
-        return cls(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
-                   image=spec.get("image"), gpu_type=spec.get("gpu_type"))
+        return cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
+                           spec=spec)
+
+    @classmethod
+    def of_spec(cls, *, workers: int, gpus_per_worker: int, total_gpus: int, spec: dict) -> "JobShape":
+        from gateway.jobs.schemas import parse_memory_mib
+
+        memory = spec.get("memory_per_worker")
+        return cls(workers=workers, gpus_per_worker=gpus_per_worker, total_gpus=total_gpus,
+                   image=spec.get("image"), gpu_type=spec.get("gpu_type"),
+                   memory_mib_per_worker=parse_memory_mib(memory) if memory else 0,
+                   cpus_per_worker=int(spec.get("cpus_per_worker") or 0))
 
 
 def never_fits(shape: JobShape, view: PoolView) -> str | None:
@@ -93,6 +109,11 @@ def never_fits(shape: JobShape, view: PoolView) -> str | None:
         return f"no {shape.gpu_type} GPUs (has {', '.join(sorted(view.gpu_types))})"
     if view.gpus_per_node and shape.gpus_per_worker > view.gpus_per_node:
         return f"a worker asks {shape.gpus_per_worker} GPUs; nodes have {view.gpus_per_node}"
+    if view.memory_mib_per_node and shape.memory_mib_per_worker > view.memory_mib_per_node:
+        return (f"a worker asks {shape.memory_mib_per_worker} MiB of memory; the largest node has "
+                f"{view.memory_mib_per_node} MiB")
+    if view.cpus_per_node and shape.cpus_per_worker > view.cpus_per_node:
+        return f"a worker asks {shape.cpus_per_worker} CPUs; the largest node has {view.cpus_per_node}"
     if view.node_exclusive and shape.workers > view.total_nodes:
         return f"{shape.workers} workers need {shape.workers} whole nodes; the pool has {view.total_nodes}"
     if shape.total_gpus > view.total_gpus:

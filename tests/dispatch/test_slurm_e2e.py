@@ -70,6 +70,9 @@ def test_cancel_running_job_on_slurm(gw):
     assert r.status_code == 202 and r.json()["state"] == "cancelling"
     final = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=60)
     assert final["state"] == "cancelled"
+    # Killed on cancel: it never exited 0, so it must not say so (issue #14, 8).
+    assert final["exit_code"] != 0, final
+    assert final["ended_at"] and final["ended_at"] >= final["started_at"]
 
 
 def test_pinned_job_that_can_never_fit_is_rejected_at_submit(gw):

@@ -32,7 +32,7 @@ def assert_refused(client, token: str, reason: str | None = None) -> None:
     assert token not in body and token[:40] not in body and token[-40:] not in body
     assert "Traceback" not in body and "File \"" not in body
     if reason:
-        assert r.json()["detail"] == reason, r.json()
+        assert r.json()["detail"].split(":")[0] == reason, r.json()
     assert job_count(client) == before
     # the same token cannot read either
     assert client.get("/v1/jobs", headers=bearer(token)).status_code == 401

@@ -95,7 +95,7 @@ def test_token_for_another_audience_is_refused(oidc_client, provider, oidc_env):
     r = oidc_client.get("/v1/jobs", headers=bearer(token))
     assert r.status_code == 401
     assert r.headers["www-authenticate"].startswith('Bearer error="invalid_token"')
-    assert r.json()["detail"] == "wrong audience"
+    assert r.json()["detail"].startswith("wrong audience: ")
 
 
 def test_real_token_stops_working_after_its_exp(make_client, provider, oidc_env):
@@ -104,7 +104,7 @@ def test_real_token_stops_working_after_its_exp(make_client, provider, oidc_env)
     assert client.get("/v1/jobs", headers=bearer(token)).status_code == 200
     time.sleep(6.5)
     r = client.get("/v1/jobs", headers=bearer(token))
-    assert r.status_code == 401 and r.json()["detail"] == "token expired"
+    assert r.status_code == 401 and r.json()["detail"].startswith("token expired: ")
 
 
 def test_id_token_is_not_an_access_token(oidc_client, provider, oidc_env):

@@ -177,6 +177,15 @@ def test_cancel_pending_job(gw):
     assert events[1]["reason"] == "cancelled by alice"
 
 
+def test_a_job_cancelled_while_pending_ends_then_and_has_no_exit_code(gw):
+    job = submit(gw).json()
+    cancelled = gw.client.post(f"/v1/jobs/{job['id']}/cancel", headers=gw.headers()).json()
+    shown = gw.client.get(f"/v1/jobs/{job['id']}", headers=gw.headers()).json()
+    assert shown["state"] == "cancelled"
+    assert shown["ended_at"] and shown["ended_at"] == cancelled["cancel_requested_at"]
+    assert shown["exit_code"] is None and shown["started_at"] is None
+
+
 def test_tenancy_users_see_only_their_accounts(gw):
     alice_job = submit(gw).json()
     bob = gw.headers("bob", ("team-b",))
