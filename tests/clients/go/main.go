@@ -95,6 +95,7 @@ func main() {
 	check(got.Name == spec.Name && got.CreatedAt.Equal(job.CreatedAt), "get: %+v", got)
 	cancelled := must(c.JobsAPI.CancelJob(user, job.Id).Execute())
 	check(cancelled.State == isthmus.JOBSTATE_CANCELLED, "cancel: state %s", cancelled.State)
+	check(cancelled.EndedAt.Get() != nil && cancelled.ExitCode.Get() == nil, "cancelled pending job: ended_at %v, exit_code %v", cancelled.EndedAt.Get(), cancelled.ExitCode.Get())
 	events := must(c.JobsAPI.ListJobEvents(user, job.Id).After(0).Execute())
 	var states []string
 	for _, e := range events.Items {

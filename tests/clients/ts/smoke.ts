@@ -66,6 +66,7 @@ async function main(): Promise<void> {
   check(got.name === spec.name && got.created_at === job.created_at, 'getJob');
   const cancelled = ok(await cancelJob({ client: user, path: { job_id: job.id } }));
   check(cancelled.state === 'cancelled', `cancel: ${cancelled.state}`);
+  check(cancelled.ended_at != null && cancelled.exit_code == null, `cancelled pending job: ended_at ${cancelled.ended_at}, exit_code ${cancelled.exit_code}`);
   const events = ok(await listJobEvents({ client: user, path: { job_id: job.id }, query: { after: 0 } }));
   const states = events.items.map((e) => e.to_state).filter((s) => s !== null);
   check(states.join(',') === 'pending,cancelled', `events ${states}`);
