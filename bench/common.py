@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import re
@@ -11,11 +10,11 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+
+from stack.databases import server_url, temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "benchmarks.md"
@@ -23,42 +22,13 @@ BIN = Path(sys.executable).parent
 
 
 def stack_postgres_url() -> str:
-    """The benchmark Postgres server: ISTHMUS_BENCH_POSTGRES_URL, else the test stack's own
-    cluster (stack/postgres.sh writes its URL to .stack/postgres/env)."""
-    if url := os.environ.get("ISTHMUS_BENCH_POSTGRES_URL"):
-        return url
-    env = REPO / ".stack" / "postgres" / "env"
-    if env.exists():
-        from adapters.envfile import read_env_file
-
-        if url := read_env_file(env).get("ISTHMUS_TEST_POSTGRES_URL"):
-            return url
-    return "postgresql+psycopg://isthmus:isthmus@127.0.0.1:55432/isthmus"
+    """The benchmark Postgres server: ISTHMUS_BENCH_POSTGRES_URL, else the test stack's own."""
+    return server_url("ISTHMUS_BENCH_POSTGRES_URL")
 
 
-@contextlib.contextmanager
-def fresh_database(server_url: str | None = None, *, migrated: bool = False) -> Iterator[str]:
-    """A new database on the benchmark server for one run, dropped afterwards: a benchmark
-    never depends on a database an earlier run or a manual step left behind."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.pool import NullPool
-
-    server_url = server_url or stack_postgres_url()
-    name = f"isthmus_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = server_url.rsplit("/", 1)[0] + "/" + name
-    try:
-        if migrated:
-            from gateway.cli import run_migrations
-
-            run_migrations(url)
-        yield url
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+def fresh_database(server: str | None = None, *, migrated: bool = False):
+    """A new database on the benchmark server for one run, dropped afterwards."""
+    return temporary_database(server or stack_postgres_url(), prefix="isthmus_bench", migrated=migrated)
 
 
 def pct(values: list[float], q: float) -> float:

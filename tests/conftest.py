@@ -12,30 +12,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from adapters.envfile import read_env_file
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
+from adapters.envfile import read_env_file  # noqa: F401  (used by the suites)
+from stack.databases import server_url, temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def stack_postgres_url() -> str:
-    """The test Postgres server's maintenance URL: ISTHMUS_TEST_POSTGRES_URL, else what
-    stack/postgres.sh wrote to .stack/postgres/env, else its default port."""
-    if url := os.environ.get("ISTHMUS_TEST_POSTGRES_URL"):
-        return url
-    env = REPO / ".stack" / "postgres" / "env"
-    if env.exists():
-        url = read_env_file(env).get("ISTHMUS_TEST_POSTGRES_URL")
-        if url:
-            return url
-    return "postgresql+psycopg://isthmus:isthmus@127.0.0.1:55432/isthmus"
+    """The test Postgres server's maintenance URL (stack/databases.py)."""
+    return server_url()
 
 
 PG_ADMIN_URL = stack_postgres_url()
@@ -57,28 +47,16 @@ def dev_key_path(tmp_path_factory) -> Path:
 @contextlib.contextmanager
 def postgres_database(*, migrated: bool = False) -> Iterator[str]:
     """A fresh database on the test Postgres (migrated to head if asked), dropped after."""
-    name = f"isthmus_test_{uuid.uuid4().hex[:8]}"
-    # No pool: a test restarts Postgres, and a pooled admin connection would be dead by the
-    # time the database is dropped.
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        ctx = temporary_database(PG_ADMIN_URL, prefix="isthmus_test", migrated=migrated)
+        url = ctx.__enter__()
     except Exception as exc:  # noqa: BLE001
-        admin.dispose()
         missing_system(f"Postgres not reachable at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}); "
                        "run `bash stack/postgres.sh up`")
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
     try:
-        if migrated:
-            from gateway.cli import run_migrations
-
-            run_migrations(url)
         yield url
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        ctx.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
