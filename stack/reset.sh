@@ -11,6 +11,10 @@
 # What stays is what ISTHMUS_CACHE (default /var/cache/isthmus) holds: downloaded
 # distributions, built binaries, the debootstrapped chroots (docs/testing.md).
 # .ci/run calls this first, so CI always runs from fresh state.
+#
+# WARNING: the test users and the chroots are the machine's, not this checkout's. Never run
+# this while another checkout's stack (or its CI run) is up on the same machine: it removes
+# the users that stack's daemons and jobs run as. CI runs it after every process is ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
