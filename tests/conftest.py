@@ -47,16 +47,13 @@ def dev_key_path(tmp_path_factory) -> Path:
 @contextlib.contextmanager
 def postgres_database(*, migrated: bool = False) -> Iterator[str]:
     """A fresh database on the test Postgres (migrated to head if asked), dropped after."""
-    try:
-        ctx = temporary_database(PG_ADMIN_URL, prefix="isthmus_test", migrated=migrated)
-        url = ctx.__enter__()
-    except Exception as exc:  # noqa: BLE001
-        missing_system(f"Postgres not reachable at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}); "
-                       "run `bash stack/postgres.sh up`")
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(temporary_database(PG_ADMIN_URL, prefix="isthmus_test", migrated=migrated))
+        except Exception as exc:  # noqa: BLE001
+            missing_system(f"Postgres not reachable at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}); "
+                           "run `bash stack/postgres.sh up`")
         yield url
-    finally:
-        ctx.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
