@@ -10,9 +10,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.kit.db import Base
+from gateway.kit.names import POOLS  # noqa: F401 - re-exported: older imports take it from here
 from gateway.kit.timeutil import utcnow
 
-POOLS = ("slurm", "kubernetes")
 MEMBER_ROLES = ("member", "coordinator")
 BUDGET_PERIODS = ("month", "rolling")
 

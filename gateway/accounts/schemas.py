@@ -7,9 +7,10 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.accounts.models import MEMBER_ROLES, POOLS
+from gateway.accounts.models import MEMBER_ROLES
+from gateway.kit.names import ACCOUNT_NAME_RE, POOLS
 
-AccountName = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", max_length=63)
+AccountName = Field(pattern=ACCOUNT_NAME_RE, max_length=63)
 
 # Named enums, used on inputs AND outputs, so a value read from a response can be passed
 # back to a generated client without a cast. Built from the one list of each.

@@ -24,9 +24,10 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm import Session, object_session
 
 from gateway.accounts import service as accounts
-from gateway.accounts.models import POOLS, Account, AccountQuota
+from gateway.accounts.models import Account, AccountQuota
 from gateway.jobs.schemas import normalise_gpu_type
 from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
+from gateway.kit.names import POOLS
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger.models import (
     AccountBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket,
