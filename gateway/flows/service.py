@@ -504,9 +504,18 @@ def _hand_over_slots(session: Session, set_id: str, verdicts: dict) -> None:
                        data={"released": f"slot free (max_running {job_set.max_running})"})
 
 
-def dependents_for_cascade(session: Session, job: Job) -> list[Job]:
-    """Jobs (not yet ended) that wait for this one, for a cancel asked to cascade."""
-    where = JobDependency.on_job_id == job.id
-    return list(session.scalars(select(Job).where(Job.id.in_(select(JobDependency.job_id).where(where)),
-                                                  Job.state.in_(NOT_FINAL)).order_by(Job.id).with_for_update()))
-
+def dependents_for_cascade(session: Session, job: Job, *, limit: int = 100_000) -> list[Job]:
+    """Every job that waits for this one, directly or through others (or their sets), locked."""
+    seen: dict[str, Job] = {}
+    frontier = [(job.id, job.job_set_id)]
+    while frontier and len(seen) < limit:
+        job_id, set_id = frontier.pop()
+        where = JobDependency.on_job_id == job_id
+        if set_id is not None:
+            where = or_(where, JobDependency.on_set_id == set_id)
+        for dependent in session.scalars(select(Job).where(Job.id.in_(select(JobDependency.job_id).where(where)))
+                                         .order_by(Job.id).with_for_update()):
+            if dependent.id not in seen:
+                seen[dependent.id] = dependent
+                frontier.append((dependent.id, dependent.job_set_id))
+    return list(seen.values())

@@ -383,18 +383,14 @@ def cancel(session: Session, *, principal: Principal, job_id: str, reason: str =
     if job.job_state.final:
         raise Conflict(f"job already {job.state}")
     why = reason or f"cancelled by {principal.username or principal.subject}"
-    cancel_job(session, job=job, actor=principal.subject, reason=why)
     if cascade:
         from gateway.flows.service import dependents_for_cascade
 
-        seen, todo = {job.id}, [job]
-        while todo:
-            for dependent in dependents_for_cascade(session, todo.pop()):
-                if dependent.id not in seen:
-                    seen.add(dependent.id)
-                    todo.append(dependent)
-                    cancel_job(session, job=dependent, actor=principal.subject,
-                               reason=f"{why} (cascade from job {job.id})")
+        # Newest first: a dependency always names an older job, so by descending id every
+        # dependent is cancelled before what it waits for, and none is released meanwhile.
+        for dependent in sorted(dependents_for_cascade(session, job), key=lambda j: j.id, reverse=True):
+            cancel_job(session, job=dependent, actor=principal.subject, reason=f"{why} (cascade from job {job.id})")
+    cancel_job(session, job=job, actor=principal.subject, reason=why)
     return job
 
 
