@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from gateway.jobs.schemas import EXAMPLE_SPEC, DependencyCondition, JobSpec
 from gateway.jobs.states import JobState
@@ -16,7 +16,11 @@ from gateway.jobs.states import JobState
 HARD_MAX_TASKS = 100_000
 MAX_SWEEP_PARAMS = 16
 PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-SweepValue = str | int | float | bool
+# One value of a sweep parameter. Integers stay integers (32, not 32.0) when substituted; the
+# published schema says string | number | boolean (generated clients cannot use an
+# integer | number union: docs/clients.md).
+SweepValue = Annotated[str | int | float | bool, WithJsonSchema(
+    {"anyOf": [{"type": "string"}, {"type": "number", "format": "double"}, {"type": "boolean"}]})]
 
 
 class ArraySpec(BaseModel):
