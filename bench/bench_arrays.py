@@ -102,6 +102,7 @@ def main() -> None:
         if os.path.exists(key):
             os.remove(key)
 
+    load = os.getloadavg()[0]
     array_rate = [args.tasks / s for s in array_s]
     a, s_ = median(array_rate), median(single_rate)
     body = f"""## Arrays: {args.tasks:,} tasks in one request vs {args.tasks:,} single submissions (issue #16)
@@ -118,6 +119,9 @@ event in one transaction (bulk inserts); the reference is the same number of `PO
 | one array request, {args.tasks:,} tasks | {median(array_s) * 1000:.0f} ms per request = **{a:,.0f} tasks/s** | {", ".join(f"{x:,.0f}" for x in array_rate)} tasks/s |
 | {args.tasks:,} single submissions | {args.tasks / s_:.1f} s = **{s_:,.0f} jobs/s** | {", ".join(f"{x:,.0f}" for x in single_rate)} jobs/s |
 | ratio (array / singles) | **{a / s_:.1f}x** | |
+
+Load average when the run ended: {load:.1f} on {os.cpu_count()} cores (other work shares the machine:
+compare the ratio, measured under the same load, more than the absolute rates).
 
 Target: ≥ 5,000 tasks/s accepted (10x Slurm's published sustained 500 jobs/s): {"met" if a >= 5000 else "NOT met"}.
 """

@@ -264,11 +264,14 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
             raise Invalid("body.account", f"unknown account {spec.account!r}") from None
         raise
     stored = base.stored()
+    templated = "{{" in "".join(base.command) + "".join(base.env.values())
     job_rows: list[dict[str, Any]] = []
     event_rows: list[dict[str, Any]] = []
     for i, values in enumerate(combos):
         command, env = _render_task(base, values, count)
-        if spec.sweep is not None or "{{" in "".join(base.command) + "".join(base.env.values()):
+        # A sweep's values differ in length: check every task. An array's only value is its
+        # index, longest in the last task: checking that one checks them all.
+        if templated and (spec.sweep is not None or i == count - 1):
             _check_rendered(command, env, i)
         if not resolved.met:
             state, reason = JobState.BLOCKED.value, resolved.reason
