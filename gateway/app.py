@@ -19,6 +19,7 @@ from gateway.dispatch.backends import build_backends
 from gateway.dispatch.service import Dispatcher
 from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
+from gateway.flows.router import router as job_sets_router
 from gateway.jobs.router import router as jobs_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
@@ -161,6 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # (logs and the X-Request-ID header).
     app.add_middleware(RequestIdMiddleware, access_log=settings.access_log)
     app.include_router(jobs_router)
+    app.include_router(job_sets_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)
     app.include_router(identity_router)

@@ -238,16 +238,25 @@ JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("account", "ACCOUNT"), ("user", 
                ("assigned_backend", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
 
 
+TASK_COLUMNS = [("array_index", "INDEX"), ("id", "ID"), ("state", "STATE"), ("assigned_backend", "POOL"),
+                ("parameters", "PARAMETERS"), ("state_reason", "REASON")]
+
+
 def _job_detail(job: dict) -> str:
     keys = ["id", "name", "account", "user", "state", "state_reason", "backend", "assigned_backend",
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
-            "exit_code", "created_at", "started_at", "ended_at"]
-    return "\n".join(f"{k + ':':18} {json.dumps(job[k]) if k == 'command' else fmt(job[k])}"
-                     for k in keys if k in job)
+            "exit_code", "created_at", "started_at", "ended_at", "job_set_id", "array_index", "parameters",
+            "depends_on", "dependents"]
+    return "\n".join(f"{k + ':':18} {json.dumps(job[k]) if k in JSON_KEYS else fmt(job[k])}"
+                     for k in keys if k in job and (job[k] is not None or k not in OPTIONAL_KEYS))
 
 
-JOB_STATES = ["pending", "dispatching", "queued", "starting", "running", "requeued", "cancelling",
+JSON_KEYS = ("command", "parameters", "depends_on", "dependents")
+OPTIONAL_KEYS = ("job_set_id", "array_index", "parameters", "depends_on", "dependents")
+
+
+JOB_STATES = ["blocked", "pending", "dispatching", "queued", "starting", "running", "requeued", "cancelling",
               "succeeded", "failed", "cancelled"]
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -260,7 +269,11 @@ FINAL_STATES = ("succeeded", "failed", "cancelled")
 @click.option("--quiet", "-q", is_flag=True, help="print only the job id (for scripts)")
 @client_options
 def submit(file, idempotency_key: str | None, quiet: bool, url: str, token: str | None, as_json: bool) -> None:
-    """Submit a job from a YAML or JSON file ('-' for stdin)."""
+    """Submit a job, an array or sweep, or a pipeline, from a YAML or JSON file ('-' for stdin).
+
+    A mapping with `array` or `sweep` is submitted as a job set; a mapping with `steps`
+    is a pipeline whose steps refer to earlier ones by name (docs/jobs.md, "Pipelines").
+    """
     import yaml
 
     try:
@@ -269,14 +282,86 @@ def submit(file, idempotency_key: str | None, quiet: bool, url: str, token: str 
         raise click.ClickException(f"cannot parse {file.name}: {exc}") from None
     if not isinstance(spec, dict):
         raise click.ClickException(f"{file.name}: expected a mapping with the job spec")
+    client = Client(url, token)
+    if "steps" in spec:
+        if idempotency_key:
+            raise click.ClickException("--idempotency-key applies to one job, not to a pipeline")
+        submitted = submit_pipeline(client, spec, source=file.name)
+        if quiet and not as_json:
+            click.echo("\n".join(s["id"] for s in submitted.values()))
+            return
+        _emit(list(submitted.values()), as_json, lambda rows: _table(rows, STEP_COLUMNS))
+        return
+    if "array" in spec or "sweep" in spec:
+        if idempotency_key:
+            raise click.ClickException("--idempotency-key applies to one job, not to an array or sweep")
+        job_set = client.call("POST", "/v1/job-sets", json=spec)
+        if quiet and not as_json:
+            click.echo(job_set["id"])
+            return
+        _emit(job_set, as_json, lambda s: f"submitted job set {s['id']} ({s['name']}): {s['task_count']} tasks "
+                                          f"({', '.join(f'{n} {st}' for st, n in sorted(s['counts'].items()))}); "
+                                          f"list them with: isthmus jobs --set {s['id']}")
+        return
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    status, job = Client(url, token).request("POST", "/v1/jobs", json=spec, headers=headers)
+    status, job = client.request("POST", "/v1/jobs", json=spec, headers=headers)
     if quiet and not as_json:
         click.echo(job["id"])
         return
     # 200: the gateway had this Idempotency-Key already and answers with that job.
     verb = "replayed (same Idempotency-Key as before; no new job)" if status == 200 else "submitted"
     _emit(job, as_json, lambda j: f"{verb} job {j['id']} ({j['name']}), state {j['state']}: {j['state_reason']}")
+
+
+STEP_COLUMNS = [("step", "STEP"), ("kind", "KIND"), ("id", "ID"), ("state", "STATE"), ("depends_on", "WAITS FOR")]
+
+
+def submit_pipeline(client: Client, pipeline: dict, *, source: str) -> dict[str, dict]:
+    """Submit ``steps`` in file order; ``depends_on: [{step: NAME}]`` names an earlier step.
+
+    Steps are sent one by one: if one is refused, the earlier ones stay submitted (they are
+    listed in the error) and can be cancelled with ``isthmus cancel --cascade`` on the first.
+    """
+    steps = pipeline.get("steps")
+    defaults = pipeline.get("defaults") or {}
+    unknown = set(pipeline) - {"steps", "defaults"}
+    if unknown:
+        raise click.ClickException(f"{source}: a pipeline has only 'defaults' and 'steps', not {sorted(unknown)}")
+    if not isinstance(steps, list) or not steps or not isinstance(defaults, dict):
+        raise click.ClickException(f"{source}: 'steps' must be a non-empty list and 'defaults' a mapping")
+    done: dict[str, dict] = {}
+    for i, raw in enumerate(steps):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise click.ClickException(f"{source}: steps[{i}] must be a mapping with a name")
+        name = raw["name"]
+        if name in done:
+            raise click.ClickException(f"{source}: steps[{i}]: a step named {name!r} is already defined")
+        spec = {**defaults, **raw}
+        deps = []
+        for j, dep in enumerate(spec.get("depends_on") or []):
+            if isinstance(dep, dict) and "step" in dep:
+                target = done.get(dep["step"])
+                if target is None:
+                    raise click.ClickException(
+                        f"{source}: steps[{i}].depends_on[{j}]: no step {dep['step']!r} before {name!r} "
+                        f"(a step can only wait for an earlier one)")
+                key = "job_set" if target["kind"] != "job" else "job"
+                deps.append({key: target["id"], **{k: v for k, v in dep.items() if k != "step"}})
+            else:
+                deps.append(dep)
+        if deps:
+            spec["depends_on"] = deps
+        is_set = "array" in spec or "sweep" in spec
+        try:
+            out = client.call("POST", "/v1/job-sets" if is_set else "/v1/jobs", json=spec)
+        except click.ClickException as exc:
+            sent = ", ".join(f"{n}={s['id']}" for n, s in done.items()) or "none"
+            raise click.ClickException(f"step {name!r}: {exc.message} (already submitted: {sent})") from None
+        done[name] = {"step": name, "kind": ("array" if "array" in spec and "sweep" not in spec else "sweep")
+                      if is_set else "job", "id": out["id"],
+                      "state": out.get("state") or ", ".join(f"{n} {st}" for st, n in sorted(out["counts"].items())),
+                      "depends_on": ", ".join(d.get("step", "") or "" for d in raw.get("depends_on") or [])}
+    return done
 
 
 @main.command()
@@ -287,11 +372,26 @@ def submit(file, idempotency_key: str | None, quiet: bool, url: str, token: str 
               help="only jobs that asked for or were routed to this pool")
 @click.option("--limit", default=50, show_default=True, type=int, help="jobs per page")
 @click.option("--all", "all_pages", is_flag=True, help="follow every page")
+@click.option("--set", "job_set", metavar="ID", help="only the tasks of this array or sweep, in index order")
 @client_options
-def jobs(state, account, backend, limit, all_pages, url, token, as_json) -> None:
-    """List jobs you can see, newest first."""
+def jobs(state, account, backend, limit, all_pages, job_set, url, token, as_json) -> None:
+    """List jobs you can see, newest first (a set's tasks: in index order)."""
     client = Client(url, token)
     params: dict[str, Any] = {"limit": limit}
+    if job_set:
+        if account or backend:
+            raise click.ClickException("--set lists one set's tasks; it does not combine with --account/--backend")
+        if state:
+            params["state"] = list(state)
+        items = []
+        while True:
+            page = client.call("GET", f"/v1/job-sets/{job_set}/tasks", params=params)
+            items.extend(page["items"])
+            if not (all_pages and page["next_cursor"]):
+                break
+            params["cursor"] = page["next_cursor"]
+        _emit(items, as_json, lambda rows: _table(rows, TASK_COLUMNS))
+        return
     if state:
         params["state"] = list(state)
     if account:
@@ -344,10 +444,17 @@ def job(job_id, events, wait, timeout, url, token, as_json) -> None:
 
 @main.command()
 @click.argument("job_id")
+@click.option("--cascade", is_flag=True, help="also cancel every job waiting for it")
+@click.option("--set", "is_set", is_flag=True, help="the id is a job set: cancel all its tasks")
 @client_options
-def cancel(job_id, url, token, as_json) -> None:
-    """Cancel a job."""
-    data = Client(url, token).call("POST", f"/v1/jobs/{job_id}/cancel")
+def cancel(job_id, cascade, is_set, url, token, as_json) -> None:
+    """Cancel a job (or, with --set, every task of a job set)."""
+    if is_set:
+        data = Client(url, token).call("POST", f"/v1/job-sets/{job_id}/cancel")
+        _emit(data, as_json, lambda s: f"job set {s['id']}: " + ", ".join(f"{n} {st}" for st, n in
+                                                                           sorted(s["counts"].items())))
+        return
+    data = Client(url, token).call("POST", f"/v1/jobs/{job_id}/cancel", params={"cascade": "true"} if cascade else None)
     _emit(data, as_json, lambda j: f"job {j['id']}: {j['state']}")
 
 

@@ -2,6 +2,7 @@
 
 from gateway.accounts.models import Account, AccountMember, AccountQuota  # noqa: F401
 from gateway.jobs.models import IdempotencyKey, Job, JobEvent  # noqa: F401
+from gateway.flows.models import JobDependency, JobSet  # noqa: F401
 from gateway.kit.db import Base  # noqa: F401
 from gateway.ledger.models import AccountBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket  # noqa: F401,E501
 

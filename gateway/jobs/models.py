@@ -22,6 +22,8 @@ class Job(Base):
         Index("ix_job_account_id", "account_name", "id"),
         # A user's waiting jobs, counted (up to the cap) at each submit (jobs/service.py).
         Index("ix_job_user_state", "username", "state", "account_name"),
+        # A set's tasks by state (summary, max_running, the next blocked task to release).
+        Index("ix_job_set_state", "job_set_id", "state", "array_index"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -52,6 +54,9 @@ class Job(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     dispatch_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Arrays and sweeps (gateway/flows): the set this job is a task of, and its index there.
+    job_set_id: Mapped[str | None] = mapped_column(String(36), ForeignKey("job_set.id", ondelete="RESTRICT"))
+    array_index: Mapped[int | None] = mapped_column(Integer)
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     @validates("state")
@@ -98,3 +103,7 @@ class IdempotencyKey(Base):
     request_hash: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+# The job table's foreign key to job_set needs that table in the same metadata.
+from gateway.flows import models as _flows_models  # noqa: E402,F401

@@ -28,8 +28,10 @@ def get_readable(session: Session, principal: Principal, job_id: str, *, for_upd
 
 def list_readable(session: Session, principal: Principal, *, states: Sequence[str] = (),
                   account: str | None = None, backend: str | None = None,
-                  after_id: str | None = None, limit: int = 50) -> list[Job]:
+                  after_id: str | None = None, limit: int = 50, job_set: str | None = None) -> list[Job]:
     stmt = readable_jobs(principal)
+    if job_set:
+        stmt = stmt.where(Job.job_set_id == job_set)
     if states:
         stmt = stmt.where(Job.state.in_(list(states)))
     if account:

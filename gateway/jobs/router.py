@@ -42,6 +42,7 @@ def to_out(job: Job) -> JobOut:
         backend_job_id=job.backend_job_id, exit_code=job.exit_code, nodes=job.nodes,
         created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
+        job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
     )
 
 
@@ -185,12 +186,14 @@ def list_jobs(
     account: Annotated[str | None, Query(pattern=ACCOUNT_NAME_RE)] = None,
     backend: Annotated[BackendChoice | None, Query(description="Pool asked for or routed to.")] = None,
     cursor: Annotated[str | None, Query(max_length=128)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    job_set: Annotated[str | None, Query(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                                         description="Only the tasks of this array or sweep.")] = None
 ) -> JobPage:
     after = _decode_cursor(cursor) if cursor else None
     jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
                                     account=account, backend=backend.value if backend else None,
-                                    after_id=after, limit=limit + 1)
+                                    after_id=after, limit=limit + 1, job_set=job_set)
     more = len(jobs) > limit
     jobs = jobs[:limit]
     return JobPage(items=[to_out(j) for j in jobs], next_cursor=_encode_cursor(jobs[-1].id) if more else None)
@@ -204,18 +207,29 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 @router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
             responses=problem_responses(401, 404, 422))
 def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
-    return to_out(service.get_or_raise(session, principal=principal, job_id=job_id))
+    from gateway.flows.service import dependencies_of, dependents_of
+
+    job = service.get_or_raise(session, principal=principal, job_id=job_id)
+    out = to_out(job)
+    # null (not []) when there are none: a job outside any workflow reads as it always did.
+    out.depends_on = dependencies_of(session, job) or None
+    out.dependents = dependents_of(session, job) or None
+    return out
 
 
 @router.post(
     "/{job_id}/cancel", status_code=202, response_model=JobOut, operation_id="cancelJob", summary="Cancel a job",
     description="A pending job is cancelled at once; a submitted job goes to `cancelling` until its "
-                "backend confirms. Cancelling a job that is already cancelling is a no-op.",
+                "backend confirms. Cancelling a job that is already cancelling is a no-op. "
+                "Jobs waiting for it are cancelled too only with `cascade=true` (otherwise their "
+                "dependency decides: `succeeded` can then never be met and cancels them, `finished` is met).",
     responses=problem_responses(401, 404, 409, 422),
 )
 def cancel_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, request: Request,
-               background: BackgroundTasks) -> JobOut:
-    job = service.cancel(session, principal=principal, job_id=job_id)
+               background: BackgroundTasks,
+               cascade: Annotated[bool, Query(description="Also cancel every job waiting for this one.")] = False
+               ) -> JobOut:
+    job = service.cancel(session, principal=principal, job_id=job_id, cascade=cascade)
     _wake_dispatcher(request, background)
     return to_out(job)
 

@@ -37,6 +37,8 @@ MIN_MEMORY_MIB, MAX_MEMORY_MIB = 16, 16 * 1024 * 1024  # 16 MiB .. 16 TiB per wo
 MAX_ARGV_ITEMS, MAX_ARG_LEN, MAX_ARGV_BYTES = 256, 4096, 64 * 1024
 MAX_ENV, MAX_ENV_VALUE = 128, 4096
 MAX_LABELS = 32
+MAX_DEPENDENCIES = 64  # per job; a whole set counts as one
+JOB_ID_RE = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 _MEM_RE = re.compile(r"^\s*(\d{1,12})\s*([KMGT]i?)?B?\s*$", re.IGNORECASE)
 _MEM_UNITS = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -140,6 +142,30 @@ def reserved_label_key(key: str) -> bool:
     return any(prefix == d or prefix.endswith("." + d) for d in RESERVED_LABEL_DOMAINS)
 
 
+class DependencyCondition(str, enum.Enum):
+    SUCCEEDED = "succeeded"  # the job (every task of the set) succeeded
+    FINISHED = "finished"  # ended in any final state
+    FAILED = "failed"  # the job (every task of the set) failed
+    STARTED = "started"  # started running (or ran and ended)
+
+
+class Dependency(BaseModel):
+    """Wait for one job, or every task of a job set, to reach ``condition`` (docs/jobs.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: Annotated[str | None, Field(default=None, pattern=JOB_ID_RE, description="A job id you can see.")]
+    job_set: Annotated[str | None, Field(default=None, pattern=JOB_ID_RE,
+                                         description="A job set id you can see: every task of it.")]
+    condition: DependencyCondition = DependencyCondition.SUCCEEDED
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "Dependency":
+        if (self.job is None) == (self.job_set is None):
+            raise ValueError("give exactly one of job and job_set")
+        return self
+
+
 class JobSpec(BaseModel):
     """What a user asks to run: one gang of ``workers`` identical workers."""
 
@@ -169,6 +195,17 @@ class JobSpec(BaseModel):
     env: Annotated[dict[str, str], Field(default_factory=dict, max_length=MAX_ENV)]
     labels: Annotated[dict[str, str], Field(default_factory=dict, max_length=MAX_LABELS)]
     priority: Annotated[int, Field(default=0, ge=-1000, le=1000, description="Higher first within the account.")]
+    depends_on: Annotated[list[Dependency], Field(
+        default_factory=list, max_length=MAX_DEPENDENCIES,
+        description="Jobs or job sets this job waits for; it stays `blocked` until they are met (docs/jobs.md).")]
+
+    def stored(self) -> dict[str, Any]:
+        """The normalised spec kept on the job (and hashed for idempotency).
+
+        Without dependencies the dump is what it was before they existed, so the hash of
+        an earlier request replayed with its Idempotency-Key still matches.
+        """
+        return self.model_dump(mode="json", exclude=None if self.depends_on else {"depends_on"})
 
     @field_validator("memory_per_worker", mode="before")
     @classmethod
@@ -289,6 +326,14 @@ class JobOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     cancel_requested_at: datetime | None
+    job_set_id: str | None = Field(default=None, description="The array or sweep this job is a task of.")
+    array_index: int | None = Field(default=None, description="This task's index in its set (0-based).")
+    parameters: dict[str, Any] | None = Field(default=None, description="A sweep task's parameter values.")
+    depends_on: list[dict[str, Any]] | None = Field(
+        default=None, description="getJob only: what this job waits for (`job` or `job_set`, `condition`, the "
+                                  "target's `state`, `met`); null when none.")
+    dependents: list[str] | None = Field(
+        default=None, description="getJob only: ids of jobs waiting for this job (first 100); null when none.")
 
 
 class JobPage(BaseModel):

@@ -57,6 +57,12 @@ def set_state(session: Session, job: Job, target: JobState, *, actor: str, reaso
                  from_state=current, to_state=target.value)
     log.info("%s -> %s: %s", current, target.value, reason,
              extra={"job_id": job.id, "account": job.account_name, "pool": job.backend or "", "actor": actor})
+    if target.final or target is JobState.RUNNING:
+        # Dependencies and array slots (gateway/flows): what waits for this job moves on
+        # in this same transaction. The one hook of workflows into the state machine.
+        from gateway.flows.service import after_transition
+
+        after_transition(session, job, target)
     return True
 
 
@@ -237,7 +243,7 @@ def final_exit_code(target: JobState, exit_code: int | None) -> int | None:
 
 
 def spec_hash(spec: JobSpec) -> str:
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(spec.stored(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -251,8 +257,9 @@ class SubmitCaps:
     key_window_s: int = 86400
 
 
-# A job counts against the pending caps until its gang starts.
-WAITING_STATES = tuple(s.value for s in (JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED))
+# A job counts against the pending caps until its gang starts (a blocked one too: it is a row
+# waiting to run, and an array's tasks count one each).
+WAITING_STATES = tuple(s.value for s in (JobState.BLOCKED, JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED))
 
 _JOB_C = Job.__table__.c
 _KEY_C = IdempotencyKey.__table__.c
@@ -292,17 +299,19 @@ _HINT = "wait for jobs to start or cancel some"
 
 
 def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
-               with_key: bool, now=None) -> None:
+               with_key: bool, now=None, adding: int = 1) -> None:
     """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15).
 
     One round trip unless an admin set a cap on the account or an ancestor (then two);
-    each count is an index range scan stopped at the cap. Checked without a lock, so
+    each count is an index range scan stopped at the cap. ``adding`` jobs are about to be
+    written (an array's tasks). Checked without a lock, so
     concurrent submissions may pass a cap by at most the number in flight (docs/jobs.md).
 
     Raises:
         LimitExceeded: 429 whose detail names the limit.
     """
     now = now or utcnow()
+    hint = _HINT if adding == 1 else f"this request adds {adding}; {_HINT}"
     # Without a key, "since" is in the future: the key count is an empty index probe.
     since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
     chain = session.execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
@@ -311,30 +320,30 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
     if not chain:
         return  # unknown account: the insert refuses it with its own message
     first = chain[0]
-    if first.n_user >= caps.pending_per_user:
+    if first.n_user + adding > caps.pending_per_user:
         raise LimitExceeded(f"user {username} has {first.n_user} of {caps.pending_per_user} pending jobs allowed "
-                            f"per user (ISTHMUS_MAX_PENDING_JOBS_PER_USER); {_HINT}")
-    if all(row.max_queued_jobs is None for row in chain) and first.n_account >= caps.pending_per_account:
+                            f"per user (ISTHMUS_MAX_PENDING_JOBS_PER_USER); {hint}")
+    if all(row.max_queued_jobs is None for row in chain) and first.n_account + adding > caps.pending_per_account:
         raise LimitExceeded(f"{account}: {first.n_account} of {caps.pending_per_account} pending jobs allowed per "
-                            f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {_HINT}")
+                            f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {hint}")
     checks: list[tuple[Any, int, str]] = []
     for i, row in enumerate(chain):
         in_subtree = _JOB_C.account_name.in_(_subtree(row.name, str(i)))  # a limit caps the account's subtree
         if row.max_queued_jobs is not None:
             checks.append((_count_upto(Job.__table__, row.max_queued_jobs, in_subtree, _WAITING), row.max_queued_jobs,
                            f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of {row.name}); "
-                           f"{_HINT}"))
+                           f"{hint}"))
         if row.max_queued_jobs_per_user is not None:
             checks.append((_count_upto(Job.__table__, row.max_queued_jobs_per_user, in_subtree, _WAITING,
                                        _JOB_C.username == username), row.max_queued_jobs_per_user,
                            f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
-                           f"(max_queued_jobs_per_user of {row.name}); {_HINT}"))
+                           f"(max_queued_jobs_per_user of {row.name}); {hint}"))
     if checks:
         counts = session.execute(select(*[c for c, _, _ in checks])).one()
         for n, (_, limit, message) in zip(counts, checks):
-            if n >= limit:
+            if n + adding > limit:
                 raise LimitExceeded(message.format(n=n))
-    if with_key and first.n_keys >= caps.keys_per_user:
+    if with_key and first.n_keys + 1 > caps.keys_per_user:
         raise LimitExceeded(f"{first.n_keys} of {caps.keys_per_user} new idempotency keys allowed per caller in "
                             f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing "
                             f"keys still work")
@@ -362,7 +371,12 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     if caps is not None:
         check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
                    caps=caps, with_key=idempotency_key is not None)
-    normalised = spec.model_dump(mode="json")
+    resolved = None
+    if spec.depends_on:
+        from gateway.flows import service as flows
+
+        resolved = flows.resolve(session, principal=principal, depends_on=spec.depends_on)
+    normalised = spec.stored()
     now = utcnow()
     values = dict(
         id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
@@ -372,7 +386,9 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
         created_at=now, updated_at=now,
     )
-    if idempotency_key is None:
+    if resolved is not None and not resolved.met:
+        values.update(state=JobState.BLOCKED.value, state_reason=resolved.reason)
+    if idempotency_key is None and resolved is None:
         # The hot path (bench/bench_api.py): Core inserts, and on Postgres the job and its
         # first event in one statement. The account's existence is checked by the foreign
         # key instead of a read first: an unknown account fails the insert and nothing is
@@ -382,12 +398,19 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     if session.get(Account, spec.account) is None:
         raise Invalid("body.account", f"unknown account {spec.account!r}")
     job = Job(**values)
-    if not _insert_with_key(session, job, principal, idempotency_key, digest):
+    if idempotency_key is None:
+        session.add(job)
+        session.flush()
+    elif not _insert_with_key(session, job, principal, idempotency_key, digest):
         # A concurrent request with the same key won the race; answer as it did.
         existing = repository.get_idempotency(session, principal.subject, idempotency_key)
         return _replay(session, existing, digest), False
-    record_event(session, job, actor=principal.subject, kind="state", to_state=JobState.PENDING.value,
-                 reason="submitted", data={"idempotency_key": idempotency_key})
+    record_event(session, job, actor=principal.subject, kind="state", to_state=job.state,
+                 reason="submitted", data={"idempotency_key": idempotency_key} if idempotency_key else None)
+    if resolved is not None:
+        from gateway.flows import service as flows
+
+        flows.add_dependencies(session, [job.id], resolved)
     return job, True
 
 
@@ -457,22 +480,35 @@ def get_or_raise(session: Session, *, principal: Principal, job_id: str, for_upd
     return job
 
 
-def cancel(session: Session, *, principal: Principal, job_id: str, reason: str = "") -> Job:
+def cancel(session: Session, *, principal: Principal, job_id: str, reason: str = "", cascade: bool = False) -> Job:
+    """Cancel a job; with ``cascade``, also every job that waits for it (transitively)."""
     job = get_or_raise(session, principal=principal, job_id=job_id, for_update=True)
-    state = job.job_state
+    if job.job_state.final:
+        raise Conflict(f"job already {job.state}")
     why = reason or f"cancelled by {principal.username or principal.subject}"
-    if state.final:
-        raise Conflict(f"job already {state.value}")
-    if state is JobState.CANCELLING:
-        return job
+    if cascade:
+        from gateway.flows.service import dependents_for_cascade
+
+        # Newest first: a dependency always names an older job, so by descending id every
+        # dependent is cancelled before what it waits for, and none is released meanwhile.
+        for dependent in sorted(dependents_for_cascade(session, job), key=lambda j: j.id, reverse=True):
+            cancel_job(session, job=dependent, actor=principal.subject, reason=f"{why} (cascade from job {job.id})")
+    cancel_job(session, job=job, actor=principal.subject, reason=why)
+    return job
+
+
+def cancel_job(session: Session, *, job: Job, actor: str, reason: str) -> None:
+    """Cancel one loaded (and locked) job: at once if never sent anywhere, else via ``cancelling``."""
+    state = job.job_state
+    if state.final or state is JobState.CANCELLING:
+        return
     if job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
-    if state is JobState.PENDING:
+    if state in (JobState.PENDING, JobState.BLOCKED):
         # Never sent anywhere: it ends now, and it has no exit code.
         job.ended_at = job.cancel_requested_at
-        set_state(session, job, JobState.CANCELLED, actor=principal.subject, reason=why)
+        set_state(session, job, JobState.CANCELLED, actor=actor, reason=reason)
     else:
         # Submitted (or being submitted): the control loop cancels it on the backend and
         # moves it to cancelled when the backend confirms.
-        set_state(session, job, JobState.CANCELLING, actor=principal.subject, reason=why)
-    return job
+        set_state(session, job, JobState.CANCELLING, actor=actor, reason=reason)

@@ -1,9 +1,13 @@
 """The job state machine, enforced in one place.
 
-    pending -> dispatching -> queued -> starting -> running -> succeeded | failed | cancelled
+    blocked -> pending -> dispatching -> queued -> starting -> running -> succeeded | failed | cancelled
                      ^            |          |          |
                      |            +----------+----------+--> requeued -> queued/starting/running
     (submission failed, retried)                        +--> cancelling -> cancelled
+
+``blocked`` (gateway/flows): a job waiting for its dependencies or for a free slot of its
+array (``max_running``). Not in the dispatch pick and reserves nothing; it becomes
+``pending`` when they allow it, or ``cancelled`` when a dependency can no longer be met.
 
 Every state change goes through :func:`check_transition`, called by the model's
 validator on ``Job.state``, so an illegal transition cannot be written.
@@ -15,6 +19,7 @@ import enum
 
 
 class JobState(str, enum.Enum):
+    BLOCKED = "blocked"  # waiting for dependencies / an array slot; never dispatched, holds nothing
     PENDING = "pending"  # accepted by the gateway, not yet sent to a backend
     DISPATCHING = "dispatching"  # claimed by a dispatcher, submission in flight
     QUEUED = "queued"  # accepted by the backend, waiting for the whole gang; holds no GPU
@@ -35,6 +40,7 @@ FINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLE
 
 _S = JobState
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    _S.BLOCKED: frozenset({_S.PENDING, _S.CANCELLED}),
     _S.PENDING: frozenset({_S.DISPATCHING, _S.CANCELLED, _S.FAILED}),
     _S.DISPATCHING: frozenset({_S.PENDING, _S.QUEUED, _S.STARTING, _S.RUNNING, _S.SUCCEEDED,
                                _S.FAILED, _S.CANCELLED, _S.CANCELLING}),
@@ -65,7 +71,7 @@ def can_transition(current: JobState, target: JobState) -> bool:
 
 def check_transition(current: JobState | None, target: JobState) -> None:
     if current is None:
-        if target is not JobState.PENDING:
+        if target not in (JobState.PENDING, JobState.BLOCKED):
             raise IllegalTransition(JobState.PENDING, target)
         return
     if not can_transition(current, target):

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     max_idempotency_keys_per_user: int = Field(default=10000, ge=1, le=10_000_000)
     idempotency_key_window_s: int = Field(default=86400, ge=60, le=366 * 86400)
 
+    # Job sets (docs/jobs.md, "Arrays and sweeps"): tasks per array request, and points per
+    # sweep (the product of its value lists). A set is one transaction; 422 names the field.
+    max_array_tasks: int = Field(default=10000, ge=1, le=100_000)
+    max_sweep_points: int = Field(default=1000, ge=1, le=100_000)
+
     default_time_limit_s: int = Field(default=3600, ge=60)
     max_time_limit_s: int = Field(default=30 * 24 * 3600, ge=60)
 

@@ -1,0 +1,524 @@
+"""Workflows: job sets (arrays, sweeps) and dependencies between jobs (issue #16, docs/jobs.md).
+
+Every task of a set is an ordinary Job row (own id, state, events, ledger entries). A job
+whose dependencies are not met, or a task beyond its set's ``max_running``, waits in
+``blocked``: not in the dispatch pick, nothing reserved in the ledger. :func:`after_transition`
+(called by ``jobs.service.set_state``, in the transaction of the state change) moves
+blocked jobs on: to ``pending`` when they may run (the dispatcher's ordinary admission and
+reservation then apply), to ``cancelled`` when a dependency can no longer be met.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import JSON, func, literal, or_, select
+from sqlalchemy.orm import Session
+
+from gateway.flows import templates
+from gateway.flows.models import JobDependency, JobSet
+from gateway.flows.schemas import JobSetSpec
+from gateway.identity.principal import Principal
+from gateway.jobs import repository
+from gateway.jobs.models import Job, JobEvent
+from gateway.jobs.schemas import JobSpec, parse_duration_s
+from gateway.jobs.states import FINAL_STATES, JobState
+from gateway.kit.errors import Forbidden, Invalid, NotFound
+from gateway.kit.timeutil import new_id, utcnow
+
+log = logging.getLogger("isthmus.flows")
+
+ACTOR = "system:flows"
+FINAL = tuple(s.value for s in FINAL_STATES)
+NOT_FINAL = tuple(s.value for s in JobState if s not in FINAL_STATES)
+# A set task holds one of its set's max_running slots from pending until it ends.
+SLOT_STATES = tuple(s.value for s in JobState if s not in FINAL_STATES and s is not JobState.BLOCKED)
+NOT_STARTED = tuple(s.value for s in (JobState.BLOCKED, JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED,
+                                      JobState.STARTING))
+MET, WAIT, NEVER = "met", "wait", "never"
+
+
+# ------------------------------------------------------------------ judging a dependency
+
+def judge_job(condition: str, state: str, started: bool) -> str:
+    """Whether ``condition`` on a job in ``state`` is met, may still be, or never will be."""
+    final = state in FINAL
+    if condition == "finished":
+        return MET if final else WAIT
+    if condition == "started":
+        if started or state in (JobState.RUNNING.value, JobState.REQUEUED.value):
+            return MET
+        return NEVER if final else WAIT
+    wanted = JobState.SUCCEEDED.value if condition == "succeeded" else JobState.FAILED.value
+    if state == wanted:
+        return MET
+    return NEVER if final else WAIT
+
+
+def _exists(session: Session, *where) -> bool:
+    return session.execute(select(literal(1)).select_from(Job).where(*where).limit(1)).first() is not None
+
+
+def judge_set(session: Session, condition: str, set_id: str) -> str:
+    """The same for every task of a set: a few EXISTS probes on ix_job_set_state, never a count."""
+    in_set = Job.job_set_id == set_id
+    if condition == "finished":
+        return WAIT if _exists(session, in_set, Job.state.in_(NOT_FINAL)) else MET
+    if condition == "started":
+        if _exists(session, in_set, Job.state.in_(FINAL), Job.started_at.is_(None)):
+            return NEVER
+        return WAIT if _exists(session, in_set, Job.state.in_(NOT_STARTED)) else MET
+    other = ((JobState.FAILED.value, JobState.CANCELLED.value) if condition == "succeeded"
+             else (JobState.SUCCEEDED.value, JobState.CANCELLED.value))
+    if _exists(session, in_set, Job.state.in_(other)):
+        return NEVER
+    return WAIT if _exists(session, in_set, Job.state.in_(NOT_FINAL)) else MET
+
+
+def _describe(dep: JobDependency | Any, verdict: str) -> str:
+    target = f"job {dep.on_job_id}" if dep.on_job_id else f"job set {dep.on_set_id}"
+    if verdict == NEVER:
+        return f"dependency {target} can no longer be {dep.condition}"
+    return f"waiting for {target} to be {dep.condition}"
+
+
+# ------------------------------------------------------------------ resolving at submit
+
+@dataclasses.dataclass
+class Resolved:
+    rows: list[dict[str, Any]]  # job_dependency values without job_id
+    met: bool
+    reason: str
+
+
+def resolve(session: Session, *, principal: Principal, depends_on: Sequence[Any], field: str = "body.depends_on"
+            ) -> Resolved:
+    """Check each dependency names a job or set the caller can see, and judge it now.
+
+    The target rows are read FOR SHARE on Postgres: a concurrent transition of a target
+    (which locks it FOR UPDATE) either commits first, and is seen here, or waits for this
+    submission to commit, and then sees the new dependent.
+
+    Raises:
+        Invalid: 422 naming ``depends_on[i].job`` / ``.job_set`` for an unknown or invisible
+            target, or ``depends_on[i]`` for a condition that can never be met.
+    """
+    is_pg = session.get_bind().dialect.name == "postgresql"
+    rows: list[dict[str, Any]] = []
+    waiting: list[str] = []
+    for i, dep in enumerate(depends_on):
+        condition = dep.condition.value
+        if dep.job is not None:
+            stmt = repository.readable_jobs(principal).where(Job.id == dep.job)
+            if is_pg:
+                stmt = stmt.with_for_update(read=True)
+            job = session.scalars(stmt).first()
+            if job is None:
+                raise Invalid(f"{field}[{i}].job", f"no job {dep.job!r} visible to you")
+            verdict = judge_job(condition, job.state, job.started_at is not None)
+            row = dict(on_job_id=job.id, on_set_id=None, condition=condition)
+            what = f"job {job.id} is {job.state}"
+        else:
+            stmt = readable_sets(principal).where(JobSet.id == dep.job_set)
+            if is_pg:
+                stmt = stmt.with_for_update(read=True)
+            job_set = session.scalars(stmt).first()
+            if job_set is None:
+                raise Invalid(f"{field}[{i}].job_set", f"no job set {dep.job_set!r} visible to you")
+            verdict = judge_set(session, condition, job_set.id)
+            row = dict(on_job_id=None, on_set_id=job_set.id, condition=condition)
+            what = f"job set {job_set.id} has tasks that cannot be {condition}"
+        if verdict == NEVER:
+            raise Invalid(f"{field}[{i}]", f"{what}: condition {condition} can never be met")
+        if verdict == WAIT:
+            waiting.append(_describe(_Dep(**row), WAIT))
+        rows.append(row)
+    return Resolved(rows=rows, met=not waiting, reason="; ".join(waiting[:3]) + (" ..." if len(waiting) > 3 else ""))
+
+
+@dataclasses.dataclass
+class _Dep:
+    on_job_id: str | None
+    on_set_id: str | None
+    condition: str
+
+
+def add_dependencies(session: Session, job_ids: Sequence[str], resolved: Resolved) -> None:
+    if not resolved.rows or not job_ids:
+        return
+    session.connection().execute(JobDependency.__table__.insert(),
+                                 [{"job_id": j, **row} for j in job_ids for row in resolved.rows])
+
+
+# ------------------------------------------------------------------ job sets
+
+def readable_sets(principal: Principal):
+    stmt = select(JobSet)
+    if not principal.is_admin:
+        stmt = stmt.where(JobSet.account_name.in_(sorted(principal.accounts)))
+    return stmt
+
+
+def get_set_or_raise(session: Session, *, principal: Principal, set_id: str) -> JobSet:
+    job_set = session.scalars(readable_sets(principal).where(JobSet.id == set_id)).first()
+    if job_set is None:
+        raise NotFound(f"no job set {set_id!r} visible to you")
+    return job_set
+
+
+def expand(spec: JobSetSpec, *, max_tasks: int, max_points: int) -> list[dict[str, str]]:
+    """One dict of template values per task, in index order.
+
+    Raises:
+        Invalid: a count or sweep over the site's limit, or a template naming no parameter.
+    """
+    if spec.sweep is not None:
+        points = 1
+        for values in spec.sweep.values():
+            points *= len(values)
+        if points > max_points:
+            raise Invalid("body.sweep", f"{points} points (the product of the value lists) exceed this gateway's "
+                                        f"limit of {max_points} (ISTHMUS_MAX_SWEEP_POINTS)")
+        names = list(spec.sweep)
+        combos = [dict(zip(names, (templates.format_value(v) for v in combo)))
+                  for combo in itertools.product(*spec.sweep.values())]
+    else:
+        assert spec.array is not None and spec.array.count is not None
+        if spec.array.count > max_tasks:
+            raise Invalid("body.array.count", f"{spec.array.count} tasks exceed this gateway's limit of {max_tasks} "
+                                              f"(ISTHMUS_MAX_ARRAY_TASKS)")
+        names = []
+        combos = [{} for _ in range(spec.array.count)]
+    unknown = templates.unknown_names(spec.command, spec.env, set(names) | set(templates.BUILTINS))
+    if unknown:
+        field, name = unknown
+        known = ", ".join(sorted(set(names) | set(templates.BUILTINS)))
+        raise Invalid(field, f"template names {{{{ {name} }}}}, which is not a parameter of this set (known: {known})")
+    for i, values in enumerate(combos):
+        values["index"] = str(i)
+    return combos
+
+
+def _render_task(spec: JobSpec, values: dict[str, str], count: int) -> tuple[list[str], dict[str, str]]:
+    command = [templates.render(arg, values) for arg in spec.command]
+    env = {k: templates.render(v, values) for k, v in spec.env.items()}
+    # Set after the user's env (whose ISTHMUS_ keys the schema refuses), so these are the gateway's.
+    env["ISTHMUS_ARRAY_INDEX"] = values["index"]
+    env["ISTHMUS_ARRAY_COUNT"] = str(count)
+    return command, env
+
+
+def _check_rendered(command: list[str], env: dict[str, str], index: int) -> None:
+    """A rendered task obeys the same limits as a submitted job (a long value can overflow them)."""
+    try:
+        JobSpec._command(command)  # type: ignore[operator]
+    except ValueError as exc:
+        raise Invalid("body.command", f"task {index} after substitution: {exc}") from None
+    for key, value in env.items():
+        if len(value) > 4096:
+            raise Invalid(f"body.env.{key}", f"task {index} after substitution: value is longer than 4096 characters")
+
+
+def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_tasks: int, max_points: int,
+               default_time_limit_s: int, max_time_limit_s: int, caps: Any, waiting_reason: str
+               ) -> JobSet:
+    """Record a set and all its tasks in the caller's transaction: a few bulk statements.
+
+    Raises:
+        Forbidden, Invalid, LimitExceeded: nothing is written.
+    """
+    from gateway.jobs import service as jobs
+
+    if not principal.may_use(spec.account):
+        raise Forbidden(f"you are not a member of account {spec.account!r}")
+    if not principal.username:
+        raise Forbidden("this caller has no POSIX user mapped; jobs cannot run as it")
+    base = spec.job_spec()
+    combos = expand(spec, max_tasks=max_tasks, max_points=max_points)
+    count = len(combos)
+    time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else default_time_limit_s
+    if time_limit_s > max_time_limit_s:
+        raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_time_limit_s} s")
+    if caps is not None:
+        jobs.check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
+                        caps=caps, with_key=False, adding=count)
+    resolved = resolve(session, principal=principal, depends_on=spec.depends_on)
+    max_running = spec.array.max_running if spec.array else None
+    now = utcnow()
+    set_id = new_id()
+    kind = "sweep" if spec.sweep is not None else "array"
+    conn = session.connection()
+    try:
+        conn.execute(JobSet.__table__.insert(), [dict(
+            id=set_id, name=spec.name, account_name=spec.account, submitted_by=principal.subject, kind=kind,
+            task_count=count, max_running=max_running, sweep=spec.sweep, created_at=now)])
+    except Exception as exc:  # an unknown account fails the foreign key: nothing written
+        from sqlalchemy.exc import IntegrityError
+
+        if isinstance(exc, IntegrityError) and jobs._is_foreign_key_violation(exc):
+            raise Invalid("body.account", f"unknown account {spec.account!r}") from None
+        raise
+    stored = base.stored()
+    templated = "{{" in "".join(base.command) + "".join(base.env.values())
+    job_rows: list[dict[str, Any]] = []
+    event_rows: list[dict[str, Any]] = []
+    for i, values in enumerate(combos):
+        command, env = _render_task(base, values, count)
+        # A sweep's values differ in length: check every task. An array's only value is its
+        # index, longest in the last task: checking that one checks them all.
+        if templated and (spec.sweep is not None or i == count - 1):
+            _check_rendered(command, env, i)
+        if not resolved.met:
+            state, reason = JobState.BLOCKED.value, resolved.reason
+        elif max_running is not None and i >= max_running:
+            state, reason = JobState.BLOCKED.value, f"waiting for a free slot (max_running {max_running})"
+        else:
+            state, reason = JobState.PENDING.value, waiting_reason
+        job_id = new_id()
+        task_spec = {**stored, "command": command, "env": env}
+        if spec.sweep is not None:
+            task_spec["parameters"] = {k: v for k, v in values.items() if k != "index"}
+        job_rows.append(dict(
+            id=job_id, name=spec.name, account_name=spec.account, submitted_by=principal.subject,
+            username=principal.username, requested_backend=spec.backend.value, backend=None, state=state,
+            state_reason=reason, spec=task_spec, workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
+            total_gpus=spec.total_gpus, time_limit_s=time_limit_s, priority=spec.priority, routing_reason="",
+            dispatch_attempts=0, created_at=now, updated_at=now, job_set_id=set_id, array_index=i))
+        event_rows.append(dict(job_id=job_id, at=now, actor=principal.subject, kind="state", from_state=None,
+                               to_state=state, reason="submitted", data={"job_set": set_id, "array_index": i}))
+    bulk_insert(conn, Job.__table__, job_rows)
+    bulk_insert(conn, JobEvent.__table__, event_rows)
+    add_dependencies(session, [r["id"] for r in job_rows], resolved)
+    log.info("job set %s: %d tasks (%s)", set_id, count, kind,
+             extra={"account": spec.account, "actor": principal.subject})
+    return session.get(JobSet, set_id)
+
+
+def bulk_insert(conn, table, rows: list[dict[str, Any]]) -> None:
+    """Insert many rows in the connection's transaction: COPY on Postgres, executemany elsewhere.
+
+    psycopg's executemany still sends one INSERT per row (pipelined); COPY streams them all
+    in one command, which is what makes a 10,000-task array one short request
+    (bench/bench_arrays.py). Same transaction either way: a failure writes nothing.
+    """
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(table.insert(), rows)
+        return
+    columns = list(rows[0])
+    json_cols = {c for c in columns if isinstance(table.c[c].type, JSON)}
+    raw = conn.connection.driver_connection
+    with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row([json.dumps(row[c]) if c in json_cols and row[c] is not None else row[c]
+                            for c in columns])
+
+
+def counts(session: Session, set_id: str) -> dict[str, int]:
+    rows = session.execute(select(Job.state, func.count()).where(Job.job_set_id == set_id).group_by(Job.state))
+    return {state: n for state, n in rows}
+
+
+def list_tasks(session: Session, set_id: str, *, after_index: int = -1, limit: int = 100,
+               states: Sequence[str] = ()) -> list[Job]:
+    stmt = select(Job).where(Job.job_set_id == set_id, Job.array_index > after_index)
+    if states:
+        stmt = stmt.where(Job.state.in_(list(states)))
+    return list(session.scalars(stmt.order_by(Job.array_index).limit(limit)))
+
+
+def cancel_set(session: Session, *, principal: Principal, set_id: str) -> JobSet:
+    """Cancel every task not yet ended: waiting ones at once, submitted ones through ``cancelling``."""
+    from gateway.jobs import service as jobs
+
+    job_set = get_set_or_raise(session, principal=principal, set_id=set_id)
+    why = f"job set cancelled by {principal.username or principal.subject}"
+    quiet = session.info.setdefault("flows_quiet_sets", set())
+    quiet.add(set_id)  # no slot hand-over to tasks that are being cancelled anyway
+    try:
+        tasks = session.scalars(select(Job).where(Job.job_set_id == set_id, Job.state.in_(NOT_FINAL))
+                                .order_by(Job.id).with_for_update()).all()
+        for job in tasks:
+            jobs.cancel_job(session, job=job, actor=principal.subject, reason=why)
+    finally:
+        quiet.discard(set_id)
+    return job_set
+
+
+# ------------------------------------------------------------------ the graph around a job
+
+def dependencies_of(session: Session, job: Job) -> list[dict[str, Any]]:
+    out = []
+    for dep in session.scalars(select(JobDependency).where(JobDependency.job_id == job.id).order_by(JobDependency.id)):
+        if dep.on_job_id:
+            target = session.get(Job, dep.on_job_id)
+            state = target.state if target else "unknown"
+            met = judge_job(dep.condition, state, bool(target and target.started_at)) == MET
+        else:
+            c = counts(session, dep.on_set_id)
+            state = ", ".join(f"{n} {s}" for s, n in sorted(c.items()))
+            met = judge_set(session, dep.condition, dep.on_set_id) == MET
+        out.append(dict(job=dep.on_job_id, job_set=dep.on_set_id, condition=dep.condition, state=state, met=met))
+    return out
+
+
+def dependents_of(session: Session, job: Job, *, limit: int = 100) -> list[str]:
+    """Ids of jobs waiting for this job (directly, or for its whole set), oldest first."""
+    where = JobDependency.on_job_id == job.id
+    if job.job_set_id:
+        where = or_(where, JobDependency.on_set_id == job.job_set_id)
+    return list(session.scalars(select(JobDependency.job_id).where(where).distinct()
+                                .order_by(JobDependency.job_id).limit(limit)))
+
+
+# ------------------------------------------------------------------ the hook
+
+def after_transition(session: Session, job: Job, target: JobState) -> None:
+    """Move on what waits for ``job`` now that it reached ``target``; same transaction.
+
+    Called by ``jobs.service.set_state`` for final states and ``running``. Work is queued
+    and drained iteratively (a cancelled dependent can cancel its own dependents), so a
+    long chain or a large array does not recurse.
+    """
+    if not (target.final or target is JobState.RUNNING):
+        return
+    queue: list[tuple[str, str | None, JobState]] = session.info.setdefault("flows_queue", [])
+    queue.append((job.id, job.job_set_id, target))
+    if session.info.get("flows_busy"):
+        return
+    session.info["flows_busy"] = True
+    try:
+        while queue:
+            _settle(session, *queue.pop(0))
+    except BaseException:
+        queue.clear()
+        raise
+    finally:
+        session.info["flows_busy"] = False
+
+
+def _settle(session: Session, job_id: str, set_id: str | None, target: JobState) -> None:
+    where = JobDependency.on_job_id == job_id
+    if set_id is not None:
+        where = or_(where, JobDependency.on_set_id == set_id)
+    waiting = select(JobDependency.job_id).where(where)
+    # Lock the blocked dependents (in id order: no deadlock between two settling transactions)
+    # before judging: a concurrent transition of another dependency then judges after us.
+    blocked = session.scalars(select(Job).where(Job.id.in_(waiting), Job.state == JobState.BLOCKED.value)
+                              .order_by(Job.id).with_for_update()).all() if _has_dependents(session, where) else []
+    verdicts: dict[tuple[str | None, str | None, str], str] = {}
+    full_sets: set[str] = set()
+    for dependent in blocked:
+        if dependent.state != JobState.BLOCKED.value:
+            continue
+        _release_or_cancel(session, dependent, verdicts, full_sets)
+    if set_id is not None and target.final and set_id not in session.info.get("flows_quiet_sets", ()):
+        _hand_over_slots(session, set_id, verdicts)
+
+
+def _has_dependents(session: Session, where) -> bool:
+    # The common case (a job nobody waits for) costs one index probe and takes no lock.
+    return session.execute(select(literal(1)).select_from(JobDependency).where(where).limit(1)).first() is not None
+
+
+def _verdict(session: Session, job: Job, verdicts: dict) -> tuple[str, str]:
+    """All of a blocked job's dependencies judged: (MET | WAIT | NEVER, the reason to show)."""
+    reasons = []
+    for dep in session.scalars(select(JobDependency).where(JobDependency.job_id == job.id).order_by(JobDependency.id)):
+        key = (dep.on_job_id, dep.on_set_id, dep.condition)
+        if key not in verdicts:
+            if dep.on_job_id:
+                target = session.get(Job, dep.on_job_id)
+                verdicts[key] = judge_job(dep.condition, target.state, target.started_at is not None)
+            else:
+                verdicts[key] = judge_set(session, dep.condition, dep.on_set_id)
+        verdict = verdicts[key]
+        if verdict == NEVER:
+            return NEVER, _describe(dep, NEVER)
+        if verdict == WAIT:
+            reasons.append(_describe(dep, WAIT))
+    return (WAIT, "; ".join(reasons)) if reasons else (MET, "")
+
+
+def _free_slots(session: Session, job_set: JobSet) -> int:
+    """Slots left under max_running: a count stopped at the limit (bounded cost)."""
+    if job_set.max_running is None:
+        return 1 << 30
+    used = session.execute(select(func.count()).select_from(
+        select(literal(1)).select_from(Job).where(Job.job_set_id == job_set.id, Job.state.in_(SLOT_STATES))
+        .limit(job_set.max_running).subquery())).scalar_one()
+    return job_set.max_running - used
+
+
+def _release_or_cancel(session: Session, job: Job, verdicts: dict, full_sets: set[str]) -> None:
+    from gateway.jobs import service as jobs
+
+    verdict, reason = _verdict(session, job, verdicts)
+    if verdict == NEVER:
+        job.ended_at = utcnow()
+        jobs.set_state(session, job, JobState.CANCELLED, actor=ACTOR, reason=f"cancelled: {reason}")
+        return
+    if verdict == WAIT:
+        if reason != job.state_reason:
+            job.state_reason = reason
+        return
+    if job.job_set_id is not None:
+        if job.job_set_id in full_sets:
+            job.state_reason = "dependencies met; waiting for a free slot"
+            return
+        job_set = session.get(JobSet, job.job_set_id)
+        if _free_slots(session, job_set) <= 0:
+            full_sets.add(job.job_set_id)
+            job.state_reason = f"dependencies met; waiting for a free slot (max_running {job_set.max_running})"
+            return
+    jobs.set_state(session, job, JobState.PENDING, actor=ACTOR, reason="waiting for dispatch",
+                   data={"released": "dependencies met" if job.job_set_id is None else "dependencies met, slot free"})
+
+
+def _hand_over_slots(session: Session, set_id: str, verdicts: dict) -> None:
+    """A task of a max_running set ended: release the next blocked tasks, lowest index first."""
+    job_set = session.get(JobSet, set_id)
+    if job_set is None or job_set.max_running is None:
+        return
+    free = _free_slots(session, job_set)
+    if free <= 0:
+        return
+    candidates = session.scalars(select(Job).where(Job.job_set_id == set_id, Job.state == JobState.BLOCKED.value)
+                                 .order_by(Job.array_index).limit(free).with_for_update(skip_locked=True)).all()
+    for job in candidates:
+        verdict, reason = _verdict(session, job, verdicts)
+        if verdict == WAIT:
+            return  # the set's tasks share their dependencies: the rest wait too
+        if verdict == NEVER:
+            job.ended_at = utcnow()
+            from gateway.jobs import service as jobs
+
+            jobs.set_state(session, job, JobState.CANCELLED, actor=ACTOR, reason=f"cancelled: {reason}")
+            continue  # its own transition hands its (never used) slot on
+        from gateway.jobs import service as jobs
+
+        jobs.set_state(session, job, JobState.PENDING, actor=ACTOR, reason="waiting for dispatch",
+                       data={"released": f"slot free (max_running {job_set.max_running})"})
+
+
+def dependents_for_cascade(session: Session, job: Job, *, limit: int = 100_000) -> list[Job]:
+    """Every job that waits for this one, directly or through others (or their sets), locked."""
+    seen: dict[str, Job] = {}
+    frontier = [(job.id, job.job_set_id)]
+    while frontier and len(seen) < limit:
+        job_id, set_id = frontier.pop()
+        where = JobDependency.on_job_id == job_id
+        if set_id is not None:
+            where = or_(where, JobDependency.on_set_id == set_id)
+        for dependent in session.scalars(select(Job).where(Job.id.in_(select(JobDependency.job_id).where(where)))
+                                         .order_by(Job.id).with_for_update()):
+            if dependent.id not in seen:
+                seen[dependent.id] = dependent
+                frontier.append((dependent.id, dependent.job_set_id))
+    return list(seen.values())
