@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from adapters.envfile import read_env_file as read_env  # noqa: E402
+from adapters.envfile import read_env_file as read_env
 
 
 def slurm_settings(env: dict[str, str]) -> dict:

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.envfile import read_env_file as read_env  # noqa: E402
-from stack.backends_json import kube_settings, slurm_settings  # noqa: E402
+from adapters.envfile import read_env_file as read_env
+from stack.backends_json import kube_settings, slurm_settings
 
 SLURM_POOLS = {"slurm-22": "22.05", "slurm-24": "24.11", "slurm-26": "26.05"}
 

@@ -99,7 +99,7 @@ class KubernetesBackend(Backend):
         try:
             config.load_kube_config(config_file=self.settings.kubeconfig, context=self.settings.context,
                                     client_configuration=client.Configuration())
-        except Exception as exc:  # ConfigException, YAML errors, missing certificate files
+        except Exception as exc:  # noqa: BLE001 - ConfigException, YAML errors, missing certificate files
             why = " ".join(str(exc).split()) or type(exc).__name__
             field = "context" if self.settings.context and "context" in why.lower() else "kubeconfig"
             return [(field, f"{self.settings.kubeconfig} cannot be loaded: {why[:300]}")]
@@ -190,7 +190,7 @@ class KubernetesBackend(Backend):
                     try:
                         rf = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
                                        "resourceflavors", fl["name"])
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - an unreadable flavor selects all nodes
                         selectors.append({})
                         continue
                     selectors.append(dict((rf.get("spec") or {}).get("nodeLabels") or {}))

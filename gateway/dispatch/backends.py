@@ -85,7 +85,7 @@ def build_backends(config_json: str) -> dict[str, Backend]:
         except (TypeError, ValueError) as exc:
             raise BackendConfigError(f"{_where(pool)}: {exc}") from None
         # Settings an adapter can check only by loading them (a kubeconfig's content).
-        for field, message in getattr(backends[pool], "config_problems", lambda: [])():
+        for field, message in getattr(backends[pool], "config_problems", list)():
             for b in backends.values():
                 b.close()
             raise BackendConfigError(f"{_where(pool, field)}: {message}")

@@ -10,8 +10,8 @@ import dataclasses
 import hashlib
 import json
 import logging
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import String, bindparam, func, literal, null, select
