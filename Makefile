@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run run-slurm test install stack stack-down openapi bench lint clean
+.PHONY: run run-slurm run-kube test install stack stack-down openapi bench lint clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
@@ -25,6 +25,12 @@ run: install
 run-slurm: install
 	bash stack/slurm/up.sh 22.05
 	ISTHMUS_DEV_MODE=true ISTHMUS_BACKENDS="$$($(BIN)/python stack/backends_json.py slurm-22.05)" \
+	  $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
+
+## run-kube: the same, with the local Kubernetes + Kueue test pool as its backend (fake nodes)
+run-kube: install
+	bash stack/kube/up.sh
+	ISTHMUS_DEV_MODE=true ISTHMUS_BACKENDS="$$($(BIN)/python stack/backends_json.py kube)" \
 	  $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
 
 ## stack: every real system the tests use, on loopback (idempotent)

@@ -6,24 +6,34 @@ import json
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 from adapters.envfile import read_env_file as read_env
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def slurm_settings(env: dict[str, str]) -> dict:
+    """The Slurm adapter settings of one stack cluster (its .stack/slurm-*/env)."""
+    return {"transport": "rest", "rest_url": env["SLURMRESTD_URL"],
+            "jwt_key_path": env["SLURM_JWT_KEY"], "partition": env["SLURM_PARTITION"],
+            "work_dir": env["SLURM_WORK_DIR"], "slurm_conf": env["SLURM_CONF"]}
+
+
+def kube_settings(env: dict[str, str], queue: str = "") -> dict:
+    """The Kubernetes adapter settings of one stack ClusterQueue (``queue``: "" or "H100_")."""
+    return {"kubeconfig": env["KUBECONFIG"],
+            "cluster_queue": env[f"ISTHMUS_KUBE_{queue}CLUSTER_QUEUE"],
+            "local_queue": env[f"ISTHMUS_KUBE_{queue}LOCAL_QUEUE"]}
 
 
 def main(parts: list[str]) -> None:
     backends: dict[str, dict] = {}
     for part in parts:
         if part.startswith("slurm"):
-            env = read_env(ROOT / ".stack" / part / "env")
-            backends["slurm"] = {"transport": "rest", "rest_url": env["SLURMRESTD_URL"],
-                                 "jwt_key_path": env["SLURM_JWT_KEY"], "partition": env["SLURM_PARTITION"],
-                                 "work_dir": env["SLURM_WORK_DIR"], "slurm_conf": env["SLURM_CONF"]}
+            backends["slurm"] = slurm_settings(read_env(ROOT / ".stack" / part / "env"))
         elif part == "kube":
-            env = read_env(ROOT / ".stack" / "kube" / "env")
-            backends["kubernetes"] = {"kubeconfig": env["KUBECONFIG"],
-                                      "cluster_queue": env["ISTHMUS_KUBE_CLUSTER_QUEUE"],
-                                      "local_queue": env["ISTHMUS_KUBE_LOCAL_QUEUE"]}
+            backends["kubernetes"] = kube_settings(read_env(ROOT / ".stack" / "kube" / "env"))
     print(json.dumps(backends))
 
 

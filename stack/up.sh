@@ -17,4 +17,6 @@ for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 slurm-25.11 slur
     kube) [ -f stack/kube/up.sh ] && step bash stack/kube/up.sh ;;
   esac
 done
+# The pools file (ISTHMUS_POOLS_FILE) for the systems that are up: five pools on the full stack.
+python3 stack/pools.py .stack > .stack/pools.yaml.tmp && mv .stack/pools.yaml.tmp .stack/pools.yaml
 echo "== stack: all up in $((SECONDS - t0)) s"

@@ -84,6 +84,28 @@ class KubernetesBackend(Backend):
         self._limits_cache: tuple[float, dict[str, float]] | None = None
         # Values of settings.gpu_type_label on the GPU nodes (learned from capacity()).
         self._gpu_types: tuple[str, ...] | None = None
+        # (expiry, nodeLabels of each ResourceFlavor of the ClusterQueue); see _queue_nodes.
+        self._flavor_cache: tuple[float, list[dict[str, str]]] | None = None
+
+    def config_problems(self) -> list[tuple[str, str]]:
+        """(field, why) when the client configuration cannot be loaded (a kubeconfig that is
+        not YAML, lacks the context, names missing certificate files...). Checked at start-up,
+        without contacting the cluster, so that the gateway exits with one line instead of
+        failing in its threads (issue #14, 3)."""
+        if self.settings.kubeconfig is None:
+            return []  # in-cluster or the client's default: known only when used
+        try:
+            from kubernetes import client, config
+        except ImportError:  # pragma: no cover - depends on the environment
+            return []
+        try:
+            config.load_kube_config(config_file=self.settings.kubeconfig, context=self.settings.context,
+                                    client_configuration=client.Configuration())
+        except Exception as exc:  # noqa: BLE001 - ConfigException, YAML errors, missing certificate files
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            field = "context" if self.settings.context and "context" in why.lower() else "kubeconfig"
+            return [(field, f"{self.settings.kubeconfig} cannot be loaded: {why[:300]}")]
+        return []
 
     # ------------------------------------------------------------------ plumbing
     def _connect(self) -> Any:
@@ -155,6 +177,33 @@ class KubernetesBackend(Backend):
         finally:
             resp.release_conn()  # unpreloaded responses must hand the connection back
 
+    def _queue_nodes(self, api: Any, cq: dict, nodes: list[dict]) -> list[dict]:
+        """The nodes the ClusterQueue's ResourceFlavors select (by their nodeLabels).
+
+        Several ClusterQueues (pools) share one control plane, each flavor naming its nodes
+        by label (e.g. the GPU product); a flavor without nodeLabels selects every node. The
+        flavors are re-read at most every 30 s. A flavor that cannot be read selects all.
+        """
+        now = time.monotonic()
+        if self._flavor_cache is None or self._flavor_cache[0] <= now:
+            selectors: list[dict[str, str]] = []
+            for grp in cq.get("spec", {}).get("resourceGroups") or []:
+                for fl in grp.get("flavors") or []:
+                    try:
+                        rf = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                                       "resourceflavors", fl["name"])
+                    except Exception:  # noqa: BLE001 - an unreadable flavor selects all nodes
+                        selectors.append({})
+                        continue
+                    selectors.append(dict((rf.get("spec") or {}).get("nodeLabels") or {}))
+            self._flavor_cache = (now + 30.0, selectors)
+        selectors = self._flavor_cache[1]
+        if not selectors or any(not sel for sel in selectors):
+            return nodes
+        return [n for n in nodes
+                if any(all((n["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())
+                       for sel in selectors)]
+
     @staticmethod
     def _split(backend_job_id: str) -> tuple[str | None, str]:
         ns, _, name = backend_job_id.rpartition("/")
@@ -179,6 +228,7 @@ class KubernetesBackend(Backend):
         with self._errors(f"reading ClusterQueue {self.settings.cluster_queue}"):
             cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
                            "clusterqueues", self.settings.cluster_queue)
+        nodes = self._queue_nodes(api, cq, nodes)
         limits = {"node_gpu": 0.0, "node_cpu": 0.0, "node_memory": 0.0}
         for n in nodes:
             alloc = (n.get("status") or {}).get("allocatable") or {}
@@ -445,6 +495,7 @@ class KubernetesBackend(Backend):
         with self._errors("listing pods"):
             pods = self._raw(api.core.list_pod_for_all_namespaces,
                              field_selector="status.phase!=Succeeded,status.phase!=Failed")["items"]
+        nodes = self._queue_nodes(api, cq, nodes)
         nominal = sum(_quantity(r.get("nominalQuota", 0))
                       for grp in cq.get("spec", {}).get("resourceGroups") or []
                       for fl in grp.get("flavors") or [] for r in fl.get("resources") or [] if r["name"] == g)
@@ -471,7 +522,7 @@ class KubernetesBackend(Backend):
         per_node = int(max(gpu_nodes.values())) if gpu_nodes else 0
         pool = PoolCapacity(
             pool=cq_name, total_nodes=len(gpu_nodes), idle_nodes=idle, total_gpus=total, free_gpus=free,
-            gpus_per_node=per_node,
+            gpus_per_node=per_node, gpu_types=self._gpu_types or (),
             detail=f"ClusterQueue {cq_name}: {int(reserved)}/{int(nominal)} {g} reserved; "
                    f"{len(gpu_nodes)} GPU nodes, {idle} idle",
         )

@@ -84,4 +84,9 @@ def build_backends(config_json: str) -> dict[str, Backend]:
             backends[pool] = cls(settings)
         except (TypeError, ValueError) as exc:
             raise BackendConfigError(f"{_where(pool)}: {exc}") from None
+        # Settings an adapter can check only by loading them (a kubeconfig's content).
+        for field, message in getattr(backends[pool], "config_problems", list)():
+            for b in backends.values():
+                b.close()
+            raise BackendConfigError(f"{_where(pool, field)}: {message}")
     return backends

@@ -20,6 +20,13 @@ class CapacityMixin:
             self._views_at = time.monotonic()
         return self._views
 
+    def latest_views(self) -> dict[str, PoolView]:
+        """The last capacity snapshot as it is (maybe stale, maybe empty); never asks a pool.
+
+        For the submit path, which must not wait on a cluster.
+        """
+        return dict(self._views)
+
     def _queue_depths(self) -> dict[str, int]:
         with transaction(self.sessions) as s:
             rows = s.execute(select(Job.backend, func.count()).where(

@@ -92,7 +92,8 @@ class StaticKeySource:
 class TrustedIssuer:
     def __init__(self, *, issuer: str, audience: str | list[str], keys: KeySource,
                  mapping: ClaimsMapping | None = None, algorithms: tuple[str, ...] = ALLOWED_ALGS,
-                 leeway_s: int = 30, label: str = "", required_claims: tuple[str, ...] = ()):
+                 leeway_s: int = 30, label: str = "", required_claims: tuple[str, ...] = (),
+                 signature_hint: str = ""):
         bad = [a for a in algorithms if a not in ALLOWED_ALGS]
         if bad:
             raise ValueError(f"algorithms not allowed (asymmetric only): {bad}")
@@ -107,6 +108,8 @@ class TrustedIssuer:
         self.algorithms = tuple(algorithms)
         self.leeway_s = leeway_s
         self.label = label or issuer
+        # Appended to "bad signature" (the dev issuer names its key file: issue #14 item 6).
+        self.signature_hint = signature_hint
         self.required_claims = tuple(dict.fromkeys((*REQUIRED_CLAIMS, *required_claims)))
         self._claims_registry_options = {
             "iss": {"essential": True, "value": issuer},
@@ -219,7 +222,8 @@ def _with_values(reason: str, claims: dict[str, Any], trusted: TrustedIssuer, ki
     if reason == "wrong issuer":
         return f"wrong issuer: the token's iss is {_show(claims.get('iss'))}; expected {_show(trusted.issuer)}"
     if reason == "bad signature":
-        return f"bad signature: not made by the key {_show(kid)} of {trusted.label} that this gateway holds"
+        hint = f"; {trusted.signature_hint}" if trusted.signature_hint else ""
+        return f"bad signature: not made by the key {_show(kid)} of {trusted.label} that this gateway holds{hint}"
     return reason
 
 

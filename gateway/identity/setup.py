@@ -15,13 +15,20 @@ def build_dev_issuer(settings: Settings) -> DevIssuer:
     return DevIssuer(issuer=settings.dev_issuer, audience=settings.audience, key_path=settings.dev_key_path)
 
 
+def dev_key_hint(settings: Settings) -> str:
+    """Where this gateway's dev key is: a token signed with another file's key is refused."""
+    return (f"this gateway's dev key is {settings.dev_key_path} (ISTHMUS_DEV_KEY_PATH); "
+            f"mint tokens with `isthmus token` using the same file")
+
+
 def build_authenticator(settings: Settings) -> Authenticator:
     issuers: list[TrustedIssuer] = []
     if settings.dev_mode:
         dev = build_dev_issuer(settings)
         issuers.append(TrustedIssuer(issuer=dev.issuer, audience=settings.audience,
                                      keys=StaticKeySource(dev.public_keyset()), mapping=ClaimsMapping(),
-                                     leeway_s=settings.leeway_s, label="development issuer (dev mode)"))
+                                     leeway_s=settings.leeway_s, label="development issuer (dev mode)",
+                                     signature_hint=dev_key_hint(settings)))
     issuers.extend(_oidc_issuers(settings))
     if not issuers:
         raise ConfigurationError(

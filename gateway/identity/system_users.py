@@ -11,20 +11,64 @@ the gateway into a way to run code as a system account. A user is refused when
 
 A name the gateway cannot resolve is let through: the cluster decides then (it refuses
 unknown users). The reason is a sentence for the 403, never more than the name and uid.
+
+Lookups are cached for ``LOOKUP_TTL_S`` (60 s): ``getpwnam`` goes through NSS (files,
+sssd, LDAP) and ran on every submission; a uid changed in the directory is seen within a
+minute.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import threading
+import time
+
+LOOKUP_TTL_S = 60.0
+_MAX_CACHED = 4096
+_cache: dict[str, tuple[float, int | None]] = {}
+_own: tuple[float, int, str] | None = None
+_lock = threading.Lock()
 
 
 def own_user() -> str:
-    """The POSIX user the gateway process runs as."""
+    """The POSIX user the gateway process runs as (cached for LOOKUP_TTL_S)."""
+    global _own
+    now, euid = time.monotonic(), os.geteuid()
+    own = _own
+    if own is not None and own[0] > now and own[1] == euid:
+        return own[2]
     try:
-        return pwd.getpwuid(os.geteuid()).pw_name
+        name = pwd.getpwuid(euid).pw_name
     except KeyError:  # a uid without a passwd entry (containers): match by number only
-        return str(os.geteuid())
+        name = str(euid)
+    _own = (now + LOOKUP_TTL_S, euid, name)
+    return name
+
+
+def _uid_of(username: str) -> int | None:
+    """``getpwnam(username).pw_uid``, None when unknown; cached for LOOKUP_TTL_S."""
+    now = time.monotonic()
+    hit = _cache.get(username)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    try:
+        uid: int | None = pwd.getpwnam(username).pw_uid
+    except KeyError:
+        uid = None
+    with _lock:
+        if len(_cache) >= _MAX_CACHED:
+            _cache.clear()
+        _cache[username] = (now + LOOKUP_TTL_S, uid)
+    return uid
+
+
+def clear_cache() -> None:
+    """Forget cached lookups (tests that change the passwd database)."""
+    global _own
+    with _lock:
+        _cache.clear()
+        _own = None
 
 
 def parse_user_list(value: str) -> frozenset[str]:
@@ -37,9 +81,8 @@ def refusal(username: str, *, min_uid: int, denied: frozenset[str]) -> str | Non
         return f"POSIX user {username!r} is a system account (ISTHMUS_DENIED_JOB_USERS); jobs never run as it"
     if username == own_user():
         return f"POSIX user {username!r} is the gateway's own user; jobs never run as it"
-    try:
-        uid = pwd.getpwnam(username).pw_uid
-    except KeyError:
+    uid = _uid_of(username)
+    if uid is None:
         return None
     if uid < min_uid:
         return (f"POSIX user {username!r} has uid {uid}, below this gateway's minimum of {min_uid} "

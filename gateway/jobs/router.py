@@ -96,7 +96,7 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     the dispatcher fails it with the same reason once it knows.
     """
     dispatcher = getattr(request.app.state, "dispatcher", None)
-    views = dict(getattr(dispatcher, "_views", {}) or {})
+    views = dispatcher.latest_views() if dispatcher is not None else {}
     if not views:
         return
     from gateway.routing.service import JobShape, check_pinned
@@ -108,23 +108,25 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
         raise Invalid("body.backend" if spec.backend.value != "auto" else "body", f"this job can never run: {reason}")
 
 
-def _budget_verdict(session, spec: JobSpec, settings) -> str | None:
-    """Refuse a job bigger than a whole budget period; the reason it is held when this period's budget is short."""
+def _budget_hold(session, spec: JobSpec, settings):
+    """For create(): refuse a job bigger than a whole budget period; the reason it is held
+    when this period's budget is short. Works on the account chain the cap check read (its
+    budgets ride along), so the common case costs no read of its own."""
     from gateway.jobs.schemas import parse_duration_s
-    from gateway.kit.errors import NotFound
     from gateway.ledger import service as ledger
 
     time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else settings.default_time_limit_s
-    try:
-        verdict = ledger.budget_verdict(session, account=spec.account, total_gpus=spec.total_gpus,
-                                        time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
-    except NotFound:
-        return None  # an unknown account: create() names the field
-    if verdict is None:
-        return None
-    if verdict[0] == "never":
-        raise Invalid("body.time_limit", f"this job can never run: {verdict[1]}")
-    return verdict[1]
+
+    def hold(chain) -> str | None:
+        verdict = ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
+                                           time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
+        if verdict is None:
+            return None
+        if verdict[0] == "never":
+            raise Invalid("body.time_limit", f"this job can never run: {verdict[1]}")
+        return verdict[1]
+
+    return hold
 
 
 def _waiting_reason(request: Request) -> str:
@@ -161,11 +163,10 @@ def submit_job(
     settings = request.app.state.settings
     _refuse_system_user(principal, settings)
     _refuse_if_never_fits(request, spec)
-    held = _budget_verdict(session, spec, settings) if principal.may_use(spec.account) else None
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
                                   max_time_limit_s=settings.max_time_limit_s, caps=_caps(settings),
-                                  waiting_reason=f"held: {held}" if held else _waiting_reason(request))
+                                  waiting_reason=_waiting_reason(request), hold=_budget_hold(session, spec, settings))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -286,6 +287,9 @@ _CAP_UP = _CAP_UP.union_all(select(Account.name, Account.parent_name, _CAP_UP.c.
                             .where(Account.name == _CAP_UP.c.parent, _CAP_UP.c.depth < 32))
 _CAP_READ = (
     select(_CAP_UP.c.name, AccountQuota.max_queued_jobs, AccountQuota.max_queued_jobs_per_user,
+           # The GPU-hour budgets ride along: the submit path's budget verdict needs no read
+           # of its own (gateway.ledger.service.budget_verdict_of).
+           AccountQuota.budget_gpu_seconds, AccountQuota.budget_period, AccountQuota.budget_window_days,
            _count_upto(Job.__table__, bindparam("cap_user"), _JOB_C.username == bindparam("username"), _WAITING)
            .label("n_user"),
            _count_upto(Job.__table__, bindparam("cap_account"), _JOB_C.account_name == bindparam("leaf"), _WAITING)
@@ -299,13 +303,17 @@ _HINT = "wait for jobs to start or cancel some"
 
 
 def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
-               with_key: bool, now=None, adding: int = 1) -> None:
+               with_key: bool, now=None, adding: int = 1) -> list[Any]:
     """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15).
 
     One round trip unless an admin set a cap on the account or an ancestor (then two);
     each count is an index range scan stopped at the cap. ``adding`` jobs are about to be
     written (an array's tasks). Checked without a lock, so
     concurrent submissions may pass a cap by at most the number in flight (docs/jobs.md).
+
+    Returns:
+        The account chain read, leaf first (name, caps, GPU-hour budget); empty for an
+        unknown account.
 
     Raises:
         LimitExceeded: 429 whose detail names the limit.
@@ -318,7 +326,7 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
                                         "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
                                         "cap_keys": caps.keys_per_user, "keys_since": since}).all()
     if not chain:
-        return  # unknown account: the insert refuses it with its own message
+        return []  # unknown account: the insert refuses it with its own message
     first = chain[0]
     if first.n_user + adding > caps.pending_per_user:
         raise LimitExceeded(f"user {username} has {first.n_user} of {caps.pending_per_user} pending jobs allowed "
@@ -347,14 +355,18 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
         raise LimitExceeded(f"{first.n_keys} of {caps.keys_per_user} new idempotency keys allowed per caller in "
                             f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing "
                             f"keys still work")
+    return chain
 
 
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
            max_time_limit_s: int, idempotency_key: str | None = None,
-           caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch") -> tuple[Job, bool]:
+           caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch",
+           hold: Callable[[list[Any]], str | None] | None = None) -> tuple[Job, bool]:
     """Record a new job in state ``pending``, ``waiting_reason`` as its state reason. Returns (job, created).
 
-    ``caps`` None checks no caps (internal callers); the API always passes them.
+    ``caps`` None checks no caps (internal callers); the API always passes them. ``hold``
+    (with ``caps``) gets the account chain the cap check read, root first, and returns why
+    the job is held (its state reason becomes "held: ..."), or None; it may raise to refuse.
     """
     if not principal.may_use(spec.account):
         raise Forbidden(f"you are not a member of account {spec.account!r}")
@@ -369,8 +381,11 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     if time_limit_s > max_time_limit_s:
         raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_time_limit_s} s")
     if caps is not None:
-        check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
-                   caps=caps, with_key=idempotency_key is not None)
+        chain = check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
+                           caps=caps, with_key=idempotency_key is not None)
+        held = hold(chain[::-1]) if hold is not None and chain else None
+        if held:
+            waiting_reason = f"held: {held}"
     resolved = None
     if spec.depends_on:
         from gateway.flows import service as flows

@@ -252,6 +252,19 @@ def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountB
     return None
 
 
+# The account chain with its GPU-hour budgets in one round trip (this runs on every submission).
+_BUDGET_UP = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
+              .where(Account.name == bindparam("leaf")).cte("budget_chain", recursive=True))
+_BUDGET_UP = _BUDGET_UP.union_all(select(Account.name, Account.parent_name, _BUDGET_UP.c.depth + 1)
+                                  .where(Account.name == _BUDGET_UP.c.parent, _BUDGET_UP.c.depth < 32))
+_BUDGET_READ = (
+    select(_BUDGET_UP.c.name, AccountQuota.budget_gpu_seconds, AccountQuota.budget_period,
+           AccountQuota.budget_window_days)
+    .select_from(_BUDGET_UP.outerjoin(AccountQuota, AccountQuota.account_name == _BUDGET_UP.c.name))
+    .order_by(_BUDGET_UP.c.depth.desc())
+)
+
+
 def budget_verdict(session: Session, *, account: str, total_gpus: int, time_limit_s: int, gpu_type: str | None,
                    now: datetime | None = None) -> tuple[str, str] | None:
     """Whether a job can ever run within the GPU-hour budgets of its account chain.
@@ -262,12 +275,23 @@ def budget_verdict(session: Session, *, account: str, total_gpus: int, time_limi
     renews, or after an admin credit). The job's need is its time limit at the cheapest
     pool's billing weight, so a job routable to either pool is not refused for the dearer one.
     """
+    rows = session.execute(_BUDGET_READ, {"leaf": account}).all()  # root first
+    if not rows:
+        raise NotFound(f"no account {account!r}")
+    return budget_verdict_of(session, rows, total_gpus=total_gpus, time_limit_s=time_limit_s, gpu_type=gpu_type,
+                             now=now)
+
+
+def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, time_limit_s: int,
+                      gpu_type: str | None, now: datetime | None = None) -> tuple[str, str] | None:
+    """:func:`budget_verdict` from an account chain already read (root first; rows with
+    ``name``, ``budget_gpu_seconds``, ``budget_period``, ``budget_window_days``): the submit
+    path gets it with its cap check. No read at all when no budget is set (the common case)."""
     now = _now(now)
-    names = [a.name for a in accounts.chain(session, account)]
-    quotas = {q.account_name: q for q in session.scalars(
-        select(AccountQuota).where(AccountQuota.account_name.in_(names), AccountQuota.budget_gpu_seconds.isnot(None)))}
+    names = [r.name for r in chain]
+    quotas = {r.name: r for r in chain if r.budget_gpu_seconds is not None}
     if not quotas:
-        return None  # the common case costs two small reads
+        return None
     weight = min(billing_weight(session, p, gpu_type) for p in POOLS)
     needs = committed_for(total_gpus, time_limit_s, weight)
     for name in reversed(names):

@@ -22,6 +22,15 @@ LOCAL_QUEUE="${ISTHMUS_KUBE_LOCAL_QUEUE:-isthmus}"
 NODES="${ISTHMUS_KUBE_NODES:-4}"
 GPUS_PER_NODE="${ISTHMUS_KUBE_GPUS_PER_NODE:-8}"
 GPU_QUOTA="${ISTHMUS_KUBE_GPU_QUOTA:-32}"
+# The nodes above are product A100_PRODUCT; a second pool on the same control plane has
+# H100_NODES nodes of product H100_PRODUCT behind its own flavor, ClusterQueue and LocalQueue.
+GPU_TYPE_LABEL="${ISTHMUS_KUBE_GPU_TYPE_LABEL:-nvidia.com/gpu.product}"
+A100_PRODUCT="${ISTHMUS_KUBE_A100_PRODUCT:-a100}"
+H100_PRODUCT="${ISTHMUS_KUBE_H100_PRODUCT:-h100}"
+H100_NODES="${ISTHMUS_KUBE_H100_NODES:-2}"
+H100_GPU_QUOTA="${ISTHMUS_KUBE_H100_GPU_QUOTA:-$((H100_NODES * GPUS_PER_NODE))}"
+H100_CLUSTER_QUEUE="${ISTHMUS_KUBE_H100_CLUSTER_QUEUE:-isthmus-h100}"
+H100_LOCAL_QUEUE="${ISTHMUS_KUBE_H100_LOCAL_QUEUE:-isthmus-h100}"
 TIMEOUT_S="${ISTHMUS_KUBE_UP_TIMEOUT_S:-180}"
 
 mkdir -p "$STATE"/{pids,logs,certs,kueue-certs}
@@ -233,15 +242,16 @@ start kwok "$KWOK" --kubeconfig "$KUBECONFIG_FILE" --manage-all-nodes=false \
   --config "$HERE/kwok-stages.yaml" --cidr 10.244.0.1/16 --node-ip 10.243.0.1
 
 # ---------------------------------------------------------------------- objects
-for i in $(seq 1 "$NODES"); do
-  n="kwok-gpu-$i"
+gpu_node() { # name product
+  local n=$1 product=$2
   apply "/api/v1/nodes/$n" <<Y
 apiVersion: v1
 kind: Node
 metadata:
   name: $n
   annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
-  labels: {kubernetes.io/hostname: $n, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok, isthmus.io/gpu: "true"}
+  labels: {kubernetes.io/hostname: $n, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok, isthmus.io/gpu: "true",
+           $GPU_TYPE_LABEL: $product}
 Y
   apply "/api/v1/nodes/$n/status" <<Y
 apiVersion: v1
@@ -251,19 +261,24 @@ status:
   capacity: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
   allocatable: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
 Y
-done
+}
+for i in $(seq 1 "$NODES"); do gpu_node "kwok-gpu-$i" "$A100_PRODUCT"; done
+for i in $(seq 1 "$H100_NODES"); do gpu_node "kwok-h100-$i" "$H100_PRODUCT"; done
 
-
-apply "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/isthmus-gpu-flavor" <<Y
+# One flavor per GPU product, selecting its nodes by the product label (Kueue adds the
+# label to the admitted pods' nodeSelector), and one ClusterQueue per flavor: two pools.
+pool_objects() { # flavor product cluster-queue nodes gpu-quota
+  local flavor=$1 product=$2 cq=$3 nodes=$4 quota=$5
+  apply "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/$flavor" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
-metadata: {name: isthmus-gpu-flavor}
-spec: {}
+metadata: {name: $flavor}
+spec: {nodeLabels: {$GPU_TYPE_LABEL: $product}}
 Y
-apply "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$CLUSTER_QUEUE" <<Y
+  apply "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$cq" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ClusterQueue
-metadata: {name: $CLUSTER_QUEUE}
+metadata: {name: $cq}
 spec:
   namespaceSelector: {}
   queueingStrategy: BestEffortFIFO
@@ -271,12 +286,15 @@ spec:
   resourceGroups:
   - coveredResources: [cpu, memory, nvidia.com/gpu]
     flavors:
-    - name: isthmus-gpu-flavor
+    - name: $flavor
       resources:
-      - {name: cpu, nominalQuota: "$((NODES * 32))"}
-      - {name: memory, nominalQuota: "$((NODES * 256))Gi"}
-      - {name: nvidia.com/gpu, nominalQuota: "$GPU_QUOTA"}
+      - {name: cpu, nominalQuota: "$((nodes * 32))"}
+      - {name: memory, nominalQuota: "$((nodes * 256))Gi"}
+      - {name: nvidia.com/gpu, nominalQuota: "$quota"}
 Y
+}
+pool_objects isthmus-gpu-flavor "$A100_PRODUCT" "$CLUSTER_QUEUE" "$NODES" "$GPU_QUOTA"
+pool_objects isthmus-h100-flavor "$H100_PRODUCT" "$H100_CLUSTER_QUEUE" "$H100_NODES" "$H100_GPU_QUOTA"
 # The gateway's priority levels (adapter default mapping: <0 low, 0 normal, >0 high).
 for pc in "isthmus-low 100" "isthmus-normal 1000" "isthmus-high 10000"; do
   set -- $pc
@@ -296,21 +314,29 @@ apiVersion: v1
 kind: Namespace
 metadata: {name: $ns, labels: {isthmus.io/account: $a}}
 Y
-  apply "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/$LOCAL_QUEUE" <<Y
+  for lq in "$LOCAL_QUEUE:$CLUSTER_QUEUE" "$H100_LOCAL_QUEUE:$H100_CLUSTER_QUEUE"; do
+    apply "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/${lq%%:*}" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: LocalQueue
-metadata: {name: $LOCAL_QUEUE, namespace: $ns}
-spec: {clusterQueue: $CLUSTER_QUEUE}
+metadata: {name: ${lq%%:*}, namespace: $ns}
+spec: {clusterQueue: ${lq#*:}}
 Y
+  done
 done
 
 # ---------------------------------------------------------------------- readiness
 ready_cond() { api "$URL$1" | tr -d ' \n' | grep -q "\"type\":\"$2\",\"status\":\"True\"\|\"status\":\"True\",[^}]*\"type\":\"$2\""; }
 export -f ready_cond api; export URL C
-for i in $(seq 1 "$NODES"); do wait_until "node kwok-gpu-$i Ready" ready_cond "/api/v1/nodes/kwok-gpu-$i" Ready; done
-wait_until "ClusterQueue $CLUSTER_QUEUE active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$CLUSTER_QUEUE" Active
+for n in $(seq -f kwok-gpu-%g 1 "$NODES") $(seq -f kwok-h100-%g 1 "$H100_NODES"); do
+  wait_until "node $n Ready" ready_cond "/api/v1/nodes/$n" Ready
+done
+for cq in "$CLUSTER_QUEUE" "$H100_CLUSTER_QUEUE"; do
+  wait_until "ClusterQueue $cq active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$cq" Active
+done
 for ns in "${namespaces[@]}"; do
-  wait_until "LocalQueue $ns/$LOCAL_QUEUE active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/$LOCAL_QUEUE" Active
+  for lq in "$LOCAL_QUEUE" "$H100_LOCAL_QUEUE"; do
+    wait_until "LocalQueue $ns/$lq active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/$lq" Active
+  done
   wait_until "ServiceAccount $ns/default" api "$URL/api/v1/namespaces/$ns/serviceaccounts/default"
 done
 
@@ -327,5 +353,12 @@ ISTHMUS_KUBE_NODES=$NODES
 ISTHMUS_KUBE_GPUS_PER_NODE=$GPUS_PER_NODE
 ISTHMUS_KUBE_GPU_QUOTA=$GPU_QUOTA
 ISTHMUS_KUBE_STATE_DIR=$STATE
+ISTHMUS_KUBE_GPU_TYPE_LABEL=$GPU_TYPE_LABEL
+ISTHMUS_KUBE_GPU_TYPE=$A100_PRODUCT
+ISTHMUS_KUBE_H100_CLUSTER_QUEUE=$H100_CLUSTER_QUEUE
+ISTHMUS_KUBE_H100_LOCAL_QUEUE=$H100_LOCAL_QUEUE
+ISTHMUS_KUBE_H100_GPU_TYPE=$H100_PRODUCT
+ISTHMUS_KUBE_H100_NODES=$H100_NODES
+ISTHMUS_KUBE_H100_GPU_QUOTA=$H100_GPU_QUOTA
 ENV
 say "ready: $URL (env: $STATE/env)"

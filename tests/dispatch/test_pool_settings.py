@@ -81,6 +81,27 @@ def test_isthmus_serve_exits_1_with_one_line_and_no_traceback(tmp_path):
                       "(did you mean 'rest_url'?)"], r.stderr
 
 
+@pytest.mark.parametrize("content, says", [
+    ("clusters: [unclosed\n", "cannot be loaded"),
+    ("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n", "cannot be loaded"),
+])
+def test_an_invalid_kubeconfig_stops_serve_in_one_line_without_thread_tracebacks(tmp_path, content, says):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(content)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_") and k != "KUBECONFIG"}
+    env.update(ISTHMUS_DATABASE_URL=f"sqlite:///{tmp_path}/x.db", ISTHMUS_DEV_MODE="true",
+               ISTHMUS_DEV_KEY_PATH=str(tmp_path / "k.pem"),
+               ISTHMUS_BACKENDS=json.dumps({"kubernetes": {"kubeconfig": str(kubeconfig)}}))
+    r = subprocess.run([ISTHMUS, "serve", "--port", str(free_port())], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith(f"Error: ISTHMUS_BACKENDS: pool 'kubernetes', field 'kubeconfig': {kubeconfig} "), errors
+    assert says in errors[0]
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("override, why", [
     ({"rest_url": "http://127.0.0.1:1"}, "slurmrestd unreachable at http://127.0.0.1:1"),

@@ -161,5 +161,8 @@ def test_dev_issuer_errors_show_audience_expiry_and_key(make_client, tmp_path):
     assert r.json()["detail"].endswith(f"(leeway {dev.leeway_s} s)")
     other_key = build_dev_issuer(Settings(dev_key_path=tmp_path / "another-clone.pem"))
     r = submit(client, other_key.mint(user="alice", groups=["team-a"]))
+    key_path = client.app.state.settings.dev_key_path
     assert r.json()["detail"] == ("bad signature: not made by the key 'isthmus-dev-1' of development issuer "
-                                  "(dev mode) that this gateway holds")
+                                  f"(dev mode) that this gateway holds; this gateway's dev key is {key_path} "
+                                  "(ISTHMUS_DEV_KEY_PATH); mint tokens with `isthmus token` using the same file")
+    assert str(key_path) != str(tmp_path / "another-clone.pem")

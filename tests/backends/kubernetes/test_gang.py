@@ -208,7 +208,7 @@ def test_replay_skips_jobs_nobody_follows_but_live_changes_still_arrive(backend,
         t.join(timeout=5)
 
 
-def test_seed_problem_without_kueue_binds_partial_gang(kube, settings, accounts):
+def test_seed_problem_without_kueue_binds_partial_gang(kube, settings, accounts, kube_env):
     """The deadlock the gateway prevents, reproduced with the default scheduler alone.
 
     8 GPUs are taken by something else; the same 4x8-GPU Job, created WITHOUT Kueue (no
@@ -216,10 +216,14 @@ def test_seed_problem_without_kueue_binds_partial_gang(kube, settings, accounts)
     forever: the gang cannot start and blocks everyone else.
     """
     ns = settings.namespace_for(accounts[0])
+    # Without Kueue no flavor pins the pods: keep them on this pool's nodes (the control
+    # plane has a second pool's nodes too, stack/kube/up.sh).
+    product = kube_env.get("ISTHMUS_KUBE_GPU_TYPE")
+    pin = {settings.gpu_type_label: product} if product else {}
     other = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "something-else", "labels": {SEED_LABEL: "other"}},
-        "spec": {"restartPolicy": "Never", "containers": [{
+        "spec": {"restartPolicy": "Never", "nodeSelector": pin, "containers": [{
             "name": "c", "image": "isthmus/placeholder:latest",
             "resources": {"requests": {"nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}}]},
     }
@@ -228,6 +232,7 @@ def test_seed_problem_without_kueue_binds_partial_gang(kube, settings, accounts)
     body["metadata"]["labels"] = {SEED_LABEL: "gang"}  # no kueue.x-k8s.io/queue-name
     body["spec"]["template"]["metadata"]["labels"] = {SEED_LABEL: "gang"}
     body["spec"]["suspend"] = False
+    body["spec"]["template"]["spec"]["nodeSelector"] = pin
     kube.batch.create_namespaced_job(ns, body)
     name = body["metadata"]["name"]
     deadline = time.monotonic() + 30

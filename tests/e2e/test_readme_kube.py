@@ -1,0 +1,60 @@
+"""The README's Kubernetes first-job example, run literally against the Kueue test pool.
+
+As tests/e2e/test_readme.py does for Slurm: the block is read from README.md, and what
+`make run-kube` does is done here the same way (ISTHMUS_BACKENDS from
+stack/backends_json.py kube) on a free port, in a fresh home and a directory outside the clone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from tests.e2e.conftest import free_port, start_gateway
+from tests.e2e.test_readme import readme_blocks, run_block
+
+pytestmark = pytest.mark.kubernetes
+
+
+@pytest.fixture(scope="module")
+def readme_kube_gateway(tmp_path_factory):
+    if not (REPO / ".stack" / "kube" / "env").exists():
+        if os.environ.get("ISTHMUS_REQUIRE_STACK") == "1":
+            pytest.fail(".stack/kube/env missing (ISTHMUS_REQUIRE_STACK=1)")
+        pytest.skip(".stack/kube/env missing: start stack/kube/up.sh")
+    home = tmp_path_factory.mktemp("home")
+    work = tmp_path_factory.mktemp("newcomer")
+    (work / ".venv").symlink_to(REPO / ".venv")
+    backends = subprocess.run([sys.executable, str(REPO / "stack" / "backends_json.py"), "kube"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_") and k != "XDG_CONFIG_HOME"}
+    env.update(HOME=str(home), ISTHMUS_DEV_MODE="true", ISTHMUS_BACKENDS=backends,
+               ISTHMUS_DATABASE_URL=f"sqlite:///{work / 'isthmus.db'}")
+    proc = start_gateway(env, port, work / "gateway.log")
+    try:
+        yield {"env": env, "port": port, "work": work, "home": home}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_readme_kubernetes_example_runs_a_job_to_success(readme_kube_gateway):
+    (block,) = readme_blocks("First job on the Kubernetes test pool")
+    assert "make run-kube" in block
+    r = run_block(readme_kube_gateway, block)
+    assert r.returncode == 0, r.stdout + r.stderr
+    docs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    job = next(d for d in docs if "state" in d and "id" in d)
+    assert job["state"] == "succeeded" and job["exit_code"] == 0, job
+    assert job["assigned_backend"] == "kubernetes" and len(job["nodes"]) == 2, job
+    pools = next(d for d in docs if "items" in d and d["items"] and "healthy" in d["items"][0])
+    assert [(p["name"], p["healthy"]) for p in pools["items"]] == [("kubernetes", True)]
