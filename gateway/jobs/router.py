@@ -129,6 +129,25 @@ def _budget_hold(session, spec: JobSpec, settings):
     return hold
 
 
+def _budget_verdict(session, spec, settings) -> str | None:
+    """The same verdict as :func:`_budget_hold`, read on its own (job sets: once per set)."""
+    from gateway.jobs.schemas import parse_duration_s
+    from gateway.kit.errors import NotFound
+    from gateway.ledger import service as ledger
+
+    time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else settings.default_time_limit_s
+    try:
+        verdict = ledger.budget_verdict(session, account=spec.account, total_gpus=spec.total_gpus,
+                                        time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
+    except NotFound:
+        return None  # an unknown account: create() names the field
+    if verdict is None:
+        return None
+    if verdict[0] == "never":
+        raise Invalid("body.time_limit", f"this job can never run: {verdict[1]}")
+    return verdict[1]
+
+
 def _waiting_reason(request: Request) -> str:
     if not getattr(request.app.state, "backends", None):
         from gateway.pools.router import NO_POOL
