@@ -79,7 +79,8 @@ def scope_of(principal: Principal) -> frozenset[str] | None:
 class Subscriber:
     def __init__(self, accounts: frozenset[str] | None, size: int):
         self.accounts = accounts
-        self.queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=size)
+        # None in the queue: a heartbeat (or a wake-up after the queue was dropped).
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize=size)
         self.lagging = False
 
     def offer(self, event: Event) -> None:
@@ -92,15 +93,22 @@ class Subscriber:
             self.lagging = True
             while not self.queue.empty():
                 self.queue.get_nowait()
+            self.queue.put_nowait(None)
+
+    def beat(self) -> None:
+        if self.queue.empty():  # a stream that is being sent events needs no heartbeat
+            self.queue.put_nowait(None)
 
 
 class EventHub:
     """Reads new job events once per poll and fans them out to the open streams."""
 
     def __init__(self, sessions: Callable[[], Session], *, poll_s: float = POLL_S,
-                 gap_settle_s: float = GAP_SETTLE_S, queue_events: int = QUEUE_EVENTS):
+                 gap_settle_s: float = GAP_SETTLE_S, queue_events: int = QUEUE_EVENTS,
+                 heartbeat_s: float = HEARTBEAT_S):
         self._sessions = sessions
         self.poll_s = poll_s
+        self.heartbeat_s = heartbeat_s
         self.gap_settle_s = gap_settle_s
         self.queue_events = queue_events
         self.horizon: int | None = None
@@ -154,6 +162,8 @@ class EventHub:
         out: list[Event] = []
         expected = (self.horizon or 0) + 1
         for e, account in rows:
+            if e.id < expected:
+                continue  # handed out already (by a poll that overlapped this one)
             if e.id > expected:
                 first_seen = self._gaps.setdefault(expected, now)
                 if now - first_seen < self.gap_settle_s:
@@ -190,8 +200,7 @@ class EventHub:
         with self._sessions() as s:
             return [_render(e, account) for e, account in s.execute(_query(accounts, after_id, upto_id, PAGE))]
 
-    async def events(self, principal: Principal, *, after_id: int | None,
-                     heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[Event | None]:
+    async def events(self, principal: Principal, *, after_id: int | None) -> AsyncIterator[Event | None]:
         """The caller's events after ``after_id`` (None: from now on), in id order.
 
         Yields None when nothing happened for a while (the caller sends a heartbeat).
@@ -213,18 +222,17 @@ class EventHub:
                         yield event
                     if len(page) < PAGE:
                         break
-                while not sub.lagging:
-                    try:
-                        event = await asyncio.wait_for(sub.queue.get(), timeout=heartbeat_s)
-                    except TimeoutError:
+                while True:
+                    event = await sub.queue.get()
+                    if sub.lagging:
+                        break  # the queue was dropped: replay from the database
+                    if event is None:
                         yield None
                         continue
                     if event.id <= cursor:
                         continue  # already replayed
                     cursor = event.id
                     yield event
-                    if sub.lagging:
-                        break
         finally:
             self._subscribers.discard(sub)
 
@@ -233,29 +241,24 @@ def get_hub(app) -> EventHub:
     """The app's hub in the running event loop (one per process and loop)."""
     hub = getattr(app.state, "event_hub", None)
     if hub is None or (hub.loop is not None and hub.loop is not asyncio.get_running_loop()):
-        hub = app.state.event_hub = EventHub(app.state.sessionmaker)
+        hub = app.state.event_hub = EventHub(app.state.sessionmaker,
+                                             heartbeat_s=app.state.settings.events_heartbeat_s)
     return hub
 
 
-async def sse(hub: EventHub, principal: Principal, *, after_id: int | None, heartbeat_s: float,
+async def sse(hub: EventHub, principal: Principal, *, after_id: int | None,
               max_stream_s: float) -> AsyncIterator[bytes]:
     """The text/event-stream body: ``id``/``event``/``data`` per event, comments as heartbeats."""
     yield b"retry: 2000\n: connected\n\n"
     deadline = time.monotonic() + max_stream_s
-    events = hub.events(principal, after_id=after_id, heartbeat_s=heartbeat_s)
+    events = hub.events(principal, after_id=after_id)
     try:
-        last_beat = time.monotonic()
         async for event in events:
-            now = time.monotonic()
-            if now > deadline:
+            if time.monotonic() > deadline:
                 return  # the client reconnects with Last-Event-ID and a fresh token check
             if event is None:
                 yield b": heartbeat\n\n"
-                last_beat = now
-                continue
-            yield f"id: {event.id}\nevent: job\ndata: {event.data}\n\n".encode()
-            if now - last_beat > heartbeat_s:
-                yield b": heartbeat\n\n"
-                last_beat = now
+            else:
+                yield f"id: {event.id}\nevent: job\ndata: {event.data}\n\n".encode()
     finally:
         await events.aclose()

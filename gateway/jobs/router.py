@@ -304,6 +304,6 @@ async def stream_job_events(
         after = int(last_event_id)
     settings = request.app.state.settings
     body = events.sse(events.get_hub(request.app), principal, after_id=after,
-                      heartbeat_s=settings.events_heartbeat_s, max_stream_s=settings.events_max_stream_s)
+                      max_stream_s=settings.events_max_stream_s)
     return StreamingResponse(body, media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -26,7 +26,8 @@ def served(app) -> Iterator[str]:
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
-                                           log_level="warning", http="h11"))
+                                           log_level="warning", http="h11",
+                                           timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -37,4 +38,5 @@ def served(app) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
+        server.force_exit = True  # open streams would hold a graceful shutdown
         thread.join(20)
