@@ -149,3 +149,25 @@ def test_a_slow_stream_catches_up_from_the_database_without_loss(gw):
     got = asyncio.run(scenario())
     assert [e.id for e in got] == sorted({e.id for e in got}), "lost order or duplicated"
     assert json.loads(got[0].data)["job_id"] == ids[0]
+
+
+def test_cli_job_watch_prints_each_change_as_it_happens_and_ends_with_the_job(gw, live):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = gw.client.post("/v1/jobs", json=BODY, headers=gw.headers()).json()["id"]
+    env = {**os.environ, "ISTHMUS_URL": live, "ISTHMUS_TOKEN": gw.token("alice", ("team-a",))}
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("isthmus")), "job", job, "--watch"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert "- -> pending" in first, first
+        time.sleep(1.0)  # the watcher is on the live stream now
+        gw.client.post(f"/v1/jobs/{job}/cancel", headers=gw.headers())
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "pending -> cancelled" in out, out
+    assert proc.returncode == 1 and f"job {job} cancelled" in err, err
