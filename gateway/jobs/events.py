@@ -203,13 +203,17 @@ class EventHub:
     async def events(self, principal: Principal, *, after_id: int | None) -> AsyncIterator[Event | None]:
         """The caller's events after ``after_id`` (None: from now on), in id order.
 
-        Yields None when nothing happened for a while (the caller sends a heartbeat).
+        Yields None first once subscribed, then whenever nothing happened for a while (the
+        caller sends a heartbeat).
         """
         await self.start()
         sub = Subscriber(scope_of(principal), self.queue_events)
         self._subscribers.add(sub)
         try:
             cursor = (self.horizon or 0) if after_id is None else after_id
+            # Subscribed: everything after ``cursor`` will reach this stream. Say so first, so
+            # the caller tells its client "connected" only from this point on.
+            yield None
             while True:
                 # Replay from the database up to the horizon: what happened before this
                 # stream subscribed, or while it was lagging.
@@ -249,10 +253,11 @@ def get_hub(app) -> EventHub:
 async def sse(hub: EventHub, principal: Principal, *, after_id: int | None,
               max_stream_s: float) -> AsyncIterator[bytes]:
     """The text/event-stream body: ``id``/``event``/``data`` per event, comments as heartbeats."""
-    yield b"retry: 2000\n: connected\n\n"
     deadline = time.monotonic() + max_stream_s
     events = hub.events(principal, after_id=after_id)
     try:
+        await events.__anext__()  # subscribed: from here on nothing is missed
+        yield b"retry: 2000\n: connected\n\n"
         async for event in events:
             if time.monotonic() > deadline:
                 return  # the client reconnects with Last-Event-ID and a fresh token check

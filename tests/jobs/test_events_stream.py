@@ -135,7 +135,8 @@ def test_a_slow_stream_catches_up_from_the_database_without_loss(gw):
         hub = EventHub(gw.app.state.sessionmaker, poll_s=0.05, queue_events=2, heartbeat_s=5)
         principal = Principal(subject="t", username="alice", accounts=frozenset({"team-a"}))
         stream = hub.events(principal, after_id=0)
-        first = await stream.__anext__()  # subscribed and replaying
+        assert await stream.__anext__() is None  # subscribed
+        first = await stream.__anext__()  # replaying
         for _ in range(6):  # more events than the queue holds arrive while the reader sleeps
             gw.client.post("/v1/jobs", json=BODY, headers=gw.headers())
         await hub.poll_once()
