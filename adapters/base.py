@@ -204,6 +204,7 @@ class Feature(str, enum.Enum):
     GPU_TYPE = "gpu_type"
     PRIORITY = "priority"
     WATCH = "watch"
+    OUTPUT_FILES = "output_files"
 
 
 # ------------------------------------------------------------------------ interface
@@ -289,12 +290,27 @@ class Backend(abc.ABC):
         raise Unsupported(self.unsupported_features.get(Feature.WATCH, "this backend has no change feed"),
                           backend=self.name)
 
+    def output_file(self, gateway_job_id: str, worker: int) -> str:
+        """Path, on the gateway host, of the file that holds one worker's output (stdout + stderr).
+
+        Optional (``Feature.OUTPUT_FILES``): a backend whose jobs write their output to a
+        filesystem the gateway also mounts names the file here; the gateway reads it itself.
+
+        Raises:
+            Unsupported: this backend's output is not in files the gateway can read.
+        """
+        raise Unsupported(self.unsupported_features.get(Feature.OUTPUT_FILES,
+                                                        "this pool's job output is not readable by the gateway"),
+                          backend=self.name)
+
     def supports(self, feature: Feature) -> bool:
         """Whether this backend offers an optional capability (a method it overrides, say)."""
         if feature in self.unsupported_features:
             return False
         if feature is Feature.WATCH:
             return type(self).watch_events is not Backend.watch_events
+        if feature is Feature.OUTPUT_FILES:
+            return type(self).output_file is not Backend.output_file
         return True
 
     def check_supported(self, request: SubmitRequest) -> None:

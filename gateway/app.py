@@ -21,6 +21,7 @@ from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
 from gateway.flows.router import router as job_sets_router
 from gateway.jobs.router import router as jobs_router
+from gateway.jobs.router import events_router as job_events_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
@@ -145,6 +146,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            hub = getattr(app.state, "event_hub", None)
+            if hub is not None:
+                await hub.stop()
             app.state.dispatcher.stop()
             for backend in app.state.backends.values():
                 backend.close()
@@ -163,6 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestIdMiddleware, access_log=settings.access_log)
     app.include_router(jobs_router)
     app.include_router(job_sets_router)
+    app.include_router(job_events_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)
     app.include_router(identity_router)

@@ -414,12 +414,17 @@ def jobs(state, account, backend, limit, all_pages, job_set, url, token, as_json
 @click.option("--wait", is_flag=True,
               help="wait until the job ends; exit status 0 only if it succeeded")
 @click.option("--timeout", default=3600, show_default=True, type=int, help="seconds --wait waits at most")
+@click.option("--watch", is_flag=True,
+              help="print the job's events live (server-sent events) until it ends; exit status 0 only if it succeeded")
 @client_options
-def job(job_id, events, wait, timeout, url, token, as_json) -> None:
+def job(job_id, events, wait, timeout, watch, url, token, as_json) -> None:
     """Show one job."""
     import time
 
     client = Client(url, token)
+    if watch:
+        _watch_job(client, job_id, timeout, as_json)
+        return
     data = client.call("GET", f"/v1/jobs/{job_id}")
     deadline = time.monotonic() + timeout
     while wait and data["state"] not in FINAL_STATES:
@@ -440,6 +445,84 @@ def job(job_id, events, wait, timeout, url, token, as_json) -> None:
     _emit(data, as_json, render)
     if wait and data["state"] != "succeeded":
         raise click.ClickException(f"job {job_id} {data['state']}: {data['state_reason']}")
+
+
+def _event_line(e: dict) -> str:
+    change = f"{e['from_state'] or '-'} -> {e['to_state']}" if e.get("to_state") else e["kind"]
+    return f"{e['at']}  {change}  {e.get('reason') or ''}".rstrip()
+
+
+def _watch_job(client: Client, job_id: str, timeout: int, as_json: bool) -> None:
+    """The job's history so far, then its events as they happen (GET /v1/events/stream)."""
+    import time
+
+    import httpx
+
+    history = client.call("GET", f"/v1/jobs/{job_id}/events")["items"]
+    last = 0
+    state = None
+    for e in history:
+        click.echo(json.dumps(e) if as_json else _event_line(e))
+        last, state = e["id"], e.get("to_state") or state
+    deadline = time.monotonic() + timeout
+    while state not in FINAL_STATES:
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"job {job_id} still {state} after {timeout} s")
+        try:
+            # Resumes after the last event seen: a dropped connection loses nothing.
+            with client.http.stream("GET", "/v1/events/stream", headers={"Last-Event-ID": str(last)},
+                                    timeout=httpx.Timeout(30, read=120)) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise click.ClickException(f"{r.status_code}: {r.text[:500]}")
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    e = json.loads(line[6:])
+                    last = e["id"]
+                    if e["job_id"] != job_id:
+                        continue
+                    click.echo(json.dumps(e) if as_json else _event_line(e))
+                    state = e.get("to_state") or state
+                    if state in FINAL_STATES or time.monotonic() > deadline:
+                        break
+        except httpx.HTTPError:
+            time.sleep(1)  # reconnect with Last-Event-ID
+    if state != "succeeded":
+        raise click.ClickException(f"job {job_id} {state}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--worker", "-w", default=0, show_default=True, type=int, help="worker index (0 to workers-1)")
+@click.option("--tail", default=None, type=int, metavar="N", help="only the last N lines")
+@click.option("--follow", "-f", is_flag=True, help="keep printing new output until the job ends")
+@client_options
+def logs(job_id, worker, tail, follow, url, token, as_json) -> None:
+    """Print a job's output (stdout and stderr) for one worker."""
+    import httpx
+
+    client = Client(url, token)
+    params: dict[str, Any] = {"worker": worker, "follow": "true" if follow else "false"}
+    if tail is not None:
+        params["tail"] = tail
+    out = click.get_binary_stream("stdout")
+    try:
+        with client.http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params,
+                                timeout=httpx.Timeout(30, read=None if follow else 30)) as r:
+            if r.status_code >= 400:
+                r.read()
+                try:
+                    p = r.json()
+                    msg = f"{p.get('status')} {p.get('title')}: {p.get('detail') or ''}"
+                except ValueError:
+                    msg = f"{r.status_code}: {r.text[:500]}"
+                raise click.ClickException(msg)
+            for chunk in r.iter_raw():
+                out.write(chunk)
+                out.flush()
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach the gateway: {exc}") from None
 
 
 @main.command()

@@ -29,7 +29,7 @@ from adapters.base import (
 )
 from adapters.slurm import parse
 from adapters.slurm.errors import AmbiguousSubmit
-from adapters.slurm.script import build_spec
+from adapters.slurm.script import build_spec, worker_output_path
 from adapters.slurm.token import KeyTokenSource, TokenSource
 from adapters.slurm.transport import Transport
 
@@ -67,8 +67,11 @@ class SlurmSettings:
         account_map: gateway account -> Slurm account. None: submit without an account;
             "same": use the gateway account; a dict or callable for anything else
             (a dict without the key, or a callable returning None, rejects the job).
-        work_dir: job working directory, writable by every mapped user; output goes
-            to ``<work_dir>/slurm-<jobid>.out``.
+        work_dir: job working directory, writable by every mapped user; the batch
+            script's output goes to ``<work_dir>/slurm-<jobid>.out`` and each worker's to
+            ``<work_dir>/isthmus-<gateway id>-worker-<N>.out`` (docs/logs.md).
+        output_dir: where the gateway host mounts ``work_dir`` (None: the same path), to
+            read the workers' output files.
         slurm_conf: SLURM_CONF for the CLI and pyslurm transports.
         cli_prefix: argv (or shell-style string) put before every command, e.g.
             ``chroot /var/cache/isthmus/slurm-24.11/root``.
@@ -90,6 +93,7 @@ class SlurmSettings:
     partition: str = "gpu"
     account_map: AccountMap = None
     work_dir: str = "/tmp"
+    output_dir: str | None = None
     slurm_conf: str | None = None
     cli_prefix: tuple[str, ...] | str = ()
     cli_admin_user: str | None = None
@@ -115,6 +119,8 @@ class SlurmSettings:
             out.append(("partition", f"not a Slurm partition name: {self.partition!r}"))
         if not (self.work_dir or "").startswith("/"):
             out.append(("work_dir", f"must be an absolute path on the nodes, got {self.work_dir!r}"))
+        if self.output_dir is not None and not self.output_dir.startswith("/"):
+            out.append(("output_dir", f"must be an absolute path on the gateway host, got {self.output_dir!r}"))
         for name in ("timeout_s", "connect_timeout_s"):
             if getattr(self, name) <= 0:
                 out.append((name, "must be > 0"))
@@ -252,6 +258,9 @@ class SlurmBackend(Backend):
             raise BackendUnavailable(
                 f"submission outcome unknown ({exc.message}); retrying submit() adopts the "
                 f"job if it was created", backend=self.name) from exc
+
+    def output_file(self, gateway_job_id: str, worker: int) -> str:
+        return worker_output_path(self.settings.output_dir or self.settings.work_dir, gateway_job_id, int(worker))
 
     def status(self, backend_job_id: str) -> JobStatus:
         if not str(backend_job_id).isdigit():

@@ -9,6 +9,7 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Body, Header, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from gateway.identity import system_users
 from gateway.identity.dependency import CurrentPrincipal
@@ -19,7 +20,7 @@ from gateway.jobs.schemas import (
 )
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
-from gateway.kit.errors import Forbidden, Invalid, problem_responses
+from gateway.kit.errors import Conflict, Forbidden, Invalid, problem_responses
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.timeutil import as_utc
 
@@ -266,3 +267,78 @@ def list_job_events(principal: CurrentPrincipal, session: DbSession, job_id: Job
         from_state=JobState(e.from_state) if e.from_state else None,
         to_state=JobState(e.to_state) if e.to_state else None, reason=e.reason or "", data=e.data,
     ) for e in events])
+
+
+_LOG_RESPONSES = {200: {"description": "The worker's output (stdout and stderr), as the job wrote it.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}},
+                  **problem_responses(401, 404, 409, 422, 501)}
+
+
+@router.get(
+    "/{job_id}/logs", operation_id="getJobLogs", summary="A job's output, per worker",
+    description="The output (stdout and stderr) of one worker of the job, streamed as it is read. "
+                "`tail` starts at the last N lines; `follow=true` keeps the stream open and sends new "
+                "output until the job has ended. 409 while the job has no output yet "
+                "(pending, or its worker has not started); 501 when its pool's output cannot be read "
+                "by the gateway (docs/logs.md).",
+    response_class=StreamingResponse, responses=_LOG_RESPONSES,
+)
+def get_job_logs(
+    principal: CurrentPrincipal, session: DbSession, request: Request, job_id: JobId,
+    worker: Annotated[int, Query(ge=0, le=100_000, description="Worker index, 0 to workers-1.")] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=1_000_000, description="Only the last N lines.")] = None,
+    follow: Annotated[bool, Query(description="Keep sending new output until the job ends.")] = False,
+) -> StreamingResponse:
+    import os
+
+    from gateway.jobs import logs
+
+    job = service.get_or_raise(session, principal=principal, job_id=job_id)
+    path = logs.output_path(getattr(request.app.state, "backends", None) or {}, job, worker)
+    final = job.state in logs.FINAL_STATES
+    if not follow and not os.path.exists(path):
+        raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
+                       else f"worker {worker} left no output (the job {job.state})")
+    sessions = request.app.state.sessionmaker
+
+    def job_final() -> bool:
+        with sessions() as s:
+            return s.get(Job, job_id).state in logs.FINAL_STATES
+
+    body = logs.stream(path, tail=tail, follow=follow and not final, job_final=job_final)
+    return StreamingResponse(body, media_type="text/plain; charset=utf-8",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+events_router = APIRouter(prefix="/v1/events", tags=["jobs"])
+
+
+@events_router.get(
+    "/stream", operation_id="streamJobEvents", summary="Live events of all your jobs (server-sent events)",
+    description="A `text/event-stream` of every event (state changes and decisions) of the jobs the caller "
+                "may read, in order. Each message has `id` (the event id), `event: job` and `data` (the "
+                "event as JSON, with the job's account). Reconnect with `Last-Event-ID` (or `after`) to "
+                "resume without losing or repeating an event; without either, the stream starts now. "
+                "A comment line is sent after a silence (heartbeat); the stream ends after a while and "
+                "the client reconnects (docs/logs.md).",
+    response_class=StreamingResponse,
+    responses={200: {"description": "Server-sent events", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+               **problem_responses(401, 422)},
+)
+async def stream_job_events(
+    principal: CurrentPrincipal, request: Request,
+    after: Annotated[int | None, Query(ge=0, le=2**62, description="Resume after this event id.")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20,
+                                                description="Sent by EventSource when it reconnects.")] = None,
+) -> StreamingResponse:
+    from gateway.jobs import events
+
+    if last_event_id is not None:
+        if not re.fullmatch(r"[0-9]{1,19}", last_event_id):
+            raise Invalid("header.Last-Event-ID", "must be an event id sent by this stream")
+        after = int(last_event_id)
+    settings = request.app.state.settings
+    body = events.sse(events.get_hub(request.app), principal, after_id=after,
+                      max_stream_s=settings.events_max_stream_s)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -103,6 +103,11 @@ class Settings(BaseSettings):
 
     # /metrics (docs/operations.md): computed from the registry at scrape time and cached
     # this long; when a token is set, scrapers must send it as a bearer token.
+    # Server-sent events (GET /v1/events/stream, docs/logs.md): a comment line after this much
+    # silence keeps proxies from closing the stream; a stream ends after max_stream_s and the
+    # client reconnects with Last-Event-ID (its token is checked again then).
+    events_heartbeat_s: float = Field(default=15.0, gt=0, le=300)
+    events_max_stream_s: float = Field(default=3600.0, gt=0, le=86400)
     metrics_ttl_s: float = Field(default=5.0, ge=0, le=300)
     metrics_token: str = Field(default="", repr=False)
 

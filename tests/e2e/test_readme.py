@@ -67,9 +67,10 @@ def run_block(gw, block: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def slurm_output(gw, backend_job_id: str) -> str:
-    path = Path(gw["slurm"]["SLURM_WORK_DIR"]) / f"slurm-{backend_job_id}.out"
-    return path.read_text() if path.exists() else ""
+def slurm_output(gw, job_id: str) -> str:
+    """Every worker's output of a gateway job (one file per worker, docs/logs.md)."""
+    files = sorted(Path(gw["slurm"]["SLURM_WORK_DIR"]).glob(f"isthmus-{job_id}-worker-*.out"))
+    return "".join(path.read_text() for path in files)
 
 
 def test_readme_curl_example_runs_a_job_to_success(readme_gateway):
@@ -80,7 +81,7 @@ def test_readme_curl_example_runs_a_job_to_success(readme_gateway):
     job = next(d for d in docs if "state" in d and "id" in d)
     assert job["state"] == "succeeded" and job["exit_code"] == 0, job
     assert len(job["nodes"]) == 2
-    assert "hello from" in slurm_output(readme_gateway, job["backend_job_id"])
+    assert "hello from" in slurm_output(readme_gateway, job["id"])
     events = next(d for d in docs if "items" in d and d["items"] and "to_state" in d["items"][0])
     assert [e["to_state"] for e in events["items"] if e["kind"] == "state"][-1] == "succeeded"
     me = next(d for d in docs if "subject" in d)
@@ -98,7 +99,7 @@ def test_readme_cli_example_runs_a_job_to_success(readme_gateway):
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^state:\s+succeeded$", r.stdout, flags=re.M), r.stdout
     assert re.search(r"^exit_code:\s+0$", r.stdout, flags=re.M), r.stdout
-    backend_job_id = re.search(r"^backend_job_id:\s+(\d+)$", r.stdout, flags=re.M).group(1)
-    assert "hello, epochs: 3" in slurm_output(readme_gateway, backend_job_id)
+    job_id = re.search(r"^id:\s+([0-9a-f-]{36})$", r.stdout, flags=re.M).group(1)
+    assert "hello, epochs: 3" in slurm_output(readme_gateway, job_id)
     assert re.search(r"^user:\s+alice$", r.stdout, flags=re.M)  # whoami
     assert "None" not in r.stdout
