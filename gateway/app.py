@@ -29,6 +29,7 @@ from gateway.metrics.router import router as metrics_router
 from gateway.pools import service as pools
 from gateway.pools.router import router as pools_router
 from gateway.ui.apidocs import install as install_api_docs
+from gateway.ui.router import install as install_ui
 
 log = logging.getLogger("isthmus")
 
@@ -168,6 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pools_router)
     app.include_router(metrics_router)
     install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN
+    install_ui(app)  # the /ui dashboard (docs/ui.md)
 
     fastapi_openapi = app.openapi
 
