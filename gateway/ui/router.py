@@ -124,7 +124,13 @@ async def callback(request: Request):
 def logout(request: Request, csrf: str = Depends(posted_csrf)):
     check_csrf(request, csrf)
     request.session.clear()
-    return RedirectResponse("/ui/login", status_code=303)
+    # Not straight back to /ui/login: the provider's own session would log the person in again.
+    return RedirectResponse("/ui/logged-out", status_code=303)
+
+
+@router.get("/logged-out", name="ui_logged_out")
+def logged_out(request: Request):
+    return render(request, "logged_out.html", {})
 
 
 def render(request: Request, template: str, context: dict[str, Any], *, principal: Principal | None = None,
