@@ -30,6 +30,8 @@ from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 from gateway.pools import service as pools
 from gateway.pools.router import router as pools_router
+from gateway.ui.apidocs import install as install_api_docs
+from gateway.ui.router import install as install_ui
 
 log = logging.getLogger("isthmus")
 
@@ -155,7 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             engine.dispose()
 
     app = FastAPI(title="Isthmus", version=__version__, description=DESCRIPTION, openapi_tags=TAGS,
-                  servers=SERVERS, lifespan=lifespan)
+                  servers=SERVERS, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     install_error_handlers(app)
@@ -173,6 +175,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(metrics_router)
+    install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN
+    install_ui(app)  # the /ui dashboard (docs/ui.md)
 
     fastapi_openapi = app.openapi
 

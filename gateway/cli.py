@@ -605,6 +605,10 @@ from gateway.admin.cli import admin as _admin  # noqa: E402  (after main exists)
 
 main.add_command(_admin)  # `isthmus admin ...`
 
+from gateway.cli_login import register as _register_login  # noqa: E402
+
+_register_login(main)  # `isthmus login`, `isthmus logout`
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

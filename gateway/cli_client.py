@@ -14,6 +14,10 @@ class Client:
     def __init__(self, url: str, token: str | None):
         import httpx
 
+        if not token:
+            from gateway.cli_login import cached_access_token
+
+            token = cached_access_token()  # `isthmus login`; refreshed when about to expire
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url, headers=headers, timeout=30)
 
@@ -44,7 +48,7 @@ def client_options(f):
     f = click.option("--url", envvar="ISTHMUS_URL", default=DEFAULT_URL, show_default=True, show_envvar=True,
                      help="the gateway's base URL")(f)
     f = click.option("--token", envvar="ISTHMUS_TOKEN", default=None, show_envvar=True,
-                     help="bearer token (an OIDC access token, or `isthmus token` in dev mode)")(f)
+                     help="bearer token (default: the one `isthmus login` cached; `isthmus token` in dev mode)")(f)
     f = click.option("--json", "as_json", is_flag=True, help="print the API's JSON instead of text")(f)
     return f
 

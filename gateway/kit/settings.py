@@ -111,6 +111,15 @@ class Settings(BaseSettings):
     metrics_ttl_s: float = Field(default=5.0, ge=0, le=300)
     metrics_token: str = Field(default="", repr=False)
 
+    # The /ui dashboard (docs/ui.md): it logs people in with this issuer's authorization code
+    # + PKCE flow, as this (public, unless a secret is set) client. Empty issuer: /ui says it
+    # is not configured. The session secret signs the /ui cookie; outside dev mode it must be
+    # set when /ui is on (dev mode: a random one per process).
+    ui_oidc_issuer: str = ""
+    ui_client_id: str = "isthmus"
+    ui_client_secret: str = Field(default="", repr=False)
+    ui_session_secret: str = Field(default="", repr=False)
+
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         if self.default_time_limit_s > self.max_time_limit_s:

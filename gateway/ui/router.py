@@ -1,0 +1,304 @@
+"""The /ui dashboard: server-rendered pages over the same services and tenancy as the API.
+
+Every page resolves the caller from the session's access token with the gateway's own
+authenticator (the token the provider gave at login, checked like a bearer token on every
+request), then reads through the same repository functions as the API (``readable_jobs``,
+``visible_accounts``), never through HTTP calls to itself. Templates autoescape; every
+state-changing form carries the session's CSRF token (docs/ui.md).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from gateway.accounts import service as accounts
+from gateway.identity.authn import InvalidToken
+from gateway.identity.principal import Principal
+from gateway.jobs import repository as jobs_repo, service as jobs
+from gateway.jobs.models import Job
+from gateway.jobs.states import JobState
+from gateway.kit.db import transaction
+from gateway.kit.errors import Forbidden
+from gateway.kit.timeutil import utcnow
+from gateway.ledger import repository as ledger_repo, service as ledger
+from gateway.pools import service as pools
+from gateway.ui import plots
+from gateway.ui.session import UiSessionMiddleware
+
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=HERE / "templates")
+templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
+router = APIRouter(prefix="/ui", include_in_schema=False)
+WAITING = ("pending", "dispatching", "queued", "requeued")
+
+
+def job_pool(job: Job) -> str:
+    """The pool a job runs on (or asked for): one place for the pools rework to re-point."""
+    return job.backend or job.requested_backend
+
+
+class LoginRequired(Exception):
+    pass
+
+
+# ------------------------------------------------------------------ session, login, CSRF
+
+
+def csrf_token(request: Request) -> str:
+    token = request.session.get("csrf")
+    if not token:
+        token = request.session["csrf"] = secrets.token_urlsafe(32)
+    return token
+
+
+async def posted_csrf(request: Request) -> str:
+    """The `csrf` field of a urlencoded form (parsed here: no multipart dependency)."""
+    body = (await request.body()).decode("utf-8", errors="replace")
+    return parse_qs(body).get("csrf", [""])[0]
+
+
+def check_csrf(request: Request, token: str) -> None:
+    expected = request.session.get("csrf") or ""
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
+        raise Forbidden("cross-site form refused")
+    if not expected or not hmac.compare_digest(expected, token or ""):
+        raise Forbidden("the form's CSRF token is missing or stale: reload the page")
+
+
+def principal_of(request: Request) -> Principal:
+    token = request.session.get("access_token")
+    if not token:
+        raise LoginRequired
+    try:
+        return request.app.state.authenticator.authenticate(token)
+    except InvalidToken:
+        request.session.pop("access_token", None)
+        raise LoginRequired from None
+
+
+def oauth_client(request: Request):
+    return getattr(request.app.state, "ui_oauth", None)
+
+
+@router.get("/login", name="ui_login")
+async def login(request: Request, next: str = "/ui/"):
+    client = oauth_client(request)
+    if client is None:
+        return render(request, "unconfigured.html", {}, status=503)
+    request.session["next"] = next if next.startswith("/ui/") and not next.startswith("//") else "/ui/"
+    return await client.authorize_redirect(request, str(request.url_for("ui_callback")))
+
+
+@router.get("/auth/callback", name="ui_callback")
+async def callback(request: Request):
+    from authlib.integrations.base_client import OAuthError
+
+    client = oauth_client(request)
+    if client is None:
+        return render(request, "unconfigured.html", {}, status=503)
+    try:
+        token = await client.authorize_access_token(request)
+        request.app.state.authenticator.authenticate(token["access_token"])
+    except (OAuthError, InvalidToken) as exc:
+        return render(request, "error.html", {"message": f"login failed: {exc}"}, status=401)
+    nxt = request.session.pop("next", "/ui/")
+    request.session.clear()
+    request.session.update(access_token=token["access_token"], csrf=secrets.token_urlsafe(32))
+    return RedirectResponse(nxt, status_code=303)
+
+
+@router.post("/logout", name="ui_logout")
+def logout(request: Request, csrf: str = Depends(posted_csrf)):
+    check_csrf(request, csrf)
+    request.session.clear()
+    # Not straight back to /ui/login: the provider's own session would log the person in again.
+    return RedirectResponse("/ui/logged-out", status_code=303)
+
+
+@router.get("/logged-out", name="ui_logged_out")
+def logged_out(request: Request):
+    return render(request, "logged_out.html", {})
+
+
+def render(request: Request, template: str, context: dict[str, Any], *, principal: Principal | None = None,
+           status: int = 200) -> HTMLResponse:
+    ctx = {"principal": principal, "csrf": csrf_token(request) if principal else "",
+           "nav": request.url.path, **context}
+    return templates.TemplateResponse(request, template, ctx, status_code=status,
+                                      headers={"Cache-Control": "no-store"})
+
+
+# ------------------------------------------------------------------ pages
+
+
+@router.get("/", name="ui_jobs")
+def jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
+    principal = principal_of(request)
+    with transaction(request.app.state.sessionmaker) as session:
+        rows = jobs_repo.list_readable(session, principal, states=[state] if state else (),
+                                       account=account or None, backend=pool or None, limit=200)
+        items = [{"id": j.id, "name": j.name, "account": j.account_name, "user": j.username, "state": j.state,
+                  "why": j.state_reason or "", "pool": job_pool(j) or "", "created_at": j.created_at}
+                 for j in rows]
+        names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
+                                          is_admin=principal.is_admin)
+    pool_names = sorted(getattr(request.app.state, "backends", {}) or {})
+    return render(request, "jobs.html", {"jobs": items, "states": [s.value for s in JobState],
+                                         "accounts": names, "pools": pool_names,
+                                         "filters": {"state": state, "account": account, "pool": pool}},
+                  principal=principal)
+
+
+@router.get("/jobs/{job_id}", name="ui_job")
+def job_page(request: Request, job_id: str, partial: str = ""):
+    principal = principal_of(request)
+    with transaction(request.app.state.sessionmaker) as session:
+        job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
+        events = jobs_repo.list_events(session, job.id)
+        ctx = {"job": job, "pool": job_pool(job) or "", "final": job.job_state.final,
+               "events": [{"at": e.at, "kind": e.kind, "actor": e.actor, "from": e.from_state,
+                           "to": e.to_state, "reason": e.reason} for e in events]}
+        return render(request, "job_live.html" if partial == "live" else "job.html", ctx, principal=principal)
+
+
+@router.post("/jobs/{job_id}/cancel", name="ui_cancel")
+def cancel(request: Request, job_id: str, csrf: str = Depends(posted_csrf)):
+    principal = principal_of(request)
+    check_csrf(request, csrf)
+    with transaction(request.app.state.sessionmaker) as session:
+        jobs.cancel(session, principal=principal, job_id=job_id, reason="")
+    wake = getattr(getattr(request.app.state, "dispatcher", None), "wake", None)
+    if callable(wake):
+        wake()
+    return RedirectResponse(request.url_for("ui_job", job_id=job_id), status_code=303)
+
+
+@router.get("/accounts", name="ui_accounts")
+def accounts_page(request: Request):
+    principal = principal_of(request)
+    half_life = request.app.state.settings.fairshare_half_life_s
+    with transaction(request.app.state.sessionmaker) as session:
+        names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
+                                          is_admin=principal.is_admin)
+        fs = ledger.fairshare(session, half_life_s=half_life)
+        ranked = sorted(fs.values(), key=lambda f: -f.factor)
+        position = {f.account: i + 1 for i, f in enumerate(ranked)}
+        today = utcnow().date()
+        since = today.replace(day=1)
+        items = []
+        for name in names:
+            u = ledger.account_usage(session, account=name, half_life_s=half_life)
+            eff, bal = u["effective"], u["balance"]
+            budget = eff["budget_gpu_seconds"].value
+            days = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="day",
+                                            accounts_in=[name])
+            items.append({
+                "name": name, "reserved_gpus": bal.reserved_gpus, "max_gpus": eff["max_gpus"].value,
+                "queued_jobs": bal.queued_jobs, "used_h": _h(u["used_gpu_seconds"]),
+                "committed_h": _h(bal.committed_gpu_seconds), "remaining_h": _h(u["remaining_gpu_seconds"]),
+                "budget_h": _h(budget), "period": u["period"],
+                "factor": fs[name].factor if name in fs else None, "position": position.get(name),
+                "of": len(ranked), "burndown": plots.burndown(days, budget=budget, since=since, today=today)})
+    return render(request, "accounts.html", {"accounts": items}, principal=principal)
+
+
+@router.get("/pools", name="ui_pools")
+def pools_page(request: Request):
+    principal = principal_of(request)
+    health = pools.current(getattr(request.app.state, "dispatcher", None))
+    with transaction(request.app.state.sessionmaker) as session:
+        from sqlalchemy import func, select
+
+        waiting = dict(session.execute(
+            select(func.coalesce(Job.backend, Job.requested_backend), func.count())
+            .where(Job.state.in_(WAITING)).group_by(func.coalesce(Job.backend, Job.requested_backend))).all())
+    items = [{"name": name, "kind": h.kind, "ok": h.ok, "reason": h.reason, "total_gpus": h.view.total_gpus,
+              "free_gpus": h.view.free_gpus, "total_nodes": h.view.total_nodes, "idle_nodes": h.view.idle_nodes,
+              "waiting": waiting.get(name, 0)} for name, h in health.items()]
+    return render(request, "pools.html", {"pools": items, "unrouted": waiting.get("auto", 0)}, principal=principal)
+
+
+@router.get("/admin", name="ui_admin")
+def admin_page(request: Request, days: int = 30):
+    principal = principal_of(request)
+    if not principal.is_admin:
+        raise Forbidden("the admin page needs the admin role")
+    days = max(1, min(days, 366))
+    today = utcnow().date()
+    since = today - timedelta(days=days - 1)
+    with transaction(request.app.state.sessionmaker) as session:
+        rows = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="month")
+        tree = accounts.load_tree(session)
+        quotas = []
+        for name in sorted(tree):
+            eff = accounts.effective_quota(session, name)
+            quotas.append({"name": name, "max_gpus": eff["max_gpus"].value,
+                           "budget_h": _h(eff["budget_gpu_seconds"].value),
+                           "source": eff["budget_gpu_seconds"].source})
+    matrix: dict[tuple[str, str], float] = {}
+    for r in rows:
+        key = (r["account"], r["pool"] or "(adjustment)")
+        matrix[key] = matrix.get(key, 0.0) + r["net_gpu_seconds"] / 3600
+    pools_seen = sorted({p for _, p in matrix})
+    accounts_seen = sorted({a for a, _ in matrix})
+    return render(request, "admin.html", {
+        "since": since, "days": days, "pools": pools_seen, "accounts": accounts_seen,
+        "matrix": {f"{a}\x1f{p}": round(v, 2) for (a, p), v in matrix.items()},
+        "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas}, principal=principal)
+
+
+def _h(seconds) -> float | None:
+    return None if seconds is None else round(seconds / 3600, 2)
+
+
+# ------------------------------------------------------------------ wiring
+
+
+def install(app: FastAPI) -> None:
+    """Mount /ui: static assets, the session middleware, the OIDC client, the pages."""
+    settings = app.state.settings
+    secret = settings.ui_session_secret
+    if not secret:
+        if not settings.dev_mode and settings.ui_oidc_issuer:
+            from gateway.identity.setup import ConfigurationError
+
+            raise ConfigurationError("ISTHMUS_UI_SESSION_SECRET must be set when ISTHMUS_UI_OIDC_ISSUER is "
+                                     "(it signs the /ui session cookie); e.g. `openssl rand -hex 32`")
+        secret = secrets.token_hex(32)  # dev mode, or /ui off: sessions last one process
+    app.state.ui_oauth = None
+    if settings.ui_oidc_issuer:
+        with warnings.catch_warnings():  # authlib's httpx integration warns about httpx2 on import
+            warnings.simplefilter("ignore")
+            from authlib.integrations.starlette_client import OAuth
+        oauth = OAuth()
+        kwargs = {"scope": "openid", "code_challenge_method": "S256"}
+        if not settings.ui_client_secret:
+            kwargs["token_endpoint_auth_method"] = "none"
+        oauth.register("isthmus", client_id=settings.ui_client_id,
+                       client_secret=settings.ui_client_secret or None,
+                       server_metadata_url=settings.ui_oidc_issuer.rstrip("/") + "/.well-known/openid-configuration",
+                       client_kwargs=kwargs)
+        app.state.ui_oauth = oauth.isthmus
+    app.add_middleware(UiSessionMiddleware, secret=secret)
+    app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
+    app.include_router(router)
+
+    @app.exception_handler(LoginRequired)
+    async def _login_required(request: Request, exc: LoginRequired) -> Response:
+        nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        if request.method != "GET":
+            nxt = "/ui/"
+        return RedirectResponse(str(request.url_for("ui_login").include_query_params(next=nxt)), status_code=303)

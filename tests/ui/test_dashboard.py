@@ -1,0 +1,157 @@
+"""The /ui dashboard in a real headless Chromium, logged in on the real Keycloak (#18, 2).
+
+Jobs are submitted through the API with real Keycloak tokens; the browser logs in through
+Keycloak's own login page (authorization code + PKCE, authlib's Starlette client). Set
+ISTHMUS_UI_SCREENSHOTS=docs/ui to refresh the screenshots shown in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from gateway.app import create_app
+from gateway.kit.settings import Settings
+from tests.browser import new_browser, off_loopback, requested_urls, serving
+from tests.identity.conftest import JOB, _migrate_and_seed, issuer_configs, oidc_env, provider  # noqa: F401
+
+pytestmark = pytest.mark.oidc
+
+HOSTILE_NAME = "<script>window.__pwned=1</script>"
+HOSTILE_ENV = "<img src=x onerror=window.__pwned=2>"
+SHOTS = os.environ.get("ISTHMUS_UI_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def dashboard(oidc_env, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ui-gw")
+    url = f"sqlite:///{tmp}/gw.db"
+    _migrate_and_seed(url)
+    app = create_app(Settings(database_url=url, oidc_issuers=json.dumps(issuer_configs(oidc_env)),
+                              dev_key_path=tmp / "dev-key.pem", ui_oidc_issuer=oidc_env["OIDC_ISSUER"],
+                              ui_client_id=oidc_env["OIDC_CLIENT_ID"], ui_session_secret="test-only-" + "x" * 32))
+    with serving(app) as base:
+        yield base
+
+
+def api(base: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def submit(base: str, token: str, **over) -> dict:
+    r = api(base, token).post("/v1/jobs", json={**JOB, **over})
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def log_in(driver, base: str, user: str, env: dict, path: str = "/ui/") -> None:
+    driver.get(base + path)
+    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "username"))
+    assert driver.current_url.startswith(env["OIDC_ISSUER"])  # Keycloak's own page
+    driver.find_element(By.ID, "username").send_keys(user)
+    driver.find_element(By.ID, "password").send_keys(user + env["OIDC_PASSWORD_SUFFIX"])
+    driver.find_element(By.ID, "kc-login").click()
+    WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/ui/") and d.find_elements(By.ID, "who"))
+    assert driver.find_element(By.ID, "who").text == user
+
+
+def shot(driver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
+
+
+def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboard, provider, oidc_env):
+    alice, bob = provider.password("alice"), provider.password("bob")
+    # Job names are validated ([A-Za-z0-9._-]); commands and env values are free text.
+    hostile = submit(dashboard, alice, name="hostile", command=["echo", HOSTILE_NAME], env={"NOTE": HOSTILE_ENV})
+    watched = submit(dashboard, alice, name="watched")
+    other = submit(dashboard, bob, name="bobs-job", account="team-b")
+
+    driver = new_browser()
+    try:
+        log_in(driver, dashboard, "alice", oidc_env)
+        cookie = driver.get_cookie("isthmus_ui")
+        assert cookie["httpOnly"] is True and cookie["sameSite"] == "Lax" and cookie["path"] == "/ui"
+
+        rows = {r.get_attribute("data-job-id"): r for r in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")}
+        assert hostile["id"] in rows and watched["id"] in rows
+        assert other["id"] not in rows and other["id"] not in driver.page_source  # tenancy
+        # Hostile names render as text, and no script of theirs ran.
+        assert rows[hostile["id"]].find_element(By.CLASS_NAME, "name").text == "hostile"
+        shot(driver, "jobs")
+
+        driver.get(f"{dashboard}/ui/jobs/{hostile['id']}")
+        spec = driver.find_element(By.ID, "spec").text
+        assert HOSTILE_ENV in spec and HOSTILE_NAME in spec  # shown as text
+        assert not driver.find_elements(By.CSS_SELECTOR, "#spec img, #spec script")
+        assert driver.execute_script("return window.__pwned") is None
+        # Another account's job is not found, as in the API.
+        r = httpx.get(f"{dashboard}/ui/jobs/{other['id']}", cookies={"isthmus_ui": cookie["value"]})
+        assert r.status_code == 404
+
+        # Watch a job change state on the page without reloading it (cancelled through the API).
+        driver.get(f"{dashboard}/ui/jobs/{watched['id']}")
+        assert driver.find_element(By.ID, "state").text == "pending"
+        driver.execute_script("document.body.setAttribute('data-not-reloaded', '1')")
+        assert api(dashboard, alice).post(f"/v1/jobs/{watched['id']}/cancel").status_code in (200, 202)
+        WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "state").text == "cancelled")
+        assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-not-reloaded") == "1"
+        assert "cancelled" in driver.find_element(By.ID, "events").text
+
+        # A form post without the session's CSRF token is refused; with it (the button) it works.
+        forged = httpx.post(f"{dashboard}/ui/jobs/{hostile['id']}/cancel", data={"csrf": "guess"},
+                            cookies={"isthmus_ui": cookie["value"]})
+        assert forged.status_code == 403
+        driver.get(f"{dashboard}/ui/jobs/{hostile['id']}")
+        shot(driver, "job")
+        driver.find_element(By.ID, "cancel").click()
+        WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "state").text == "cancelled")
+        assert api(dashboard, alice).get(f"/v1/jobs/{hostile['id']}").json()["state"] == "cancelled"
+        assert api(dashboard, bob).get(f"/v1/jobs/{other['id']}").json()["state"] == "pending"
+
+        for page in ("accounts", "pools"):
+            driver.get(f"{dashboard}/ui/{page}")
+            WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
+            shot(driver, page)
+        driver.get(f"{dashboard}/ui/accounts")
+        assert driver.find_elements(By.ID, "account-team-a") and not driver.find_elements(By.ID, "account-team-b")
+        assert driver.find_elements(By.CSS_SELECTOR, "#account-team-a svg.plot polyline")
+        # alice is no admin
+        assert httpx.get(f"{dashboard}/ui/admin", cookies={"isthmus_ui": cookie["value"]}).status_code == 403
+        assert off_loopback(requested_urls(driver)) == []
+    finally:
+        driver.quit()
+
+
+def test_an_admin_sees_usage_per_account_and_pool_and_quotas(dashboard, provider, oidc_env):
+    driver = new_browser()
+    try:
+        log_in(driver, dashboard, "root-admin", oidc_env, path="/ui/admin")
+        assert driver.current_url.endswith("/ui/admin")
+        quotas = driver.find_element(By.ID, "quotas").text
+        assert "team-a" in quotas and "team-b" in quotas
+        assert driver.find_elements(By.ID, "usage") and driver.find_elements(By.CSS_SELECTOR, "svg.plot")
+        shot(driver, "admin")
+        driver.find_element(By.CSS_SELECTOR, "form.who button").click()  # log out (a CSRF-protected form)
+        WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith("/ui/logged-out"))
+        assert driver.get_cookie("isthmus_ui") is None
+        driver.get(dashboard + "/ui/admin")  # the session is gone: back to the login
+        WebDriverWait(driver, 20).until(lambda d: "/ui/login" in d.current_url or d.current_url.startswith(
+            oidc_env["OIDC_ISSUER"]) or d.current_url.endswith("/ui/admin"))
+        assert off_loopback(requested_urls(driver)) == []
+    finally:
+        driver.quit()
+
+
+def test_without_a_session_every_page_sends_the_browser_to_log_in(dashboard):
+    for path in ("/ui/", "/ui/accounts", "/ui/pools", "/ui/admin", "/ui/jobs/x"):
+        r = httpx.get(dashboard + path)
+        assert r.status_code == 303 and "/ui/login" in r.headers["location"], path
+    assert "set-cookie" not in httpx.get(dashboard + "/healthz").headers  # the API never gets a cookie
