@@ -28,6 +28,7 @@ from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 from gateway.pools import service as pools
 from gateway.pools.router import router as pools_router
+from gateway.webhooks.router import account_router as webhooks_router, admin_router as admin_webhooks_router
 
 log = logging.getLogger("isthmus")
 
@@ -43,6 +44,7 @@ TAGS = [
     {"name": "accounts", "description": "Your accounts: usage, remaining budget, fair share."},
     {"name": "identity", "description": "What the gateway made of your token."},
     {"name": "pools", "description": "The configured pools, their health and capacity."},
+    {"name": "webhooks", "description": "Signed HTTPS callbacks for your account's job state changes."},
     {"name": "admin", "description": "Administration: accounts, quotas, credits, ledger, usage reports."},
     {"name": "health", "description": "Liveness and readiness probes (no authentication)."},
 ]
@@ -141,10 +143,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                           settings=settings)
         if app.state.backends and settings.dispatch_in_serve:
             app.state.dispatcher.start()
+        app.state.webhooks = None
+        if settings.webhooks_in_serve:
+            from gateway.webhooks.worker import WebhookWorker
+
+            app.state.webhooks = WebhookWorker(sessions=app.state.sessionmaker, settings=settings)
+            app.state.webhooks.start()
         try:
             yield
         finally:
             app.state.dispatcher.stop()
+            if app.state.webhooks is not None:
+                app.state.webhooks.stop()
             for backend in app.state.backends.values():
                 backend.close()
             engine.dispose()
@@ -166,6 +176,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(metrics_router)
+    app.include_router(webhooks_router)
+    app.include_router(admin_webhooks_router)
 
     fastapi_openapi = app.openapi
 
