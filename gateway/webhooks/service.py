@@ -214,8 +214,8 @@ def record(session: Session, *, claimed: Claimed, ok: bool, status_code: int | N
            base_s: float, max_s: float, disable_after: int, now: datetime | None = None) -> None:
     """Store one attempt's outcome; count failures on the endpoint and disable it after too many."""
     now = now or utcnow()
+    ep = session.get(WebhookEndpoint, claimed.endpoint_id, with_for_update=True)  # endpoint first: one lock order
     d = session.get(WebhookDelivery, claimed.delivery_id, with_for_update=True)
-    ep = session.get(WebhookEndpoint, claimed.endpoint_id, with_for_update=True)
     if d is None or ep is None or d.status == DELIVERED:
         return  # deleted meanwhile, or another worker's later attempt already succeeded
     d.last_status_code = status_code
@@ -233,4 +233,34 @@ def record(session: Session, *, claimed: Claimed, ok: bool, status_code: int | N
             ep.enabled = False
             ep.disabled_at = now
             ep.disabled_reason = f"{ep.consecutive_failures} failed deliveries in a row; last: {error}"
+    session.flush()
+
+
+def record_many(session: Session, *, outcomes: list[tuple[Claimed, bool, int | None, str]], base_s: float,
+                max_s: float, disable_after: int) -> None:
+    """A round's outcomes: successes in one UPDATE per status code, failures one by one (rare).
+
+    Endpoints are locked first, in id order, so concurrent workers cannot deadlock.
+    """
+    now = utcnow()
+    endpoint_ids = sorted({c.endpoint_id for c, *_ in outcomes})
+    endpoints = {ep.id: ep for ep in session.scalars(
+        select(WebhookEndpoint).where(WebhookEndpoint.id.in_(endpoint_ids)).order_by(WebhookEndpoint.id)
+        .with_for_update())}
+    by_code: dict[int | None, list[int]] = {}
+    for c, ok, code, _error in outcomes:
+        if ok:
+            by_code.setdefault(code, []).append(c.delivery_id)
+            ep = endpoints.get(c.endpoint_id)
+            if ep is not None:
+                ep.consecutive_failures = 0
+                ep.last_success_at = now
+    for code, ids in by_code.items():
+        session.execute(update(WebhookDelivery).where(WebhookDelivery.id.in_(ids), WebhookDelivery.status == PENDING)
+                        .values(status=DELIVERED, delivered_at=now, last_error="", last_status_code=code)
+                        .execution_options(synchronize_session=False))
+    for c, ok, code, error in outcomes:
+        if not ok:
+            record(session, claimed=c, ok=False, status_code=code, error=error, base_s=base_s, max_s=max_s,
+                   disable_after=disable_after, now=now)
     session.flush()

@@ -67,10 +67,11 @@ class WebhookWorker:
             claimed = service.claim(session, limit=s.webhook_batch, lease_s=s.webhook_lease_s,
                                     postgres=self.postgres)
         if claimed:
-            list(self._pool.map(self._deliver, claimed))
+            outcomes = list(self._pool.map(self._deliver, claimed))
+            self._record(outcomes)
         return len(claimed) >= s.webhook_batch
 
-    def _deliver(self, c: service.Claimed) -> None:
+    def _deliver(self, c: service.Claimed) -> tuple[service.Claimed, bool, int | None, str]:
         s = self.settings
         ok, status, error = False, None, ""
         try:
@@ -87,10 +88,18 @@ class WebhookWorker:
         # The endpoint id only: a URL may carry a token in its query.
         log.info("webhook delivery %s to endpoint %s attempt %s: %s", c.msg_id, c.endpoint_id, c.attempt,
                  "delivered" if ok else error)
+        return c, ok, status, error
+
+    def _record(self, outcomes: list[tuple[service.Claimed, bool, int | None, str]]) -> None:
+        """All of a round's outcomes in one transaction (one commit, not one per delivery).
+
+        If this fails, or the process dies first, the leases run out and the deliveries are
+        sent again: at least once.
+        """
+        s = self.settings
         try:
             with transaction(self.sessions) as session:
-                service.record(session, claimed=c, ok=ok, status_code=status, error=error,
-                               base_s=s.webhook_backoff_base_s, max_s=s.webhook_backoff_max_s,
-                               disable_after=s.webhook_disable_after_failures)
-        except Exception:  # noqa: BLE001 - the lease runs out and the delivery is retried
-            log.exception("could not record webhook delivery %s", c.msg_id)
+                service.record_many(session, outcomes=outcomes, base_s=s.webhook_backoff_base_s,
+                                    max_s=s.webhook_backoff_max_s, disable_after=s.webhook_disable_after_failures)
+        except Exception:  # noqa: BLE001 - the leases run out and the deliveries are retried
+            log.exception("could not record %d webhook deliveries", len(outcomes))
