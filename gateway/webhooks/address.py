@@ -81,13 +81,19 @@ def forbidden_reason(addr: IPAddress) -> str | None:
 
 
 def parse_url(url: str) -> tuple[str, str, int, str]:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:  # e.g. an unbalanced "[" in the host
+        raise Refused("is not a valid URL") from None
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise Refused("must not contain spaces or control characters")
     scheme = parts.scheme.lower()
     if scheme not in ("https", "http"):
         raise Refused("must be an https:// URL")
     if parts.username or parts.password:
         raise Refused("must not carry credentials (user:password@)")
-    host = (parts.hostname or "").lower().rstrip(".")
+    host = (hostname or "").lower().rstrip(".")
     if not host:
         raise Refused("has no host")
     try:

@@ -41,6 +41,10 @@ def test_non_public_addresses_are_refused_naming_the_field(hooks, url, words):
     ("https://user:pw@93.184.215.14/hook", "credentials"),
     ("https://no-such-host.invalid/hook", "does not resolve"),
     ("https:///hook", "no host"),
+    ("https://[::1/hook", "not a valid URL"),
+    ("https://93.184.215.14:99999/hook", "invalid port"),
+    ("https://93.184.215.14/ho ok", "spaces"),
+    ("https://exa_mple.org/hook", "invalid host name"),
 ])
 def test_bad_urls_are_refused(hooks, url, words):
     r = hooks.gw.client.post("/v1/accounts/team-a/webhooks", json={"url": url}, headers=hooks.gw.headers())
