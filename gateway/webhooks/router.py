@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlalchemy.orm import Session
@@ -16,7 +16,8 @@ from gateway.kit.params import AccountName
 from gateway.webhooks import service
 from gateway.webhooks.address import Allowlist
 from gateway.webhooks.schemas import (
-    DeliveryPage, WebhookCreated, WebhookIn, WebhookOut, WebhookPage, WebhookUpdate, delivery_out, endpoint_out,
+    DeliveryPage, DeliveryStatus, WebhookCreated, WebhookIn, WebhookOut, WebhookPage, WebhookUpdate, delivery_out,
+    endpoint_out,
 )
 
 account_router = APIRouter(prefix="/v1/accounts/{account}/webhooks", tags=["webhooks"])
@@ -25,7 +26,7 @@ admin_router = APIRouter(prefix="/v1/admin/webhooks", tags=["admin"], dependenci
 EndpointId = Annotated[int, Path(ge=1, le=2**62, description="Webhook endpoint id.")]
 Session_ = Annotated[Session, Depends(get_session, scope="function")]
 Limit = Annotated[int, Query(ge=1, le=500, description="At most this many, newest first.")]
-Status = Annotated[Literal["pending", "delivered"] | None, Query(description="Only deliveries in this status.")]
+Status = Annotated[DeliveryStatus | None, Query(description="Only deliveries in this status.")]
 
 CREATE_DOC = ("Registers an HTTPS endpoint for job state changes, signed with the Standard Webhooks scheme "
               "(docs/webhooks.md). The secret is in this response only. A URL whose host resolves to a "
@@ -62,11 +63,11 @@ def _patch(session: Session, account: str | None, endpoint_id: int, body: Webhoo
     return endpoint_out(ep, service.pending_counts(session, [ep.id]).get(ep.id, 0))
 
 
-def _deliveries(session: Session, account: str | None, endpoint_id: int, status: str | None,
+def _deliveries(session: Session, account: str | None, endpoint_id: int, status: DeliveryStatus | None,
                 limit: int) -> DeliveryPage:
     ep = service.get_or_raise(session, account=account, endpoint_id=endpoint_id)
-    return DeliveryPage(items=[delivery_out(d) for d in service.deliveries(session, endpoint_id=ep.id,
-                                                                            status=status, limit=limit)])
+    return DeliveryPage(items=[delivery_out(d) for d in service.deliveries(
+        session, endpoint_id=ep.id, status=status.value if status else None, limit=limit)])
 
 
 # --- an account's endpoints (its members and coordinators; admins) ---------------------

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.kit.timeutil import as_utc
 from gateway.webhooks.models import WebhookDelivery, WebhookEndpoint
+
+
+class DeliveryStatus(str, enum.Enum):
+    """`pending`: not yet acknowledged (due at `next_attempt_at`); `delivered`: a 2xx came back."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
 
 
 class WebhookIn(BaseModel):
@@ -62,7 +70,7 @@ class DeliveryOut(BaseModel):
     event_id: int
     type: str
     job_id: str
-    status: Literal["pending", "delivered"]
+    status: DeliveryStatus
     attempts: int
     next_attempt_at: datetime | None = Field(description="When it is tried next (null once delivered).")
     last_attempt_at: datetime | None
@@ -88,7 +96,7 @@ def endpoint_out(ep: WebhookEndpoint, pending: int = 0, *, secret: bool = False)
 
 def delivery_out(d: WebhookDelivery) -> DeliveryOut:
     return DeliveryOut(id=d.id, msg_id=d.msg_id, event_id=d.event_id, type=d.event_type, job_id=d.job_id,
-                       status=d.status, attempts=d.attempts,
+                       status=DeliveryStatus(d.status), attempts=d.attempts,
                        next_attempt_at=None if d.status == "delivered" else as_utc(d.next_attempt_at),
                        last_attempt_at=as_utc(d.last_attempt_at), last_status_code=d.last_status_code,
                        last_error=d.last_error or "", delivered_at=as_utc(d.delivered_at),
