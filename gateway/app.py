@@ -32,6 +32,7 @@ from gateway.pools import service as pools
 from gateway.pools.router import router as pools_router
 from gateway.ui.apidocs import install as install_api_docs
 from gateway.ui.router import install as install_ui
+from gateway.webhooks.router import account_router as webhooks_router, admin_router as admin_webhooks_router
 
 log = logging.getLogger("isthmus")
 
@@ -47,6 +48,7 @@ TAGS = [
     {"name": "accounts", "description": "Your accounts: usage, remaining budget, fair share."},
     {"name": "identity", "description": "What the gateway made of your token."},
     {"name": "pools", "description": "The configured pools, their health and capacity."},
+    {"name": "webhooks", "description": "Signed HTTPS callbacks for your account's job state changes."},
     {"name": "admin", "description": "Administration: accounts, quotas, credits, ledger, usage reports."},
     {"name": "health", "description": "Liveness and readiness probes (no authentication)."},
 ]
@@ -145,6 +147,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                           settings=settings)
         if app.state.backends and settings.dispatch_in_serve:
             app.state.dispatcher.start()
+        app.state.webhooks = None
+        if settings.webhooks_in_serve:
+            from gateway.webhooks.worker import WebhookWorker
+
+            app.state.webhooks = WebhookWorker(sessions=app.state.sessionmaker, settings=settings)
+            app.state.webhooks.start()
         try:
             yield
         finally:
@@ -152,6 +160,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if hub is not None:
                 await hub.stop()
             app.state.dispatcher.stop()
+            if app.state.webhooks is not None:
+                app.state.webhooks.stop()
             for backend in app.state.backends.values():
                 backend.close()
             engine.dispose()
@@ -177,6 +187,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics_router)
     install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN
     install_ui(app)  # the /ui dashboard (docs/ui.md)
+    app.include_router(webhooks_router)
+    app.include_router(admin_webhooks_router)
 
     fastapi_openapi = app.openapi
 

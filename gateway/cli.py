@@ -131,17 +131,24 @@ def worker(once: bool) -> None:
     if not backends:
         raise click.ClickException("no pool configured: set ISTHMUS_BACKENDS (see docs/slurm.md, docs/kubernetes.md)")
     engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
-    dispatcher = Dispatcher(sessions=make_sessionmaker(engine), backends=backends, settings=settings)
+    sessions = make_sessionmaker(engine)
+    dispatcher = Dispatcher(sessions=sessions, backends=backends, settings=settings)
+    from gateway.webhooks.worker import WebhookWorker
+
+    webhooks = WebhookWorker(sessions=sessions, settings=settings)  # docs/webhooks.md
     if once:
         dispatcher.run_once()
+        webhooks.run_once()
         return
     signal.signal(signal.SIGTERM, lambda *_: dispatcher._stop.set())
     click.echo(f"worker: dispatching to {', '.join(sorted(backends))}", err=True)
+    webhooks.start()
     try:
         dispatcher.run_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        webhooks.stop()
         engine.dispose()
 
 

@@ -5,5 +5,6 @@ from gateway.jobs.models import IdempotencyKey, Job, JobEvent  # noqa: F401
 from gateway.flows.models import JobDependency, JobSet  # noqa: F401
 from gateway.kit.db import Base  # noqa: F401
 from gateway.ledger.models import AccountBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket  # noqa: F401,E501
+from gateway.webhooks.models import WebhookCursor, WebhookDelivery, WebhookEndpoint  # noqa: F401
 
 metadata = Base.metadata

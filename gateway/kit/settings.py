@@ -119,11 +119,37 @@ class Settings(BaseSettings):
     ui_client_id: str = "isthmus"
     ui_client_secret: str = Field(default="", repr=False)
     ui_session_secret: str = Field(default="", repr=False)
+    # Webhooks (docs/webhooks.md). The delivery thread runs in `isthmus worker`, and in
+    # `isthmus serve` too when webhooks_in_serve is set.
+    webhooks_in_serve: bool = False
+    webhook_interval_s: float = Field(default=0.5, gt=0, le=60)  # how often the outbox is read
+    webhook_batch: int = Field(default=200, ge=1, le=10000)  # deliveries claimed per round
+    webhook_concurrency: int = Field(default=8, ge=1, le=64)  # deliveries sent at once per worker
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)  # connect + response, per attempt
+    # A claimed delivery is due again this long after its claim if its worker died; > timeout.
+    webhook_lease_s: float = Field(default=60.0, gt=0, le=3600)
+    webhook_backoff_base_s: float = Field(default=5.0, gt=0, le=3600)
+    webhook_backoff_max_s: float = Field(default=3600.0, gt=0, le=86400)
+    # After this many failed attempts in a row (no success between) the endpoint is disabled.
+    webhook_disable_after_failures: int = Field(default=20, ge=1, le=100000)
+    # A gap in job_event ids (a transaction not yet committed, or rolled back) holds the
+    # outbox cursor this long before it is taken for a rollback.
+    webhook_settle_s: float = Field(default=30.0, ge=0, le=3600)
+    # Admin exceptions to the SSRF guard: comma-separated CIDRs and host names that may be
+    # private/loopback/link-local; only these hosts may be reached over plain http.
+    webhook_allowlist: str = ""
+    # Extra CA certificates (PEM file) trusted for receivers, besides the system's roots.
+    webhook_ca_file: str = ""
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         if self.default_time_limit_s > self.max_time_limit_s:
             raise ValueError("default_time_limit_s exceeds max_time_limit_s")
+        if self.webhook_lease_s <= self.webhook_timeout_s:
+            raise ValueError("webhook_lease_s must exceed webhook_timeout_s")
+        from gateway.webhooks.address import Allowlist
+
+        Allowlist.parse(self.webhook_allowlist)  # a typo fails at start, not at the first delivery
         return self
 
     @property

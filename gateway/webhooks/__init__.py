@@ -1,0 +1,1 @@
+"""Signed webhooks for job state changes (docs/webhooks.md)."""
