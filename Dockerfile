@@ -24,7 +24,8 @@ COPY adapters adapters
 COPY migrations migrations
 RUN /opt/isthmus/bin/pip install -q --no-deps -e . \
     && find /app /opt/isthmus -name __pycache__ -prune -exec rm -rf {} + \
-    && /opt/isthmus/bin/python -m compileall -q /app/gateway /app/adapters /app/migrations
+    && /opt/isthmus/bin/python -m compileall -q /app/gateway /app/adapters /app/migrations \
+    && /opt/isthmus/bin/python -m pip uninstall -q -y pip setuptools wheel
 
 FROM ${BASE} AS runtime
 RUN apt-get update -q && apt-get install -y -q --no-install-recommends python3 ca-certificates \

@@ -4,7 +4,7 @@ set -eu
 : "${POSTGRES_USER:=postgres}" "${POSTGRES_DB:=$POSTGRES_USER}" "${PGPORT:=5432}"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   pw=$(mktemp); printf '%s\n' "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD}" > "$pw"
-  initdb -D "$PGDATA" -U "$POSTGRES_USER" --pwfile="$pw" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+  initdb -D "$PGDATA" -U "$POSTGRES_USER" -E UTF8 --locale=C.UTF-8 --pwfile="$pw" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
   rm -f "$pw"
   echo "host all all 0.0.0.0/0 scram-sha-256" >> "$PGDATA/pg_hba.conf"
   echo "host all all ::/0 scram-sha-256" >> "$PGDATA/pg_hba.conf"
