@@ -178,7 +178,12 @@ def test_compose_runs_a_slurm_job_through_its_gateway_and_survives_a_worker_rest
             return j if j["state"] in wanted else None
 
         wait_for(lambda: state("running", *FINAL), 90, "the job to run on Slurm", compose)
-        run("podman", "restart", "-t", "10", compose.container("worker-1"), timeout=60)
+        # Restart worker-1 by re-creating it: `podman restart` refuses, because podman-compose
+        # turns depends_on into --requires on the (exited) migrate container.
+        worker = compose.container("worker-1")
+        run("podman", "stop", "-t", "10", worker, timeout=60)
+        run("podman", "rm", worker, timeout=60)
+        compose("up", "-d", "--no-deps", "worker-1")
         final = wait_for(lambda: state(*FINAL), 150, "the job to end", compose)
         assert final["state"] == "succeeded", (final, compose.logs())
         assert final["exit_code"] == 0 and final["backend_job_id"]
