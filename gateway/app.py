@@ -15,7 +15,8 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.accounts.router import router as accounts_router
 from gateway.admin.router import router as admin_router
-from gateway.dispatch.backends import build_backends
+from gateway.pools.config import build as build_pools, load as load_pools
+from gateway.pools.service import reconcile_at_startup as reconcile_pools
 from gateway.dispatch.service import Dispatcher
 from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
@@ -136,7 +137,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.dev_mode:
             log.warning("DEV MODE: the local development issuer is trusted; do not use in production")
             _seed_dev_accounts(app, settings)
-        app.state.backends = build_backends(settings.backends)
+        pool_configs = load_pools(settings)
+        pool_notes = reconcile_pools(app.state.sessionmaker, pool_configs)
+        for note in pool_notes:
+            log.info("%s", note)
+        app.state.pools = {p.name: p for p in pool_configs}
+        app.state.backends = build_pools(pool_configs)
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
                                           settings=settings)
         if app.state.backends and settings.dispatch_in_serve:

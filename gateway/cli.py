@@ -81,18 +81,18 @@ def _check_pools(settings) -> None:
     (in the log format the gateway uses, so a JSON log stays all JSON)."""
     import logging
 
-    from gateway.dispatch.backends import BackendConfigError, build_backends
+    from gateway.dispatch.backends import BackendConfigError
     from gateway.kit.logs import configure as configure_logging
     from gateway.pools.service import probe
 
     try:
-        backends = build_backends(settings.backends)
+        backends = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(settings.log_level, settings.log_format)
     log = logging.getLogger("isthmus.pools")
     if not backends:
-        log.warning("no pool is configured (ISTHMUS_BACKENDS is empty): jobs are accepted but wait "
+        log.warning("no pool is configured (ISTHMUS_POOLS_FILE and ISTHMUS_BACKENDS are empty): jobs are accepted but wait "
                     "until one is; see docs/slurm.md and docs/kubernetes.md")
     try:
         for name, backend in sorted(backends.items()):
@@ -107,6 +107,28 @@ def _check_pools(settings) -> None:
             backend.close()
 
 
+def _pools_at_startup(settings) -> dict:
+    """Validate the pools, reconcile them into the ``pool`` table, build their adapters.
+
+    Raises BackendConfigError (one line) for a bad configuration or a vanished pool that
+    still has active jobs. The table is only written when the database has it (migrated).
+    """
+    from sqlalchemy import inspect
+
+    from gateway.kit.db import make_engine, make_sessionmaker
+    from gateway.pools.config import build, load
+    from gateway.pools.service import reconcile_at_startup
+
+    pools = load(settings)
+    engine = make_engine(settings.database_url, pool_size=1)
+    try:
+        if inspect(engine).has_table("pool"):
+            reconcile_at_startup(make_sessionmaker(engine), pools)
+    finally:
+        engine.dispose()
+    return build(pools)
+
+
 @main.command()
 @click.option("--once", is_flag=True, help="run one recover/dispatch/reconcile round and exit")
 def worker(once: bool) -> None:
@@ -114,7 +136,6 @@ def worker(once: bool) -> None:
     import logging
     import signal
 
-    from gateway.dispatch.backends import build_backends
     from gateway.dispatch.service import Dispatcher
     from gateway.kit.db import make_engine, make_sessionmaker
 
@@ -125,11 +146,11 @@ def worker(once: bool) -> None:
     from gateway.dispatch.backends import BackendConfigError
 
     try:
-        backends = build_backends(settings.backends)
+        backends = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if not backends:
-        raise click.ClickException("no pool configured: set ISTHMUS_BACKENDS (see docs/slurm.md, docs/kubernetes.md)")
+        raise click.ClickException("no pool configured: set ISTHMUS_POOLS_FILE or ISTHMUS_BACKENDS (see docs/pools.md)")
     engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
     dispatcher = Dispatcher(sessions=make_sessionmaker(engine), backends=backends, settings=settings)
     if once:

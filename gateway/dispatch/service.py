@@ -51,6 +51,7 @@ from gateway.kit.settings import Settings
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import service as ledger
 from gateway.ledger.models import Reservation
+from gateway.pools.service import pool_meta
 from gateway.routing.service import JobShape, PoolView, held_gpus, parse_weights, route, take
 
 log = logging.getLogger("isthmus.dispatch")
@@ -186,16 +187,19 @@ class Dispatcher:
 
     def views(self, *, fresh: bool = False) -> dict[str, PoolView]:
         if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
-            depth = self._queue_depths()
-            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0)) for name, b in self.backends.items()}
+            depth, meta = self._queue_depths()
+            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0), meta.get(name))
+                           for name, b in self.backends.items()}
             self._views_at = time.monotonic()
         return self._views
 
-    def _queue_depths(self) -> dict[str, int]:
+    def _queue_depths(self) -> tuple[dict[str, int], dict[str, dict]]:
+        """Jobs queued per pool, and each pool's row (kind, state, weight, cost, GPU types)."""
         with transaction(self.sessions) as s:
             rows = s.execute(select(Job.backend, func.count()).where(
                 Job.state.in_([JobState.DISPATCHING.value, JobState.QUEUED.value])).group_by(Job.backend)).all()
-        return {b: n for b, n in rows if b}
+            meta = pool_meta(s)
+        return {b: n for b, n in rows if b}, meta
 
     # ---------------------------------------------------------------- dispatch
 
@@ -276,7 +280,7 @@ class Dispatcher:
                 if not ok:
                     refusals[name] = why
         decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
-                         queue_depth=self.settings.pool_queue_depth)
+                         queue_depth=self.settings.pool_queue_depth, cost_factor=self.settings.routing_cost_factor)
         if decision.rejected:
             jobs.set_state(s, job, JobState.FAILED, actor=ACTOR, reason=f"cannot run: {decision.reason}")
             job.ended_at = now

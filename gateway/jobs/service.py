@@ -263,7 +263,7 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     now = utcnow()
     values = dict(
         id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
-        username=principal.username, requested_backend=spec.backend.value, backend=None,
+        username=principal.username, requested_backend=spec.pool, backend=None,
         state=JobState.PENDING.value, state_reason=waiting_reason, spec=normalised,
         workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
