@@ -28,7 +28,7 @@ from gateway.kit.limits import BodyLimitMiddleware
 from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 from gateway.pools import service as pools
-from gateway.pools.router import router as pools_router
+from gateway.pools.router import admin_router as pools_admin_router, router as pools_router
 
 log = logging.getLogger("isthmus")
 
@@ -171,6 +171,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin_router)
     app.include_router(identity_router)
     app.include_router(pools_router)
+    app.include_router(pools_admin_router)
     app.include_router(metrics_router)
 
     fastapi_openapi = app.openapi

@@ -256,11 +256,11 @@ def account_create(name: str, parent: str | None, shares: int) -> None:
 
 
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("account", "ACCOUNT"), ("user", "USER"), ("state", "STATE"),
-               ("assigned_backend", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
+               ("assigned_pool", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
 
 
 def _job_detail(job: dict) -> str:
-    keys = ["id", "name", "account", "user", "state", "state_reason", "backend", "assigned_backend",
+    keys = ["id", "name", "account", "user", "state", "state_reason", "pool", "pool_kind", "assigned_pool",
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
             "exit_code", "created_at", "started_at", "ended_at"]
@@ -304,8 +304,8 @@ def submit(file, idempotency_key: str | None, quiet: bool, url: str, token: str 
 @click.option("--state", multiple=True, type=click.Choice(JOB_STATES),
               help="only jobs in this state (repeatable)")
 @click.option("--account", help="only jobs of this account")
-@click.option("--backend", type=click.Choice(["auto", "slurm", "kubernetes"]),
-              help="only jobs that asked for or were routed to this pool")
+@click.option("--pool", "backend", help="only jobs that asked for or were routed to this pool (isthmus pools)")
+@click.option("--backend", "backend", hidden=True, help="deprecated: --pool")
 @click.option("--limit", default=50, show_default=True, type=int, help="jobs per page")
 @click.option("--all", "all_pages", is_flag=True, help="follow every page")
 @client_options
@@ -318,7 +318,7 @@ def jobs(state, account, backend, limit, all_pages, url, token, as_json) -> None
     if account:
         params["account"] = account
     if backend:
-        params["backend"] = backend
+        params["pool"] = backend
     items: list[dict] = []
     while True:
         page = client.call("GET", "/v1/jobs", params=params)
@@ -384,6 +384,27 @@ def whoami(url, token, as_json) -> None:
         accts = [f"  {a['name']} ({a['role']}{'' if a['exists'] else ', not an account on this gateway'})"
                  for a in me["accounts"]]
         return "\n".join(lines + ["accounts:"] + (accts or ["  - (none: you cannot submit jobs)"]))
+
+    _emit(data, as_json, render)
+
+
+POOLS_COLUMNS = [("name", "POOL"), ("kind", "KIND"), ("state", "STATE"), ("health", "HEALTH"),
+                 ("gpu_types", "GPU_TYPES"), ("gpus", "FREE/TOTAL_GPUS"), ("queue_depth", "QUEUED"),
+                 ("cost", "COST"), ("reason", "REASON")]
+
+
+@main.command()
+@client_options
+def pools(url, token, as_json) -> None:
+    """The gateway's pools: kind, state, health, GPU types, capacity now and queue depth."""
+    data = Client(url, token).call("GET", "/v1/pools")
+
+    def render(d: dict) -> str:
+        if not d["items"]:
+            return d["note"]
+        return _table([{**p, "health": "ok" if p["healthy"] else "UNAVAILABLE",
+                        "gpu_types": ",".join(p["gpu_types"]) or "-", "gpus": f"{p['free_gpus']}/{p['total_gpus']}"}
+                       for p in d["items"]], POOLS_COLUMNS)
 
     _emit(data, as_json, render)
 

@@ -24,7 +24,7 @@ class PoolHealth:
 
 
 def health_of(view: PoolView) -> PoolHealth:
-    kind = view.backend.name if view.backend is not None else view.name
+    kind = view.kind
     if view.capacity is None:
         return PoolHealth(view.name, kind, False, view.error or "no answer from the backend", view)
     if view.total_gpus <= 0:
