@@ -173,3 +173,19 @@ def test_a_vanished_pool_with_active_jobs_stops_start_up(sessions, tmp_path, dat
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert [line for line in r.stderr.splitlines() if line.startswith("Error:")] == [
         f"Error: {err.value}"], r.stderr
+
+
+def test_the_documented_pools_file_is_valid(tmp_path):
+    """docs/pools.md carries a full commented pools file; it must load as written (key paths aside)."""
+    import re
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "pools.md").read_text()
+    m = re.search(r"<!-- pools-example -->\n```yaml\n(.*?)```", text, flags=re.S)
+    assert m, "docs/pools.md has no marked pools-file example"
+    example = re.sub(r"/etc/isthmus/[a-z0-9.-]+", KEY, m.group(1))
+    pools = config.from_file(_file(tmp_path, example))
+    assert [(p.name, p.kind, p.state) for p in pools] == [
+        ("slurm-a100", "slurm", "active"), ("slurm-h100", "slurm", "active"),
+        ("kube-a100", "kubernetes", "active"), ("kube-h100", "kubernetes", "draining")]
