@@ -51,7 +51,7 @@ def _half_life(request: Request) -> int:
 
 
 def _quota_values(q: QuotaIn) -> dict:
-    values = {k: getattr(q, k) for k in q.model_fields_set}
+    values = {k: q.__dict__[k] for k in q.model_fields_set}  # no DeprecationWarning for the old aliases
     if "budget_gpu_hours" in values:
         h = values.pop("budget_gpu_hours")
         values["budget_gpu_seconds"] = None if h is None else int(round(h * 3600))

@@ -168,6 +168,7 @@ class Dispatcher:
         self._views: dict[str, PoolView] = {}
         self._views_at = 0.0
         self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
+        self._limited: dict[str, bool] = {}  # account -> a limit is set in its chain (per dispatch round)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._reconcile_wake = threading.Event()
@@ -214,6 +215,7 @@ class Dispatcher:
             now = self.clock()
             claimed: list[str] = []
             prepared: dict[str, tuple[str, SubmitRequest]] = {}
+            self._limited = {}
             try:
                 with transaction(self.sessions) as s:
                     factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
@@ -274,7 +276,12 @@ class Dispatcher:
         held = {name: held_gpus(shape, view) for name, view in views.items()}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
-        if job.requested_backend == "auto" and len(views) > 1:
+        # Asked pool by pool only when a limit is set in the account's chain (once per account
+        # and round: with many pools, the check per pool is most of a round's queries).
+        limited = self._limited.get(job.account_name)
+        if limited is None and job.requested_backend == "auto" and len(views) > 1:
+            limited = self._limited[job.account_name] = ledger.chain_has_limits(s, job.account_name)
+        if job.requested_backend == "auto" and len(views) > 1 and limited:
             for name in views:
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
                 if not ok:

@@ -333,6 +333,23 @@ def _job_pool(session: Session, job: Any, pool: str | None) -> str | None:
     return check_pool(session, pool) if pool is not None else None
 
 
+def chain_has_limits(session: Session, account: str) -> bool:
+    """Whether any limit (quota, budget, queue cap, per-pool limit) is set on ``account`` or an ancestor.
+
+    False means :func:`admission_check` admits the job in every pool, so routing over many
+    pools can skip asking pool by pool.
+    """
+    names = [a.name for a in accounts.chain(session, account)]
+    q = session.scalar(select(func.count()).select_from(AccountQuota).where(
+        AccountQuota.account_name.in_(names),
+        (AccountQuota.max_gpus.isnot(None)) | (AccountQuota.budget_gpu_seconds.isnot(None))
+        | (AccountQuota.max_queued_jobs.isnot(None)) | (AccountQuota.max_queued_jobs_per_user.isnot(None))))
+    if q:
+        return True
+    return bool(session.scalar(select(func.count()).select_from(AccountPoolQuota).where(
+        AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None))))
+
+
 def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None,
                     gpus: int | None = None) -> tuple[bool, str]:
     """Would ``job`` be admitted now? The same rule as :func:`reserve`, without locking or writing.
