@@ -150,20 +150,20 @@ def _reserve_rate(url: str, work: list[list[str]], threads: int) -> float:
 
 
 def bench_reserve(url: str, repeats: int) -> dict:
-    from gateway.accounts import service as accounts
+    from gateway.accounts import lifecycle, service as accounts
 
     res: dict[str, list[float]] = {"hot_1": [], "hot_8": [], "many_8": []}
     for _ in range(repeats):
         wipe(url)
         engine = make_engine(url)
         with transaction(make_sessionmaker(engine)) as s:
-            accounts.create(s, name="org", parent_name=None, shares=1)
+            lifecycle.create(s, name="org", parent_name=None, shares=1)
             accounts.set_quota(s, name="org", values={"max_gpus": 10**6, "budget_gpu_seconds": 10**14}, actor="b")
-            accounts.create(s, name="hot", parent_name="org", shares=1)
+            lifecycle.create(s, name="hot", parent_name="org", shares=1)
             accounts.set_quota(s, name="hot", values={"max_gpus": 10**6, "max_queued_jobs": 10**6}, actor="b")
             for i in range(8):
-                accounts.create(s, name=f"org{i}", parent_name=None, shares=1)
-                accounts.create(s, name=f"cold{i}", parent_name=f"org{i}", shares=1)
+                lifecycle.create(s, name=f"org{i}", parent_name=None, shares=1)
+                lifecycle.create(s, name=f"cold{i}", parent_name=f"org{i}", shares=1)
                 accounts.set_quota(s, name=f"cold{i}", values={"max_gpus": 10**6, "budget_gpu_seconds": 10**14},
                                    actor="b")
         engine.dispose()

@@ -12,14 +12,32 @@
 # distributions, built binaries, the debootstrapped chroots (docs/testing.md).
 # .ci/run calls this first, so CI always runs from fresh state.
 #
-# WARNING: the test users and the chroots are the machine's, not this checkout's. Never run
-# this while another checkout's stack (or its CI run) is up on the same machine: it removes
-# the users that stack's daemons and jobs run as. CI runs it after every process is ended.
+# The test users and the chroots are the machine's, not this checkout's: resetting while
+# another checkout's stack (or its CI run) is up would remove the users that stack's daemons
+# and jobs run as. So the script first looks for such a stack and refuses (exit 1, nothing
+# changed) when it finds one; see the guard below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 CACHE=${ISTHMUS_CACHE:-/var/cache/isthmus}
 log() { printf '[reset] %s\n' "$*" >&2; }
+
+# Guard: another checkout's stack (or CI run) still up on this machine would lose its test
+# users and chroot mounts. Its daemons carry their checkout's .stack/ path on their command
+# lines (slurmctld -f <checkout>/.stack/..., postgres -D ..., Keycloak's H2 path). Refuse,
+# name them, change nothing. ISTHMUS_RESET_FORCE=1 overrides (after you ended them).
+stack_users() {
+  local f
+  for f in /proc/[0-9]*/cmdline; do
+    { tr '\0' ' ' < "$f"; } 2>/dev/null; echo
+  done | grep -o '/[^ =:]*/\.stack/' | sort -u
+}
+others=$(stack_users | grep -vxF "$REPO/.stack/" || true)
+if [ -n "$others" ] && [ "${ISTHMUS_RESET_FORCE:-0}" != 1 ]; then
+  log "another checkout's stack is running (processes use: $(echo $others)); stop it with"
+  log "its stack/down.sh first, or set ISTHMUS_RESET_FORCE=1. Nothing was changed."
+  exit 1
+fi
 
 bash stack/down.sh >/dev/null 2>&1
 bash stack/postgres.sh down >/dev/null 2>&1

@@ -36,6 +36,8 @@ from .render import (
     ANN_CANCELLED_AT,
     ANN_GATEWAY_ID,
     ANN_USER,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
     LABEL_GATEWAY_ID,
     LABEL_MANAGED,
     MANAGED_VALUE,
@@ -46,8 +48,8 @@ from .render import (
 )
 from .settings import KubernetesSettings
 from .state import backend_job_id, derive_status, parse_time
+from .watch import JobEventStream
 
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 POD_JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 MANAGED_SELECTOR = f"{LABEL_MANAGED}={MANAGED_VALUE}"
@@ -479,6 +481,4 @@ class KubernetesBackend(Backend):
     def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None,
                      interested=None):
         """Stream JobStatus changes of gateway Jobs (see :class:`watch.JobEventStream`)."""
-        from .watch import JobEventStream
-
         return JobEventStream(self, stop_event, since_resource_version, interested)

@@ -24,6 +24,7 @@ ANN_WORKERS = f"{GROUP}/workers"
 ANN_GPUS_PER_WORKER = f"{GROUP}/gpus-per-worker"
 ANN_CANCELLED_AT = f"{GROUP}/cancelled-at"
 TOMBSTONE_FINALIZER = f"{GROUP}/cancel-tombstone"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"  # the Workload API the adapter reads
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 RESERVED_PREFIXES = (f"{GROUP}/managed-by", f"{GROUP}/gateway-job-id", f"{GROUP}/account",

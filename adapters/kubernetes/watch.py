@@ -12,14 +12,22 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from adapters.base import BackendError, JobNotFound, JobStatus
 
-from .render import LABEL_MANAGED, MANAGED_VALUE
+from .render import KUEUE_GROUP, KUEUE_VERSION, LABEL_MANAGED, MANAGED_VALUE
 
-if TYPE_CHECKING:
-    from .backend import KubernetesBackend
+
+class KubernetesBackend(Protocol):
+    """What the stream needs of the adapter (adapters/kubernetes/backend.py); no import of it,
+    so that the backend can import this module and not the other way round."""
+
+    def _connect(self) -> Any: ...
+
+    def _raw(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    def status(self, backend_job_id: str) -> JobStatus: ...
 
 WATCH_TIMEOUT_S = 55  # server-side; the watch is re-opened from the last resourceVersion
 
@@ -63,7 +71,6 @@ class JobEventStream:
         if kind == "pods":  # a worker starting/stopping changes RUNNING vs STARTING
             return (api.core.list_pod_for_all_namespaces, (),
                     {"label_selector": f"{LABEL_MANAGED}={MANAGED_VALUE}"})
-        from .backend import KUEUE_GROUP, KUEUE_VERSION
         return (api.custom.list_cluster_custom_object, (KUEUE_GROUP, KUEUE_VERSION, "workloads"), {})
 
     def _run(self, kind: str, rv: str | None) -> None:

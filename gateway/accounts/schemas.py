@@ -9,14 +9,15 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.accounts.models import MEMBER_ROLES
+from gateway.kit.names import ACCOUNT_NAME_RE, POOL_NAME_RE
 
-AccountName = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$", max_length=63)
+AccountName = Field(pattern=ACCOUNT_NAME_RE, max_length=63)
 
 # Named enums, used on inputs AND outputs, so a value read from a response can be passed
 # back to a generated client without a cast. Built from the one list of each.
 # Pools are data (GET /v1/pools lists them): a name is checked against the gateway's pools
 # when used, never frozen into the spec as an enum.
-POOL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+POOL_NAME_PATTERN = POOL_NAME_RE
 Pool = Annotated[str, Field(pattern=POOL_NAME_PATTERN, max_length=63,
                             description="A pool's name (GET /v1/pools), e.g. `slurm-h100`.")]
 MemberRole = enum.Enum("MemberRole", {r.upper(): r for r in MEMBER_ROLES}, type=str)

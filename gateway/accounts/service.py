@@ -1,23 +1,22 @@
-"""Account tree logic: chains, subtrees, effective (inherited) quotas, and admin changes.
+"""Account tree logic: chains, subtrees, effective (inherited) quotas, quotas and members.
 
-Tree changes that move running totals (re-parenting) go through the ledger's locking so
-they cannot interleave with a reservation on the same chain.
+Creating, re-parenting and deleting an account move ledger rows too: they are in
+gateway/accounts/lifecycle.py, so that this module imports nothing from the ledger.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
-from sqlalchemy import delete as sa_delete, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.accounts.models import Account, AccountMember, AccountPoolQuota, AccountQuota
 from gateway.kit.errors import Conflict, Invalid, NotFound
+from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow
 
-ACCOUNT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MAX_DEPTH = 16
 QUOTA_FIELDS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
 # Limits that are absurd rather than merely large: refuse them so a typo cannot disable a quota.
@@ -117,92 +116,7 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
 
 def _check_name(name: str, field: str) -> None:
     if not ACCOUNT_NAME.fullmatch(name):
-        raise Invalid(field, "must match ^[a-z0-9][a-z0-9-]{0,62}$")
-
-
-def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "",
-           priority_class: str | None = None) -> Account:
-    _check_name(name, "body.name")
-    if session.get(Account, name) is not None:
-        raise Conflict(f"account {name!r} exists")
-    if parent_name is not None:
-        get_or_raise(session, name=parent_name, field="body.parent")
-        if len(chain(session, parent_name)) >= MAX_DEPTH:
-            raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
-    acc = Account(name=name, parent_name=parent_name, shares=shares, description=description,
-                  priority_class=priority_class, created_at=utcnow())
-    session.add(acc)
-    session.flush()
-    from gateway.ledger.models import AccountBalance
-
-    session.add(AccountBalance(account_name=name, updated_at=utcnow()))
-    session.flush()
-    return acc
-
-
-def update(session: Session, *, name: str, changes: dict[str, Any], actor: str) -> Account:
-    acc = get_or_raise(session, name=name)
-    if "shares" in changes and changes["shares"] is not None:
-        acc.shares = changes["shares"]
-    if "description" in changes and changes["description"] is not None:
-        acc.description = changes["description"]
-    if "priority_class" in changes:  # null: back to the backend's default class
-        acc.priority_class = changes["priority_class"]
-    if "parent" in changes:
-        new_parent = changes["parent"]
-        if new_parent != acc.parent_name:
-            if new_parent is not None:
-                get_or_raise(session, name=new_parent, field="body.parent")
-                tree = load_tree(session)
-                if new_parent in descendants(tree, name):
-                    raise Invalid("body.parent", f"{new_parent!r} is {name!r} or below it: that would make a cycle")
-                depth = len(chain(session, new_parent)) + _height(tree, name)
-                if depth > MAX_DEPTH:
-                    raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
-            from gateway.ledger.service import move_subtree
-
-            move_subtree(session, account=name, new_parent=new_parent, actor=actor)
-    session.flush()
-    return acc
-
-
-def _height(tree: dict[str, Account], name: str) -> int:
-    kids = children_map(tree)
-
-    def h(n: str) -> int:
-        return 1 + max((h(k) for k in kids.get(n, [])), default=0)
-
-    return h(name)
-
-
-def delete(session: Session, *, name: str) -> None:
-    from gateway.jobs.models import Job
-    from gateway.jobs.states import FINAL_STATES
-    from gateway.ledger.models import AccountBalance, Reservation
-
-    acc = get_or_raise(session, name=name)
-    kids = session.scalar(select(func.count()).select_from(Account).where(Account.parent_name == name))
-    if kids:
-        raise Conflict(f"account {name!r} has {kids} child account(s); delete or move them first")
-    active = session.scalar(select(func.count()).select_from(Job).where(
-        Job.account_name == name, Job.state.not_in([s.value for s in FINAL_STATES])))
-    if active:
-        raise Conflict(f"account {name!r} has {active} active job(s); wait for them or cancel them first")
-    held = session.scalar(select(func.count()).select_from(Reservation).where(
-        Reservation.account_name == name, Reservation.status.in_(["reserved", "started"])))
-    if held:
-        raise Conflict(f"account {name!r} still holds {held} reservation(s)")
-    history = session.scalar(select(func.count()).select_from(Job).where(Job.account_name == name))
-    if history:
-        raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
-                       "to 0 instead of deleting it")
-    from gateway.ledger.models import AccountPoolBalance
-
-    for model in (AccountBalance, AccountPoolBalance, AccountPoolQuota, AccountQuota, AccountMember):
-        session.execute(sa_delete(model).where(model.account_name == name)
-                        .execution_options(synchronize_session="fetch"))
-    session.delete(acc)
-    session.flush()
+        raise Invalid(field, f"must match {ACCOUNT_NAME_RE}")
 
 
 def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str) -> AccountQuota:

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.accounts import service as accounts
+from gateway.accounts import lifecycle, service as accounts
 from gateway.accounts.models import AccountMember
 from gateway.accounts.router import fairshare_out, usage_out
 from gateway.accounts.schemas import QuotaIn
@@ -30,6 +30,7 @@ from gateway.accounts.schemas import POOL_NAME_PATTERN, Pool
 from gateway.identity.dependency import require_admin
 from gateway.identity.principal import Principal
 from gateway.jobs.schemas import normalise_gpu_type
+from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.params import AccountName, UserName
 from gateway.kit.db import get_session
 from gateway.kit.errors import Invalid, problem_responses
@@ -39,7 +40,7 @@ from gateway.ledger.models import GpuBillingWeight
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
-NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+NAME = ACCOUNT_NAME_RE
 USER = r"^[a-z_][a-z0-9_-]{0,31}$"
 CSV = "text/csv"
 USAGE_COLUMNS = ["account", "pool", "period", "jobs", "usage_gpu_seconds", "adjustment_gpu_seconds",
@@ -89,7 +90,7 @@ def _member_out(m: AccountMember) -> MemberOut:
 def create_account(request: Request, response: Response, body: AccountCreate,
                    principal: Principal = Depends(require_admin),
                    session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
-    accounts.create(session, name=body.name, parent_name=body.parent, shares=body.shares,
+    lifecycle.create(session, name=body.name, parent_name=body.parent, shares=body.shares,
                     description=body.description, priority_class=body.priority_class)
     if body.quota is not None:
         accounts.set_quota(session, name=body.name, values=_quota_values(body.quota), actor=principal.subject)
@@ -117,7 +118,7 @@ def get_account(name: AccountName, request: Request, session: Session = Depends(
 def update_account(name: AccountName, request: Request, body: AccountUpdate,
                    principal: Principal = Depends(require_admin),
                    session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
-    accounts.update(session, name=name, changes=body.model_dump(include=body.model_fields_set),
+    lifecycle.update(session, name=name, changes=body.model_dump(include=body.model_fields_set),
                     actor=principal.subject)
     return _admin_account(session, name, _half_life(request))
 
@@ -127,7 +128,7 @@ def update_account(name: AccountName, request: Request, body: AccountUpdate,
                            "or any job history. Its ledger entries are kept.",
                responses=problem_responses(401, 403, 404, 409, 422))
 def delete_account(name: AccountName, session: Session = Depends(get_session, scope="function")) -> Response:
-    accounts.delete(session, name=name)
+    lifecycle.delete(session, name=name)
     return Response(status_code=204)
 
 

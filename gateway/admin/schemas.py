@@ -9,9 +9,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.accounts.schemas import AccountUsageOut, FairShareOut, MemberRole, Pool, QuotaIn
+from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.ledger.models import ENTRY_KINDS
 
-NAME = r"^[a-z0-9][a-z0-9-]{0,62}$"
+NAME = ACCOUNT_NAME_RE
 USER = r"^[a-z_][a-z0-9_-]{0,31}$"
 # A Kubernetes object name (DNS-1123 subdomain), as a WorkloadPriorityClass is named.
 PRIORITY_CLASS = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

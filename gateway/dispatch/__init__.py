@@ -1,0 +1,13 @@
+"""The control loop: fair-share dispatch, routing, submission, reconciliation, recovery.
+
+One module per part of the loop (see gateway/dispatch/dispatcher.py); the names other code
+imports are re-exported here.
+"""
+
+from gateway.dispatch.claim import accounts_with_pending, pending_order
+from gateway.dispatch.common import ACTOR, FOLLOWED, RECONCILER, submit_request
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.status import BACKEND_TO_JOB, requeued_at
+
+__all__ = ["ACTOR", "BACKEND_TO_JOB", "FOLLOWED", "RECONCILER", "Dispatcher", "accounts_with_pending",
+           "pending_order", "requeued_at", "submit_request"]

@@ -14,8 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_POSIX_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_ACCOUNT = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+from gateway.kit.names import ACCOUNT_NAME, POSIX_USER_RE
+
+_POSIX_USER = re.compile(POSIX_USER_RE)
+_ACCOUNT = ACCOUNT_NAME
 
 
 class ClaimsMapping(BaseModel):

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.identity.authn import ALLOWED_ALGS, InvalidToken, TrustedIssuer
 from gateway.identity.claims import ClaimsMapping
+from gateway.identity.errors import ConfigurationError
 from gateway.kit.settings import Settings
 
 log = logging.getLogger("isthmus.identity")
@@ -285,8 +286,6 @@ def issuers_from_config(configs: list[dict], settings: Settings) -> list[Trusted
     Raises:
         ConfigurationError: an entry is invalid; the message names it and the field.
     """
-    from gateway.identity.setup import ConfigurationError
-
     if not isinstance(configs, list):
         raise ConfigurationError("ISTHMUS_OIDC_ISSUERS must be a JSON list of issuer objects")
     parsed: list[IssuerConfig] = []

@@ -5,11 +5,10 @@ from __future__ import annotations
 from gateway.identity.authn import Authenticator, StaticKeySource, TrustedIssuer
 from gateway.identity.claims import ClaimsMapping
 from gateway.identity.dev import DevIssuer
+from gateway.identity.errors import ConfigurationError
 from gateway.kit.settings import Settings
 
-
-class ConfigurationError(RuntimeError):
-    """The identity settings cannot work; the gateway must not start."""
+__all__ = ["ConfigurationError", "build_authenticator", "build_dev_issuer"]
 
 
 def build_dev_issuer(settings: Settings) -> DevIssuer:

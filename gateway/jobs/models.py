@@ -17,7 +17,7 @@ class Job(Base):
     __tablename__ = "job"
     __table_args__ = (
         # The dispatcher's queue: pending jobs per account by priority then age
-        # (gateway/dispatch/service.py pending_order); also serves the distinct-account scan.
+        # (gateway/dispatch/claim.py pending_order); also serves the distinct-account scan.
         Index("ix_job_queue", "state", "account_name", text("priority DESC"), "id"),
         Index("ix_job_account_id", "account_name", "id"),
         # A user's waiting jobs, counted (up to the cap) at each submit (jobs/service.py).

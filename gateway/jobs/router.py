@@ -20,6 +20,7 @@ from gateway.jobs.schemas import (
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
 from gateway.kit.errors import Forbidden, Invalid, problem_responses
+from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.timeutil import as_utc
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -199,7 +200,7 @@ def list_jobs(
     principal: CurrentPrincipal,
     session: DbSession,
     state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
-    account: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")] = None,
+    account: Annotated[str | None, Query(pattern=ACCOUNT_NAME_RE)] = None,
     pool: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63,
                                       description="Pool asked for or routed to.")] = None,
     backend: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63, deprecated=True,

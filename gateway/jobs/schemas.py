@@ -10,9 +10,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.jobs.states import JobState
+from gateway.kit.names import ACCOUNT_NAME_RE, JOB_NAME_RE
 
-NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-ACCOUNT_RE = r"^[a-z0-9][a-z0-9-]{0,62}$"
+NAME_RE = JOB_NAME_RE
+ACCOUNT_RE = ACCOUNT_NAME_RE
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")

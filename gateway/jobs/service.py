@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import String, bindparam, func, literal, null, select
@@ -120,6 +120,109 @@ def mark_submitted(session: Session, *, job_id: str, backend_job_id: str, actor:
         log.info("dispatching -> queued: %s", reason, extra={"job_id": job_id, "backend_job_id": backend_job_id,
                                                                 "actor": actor})
     return done
+
+
+# ------------------------------------------------------------ named transitions
+# The dispatcher changes a job only through these (gateway/dispatch/): each says which
+# fields move together with the state, so no caller sets half of them.
+
+_WAIT_TAIL = " (fair-share position"
+
+
+def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime,
+          actor: str, data: dict[str, Any] | None = None) -> None:
+    """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``."""
+    job.backend = pool
+    job.held_gpus = held_gpus
+    job.routing_reason = reason
+    job.next_attempt_at = lease_until
+    job.dispatch_attempts += 1
+    set_state(session, job, JobState.DISPATCHING, actor=actor, reason=reason, data=data)
+
+
+def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str) -> None:
+    """A dispatcher re-drives an expired claim: it holds the claim until ``until``."""
+    job.next_attempt_at = until
+    record_event(session, job, actor=actor, kind="recovery", reason=reason)
+
+
+def note_waiting(session: Session, job: Job, *, reason: str, actor: str) -> None:
+    """Keep the latest 'why is my job not running' on the job; an event when it changes.
+
+    The fair-share position alone changing is not a new reason worth an event.
+    """
+    if job.state_reason == reason:
+        return
+    if job.state_reason.split(_WAIT_TAIL)[0] != reason.split(_WAIT_TAIL)[0]:
+        record_event(session, job, actor=actor, kind="waiting", reason=reason)
+    job.state_reason = reason
+
+
+def return_to_pending(session: Session, job: Job, *, retry_at: datetime, actor: str, reason: str) -> None:
+    """``dispatching`` -> ``pending`` (its pool dropped), retried from ``retry_at``."""
+    set_state(session, job, JobState.PENDING, actor=actor, reason=reason)
+    job.backend = None
+    job.next_attempt_at = retry_at
+
+
+def defer_retry(session: Session, job: Job, *, retry_at: datetime, actor: str, reason: str) -> None:
+    """No state change; the next attempt at this job waits until ``retry_at``."""
+    record_event(session, job, actor=actor, kind="retry", reason=reason)
+    job.next_attempt_at = retry_at
+
+
+def record_submission(session: Session, job: Job, *, backend_job_id: str, actor: str, reason: str,
+                      data: dict[str, Any]) -> bool:
+    """The general path of :func:`mark_submitted` (the job is loaded and locked).
+
+    A ``dispatching`` job becomes ``queued``; a job cancelled meanwhile keeps its state and
+    gets an event. Returns whether the job is final (the caller cancels the backend job).
+    """
+    job.backend_job_id = backend_job_id
+    job.next_attempt_at = None
+    if job.state == JobState.DISPATCHING.value:
+        set_state(session, job, JobState.QUEUED, actor=actor, reason=reason, data=data)
+        return False
+    record_event(session, job, actor=actor, kind="submitted", reason=f"{reason}; cancelling it")
+    return JobState(job.state).final
+
+
+def observe(job: Job, *, backend_job_id: str | None = None, nodes: list[str] | None = None) -> None:
+    """Record the backend's id (once) and the nodes a backend reports for the job."""
+    if backend_job_id and not job.backend_job_id:
+        job.backend_job_id = backend_job_id
+    if nodes:
+        job.nodes = list(nodes)
+
+
+def note_backend(session: Session, job: Job, *, reason: str, actor: str, data: dict[str, Any]) -> bool:
+    """The backend's words changed while the state did not: keep them, with an event."""
+    if reason == job.state_reason:
+        return False
+    record_event(session, job, actor=actor, kind="backend", reason=reason, data=data)
+    job.state_reason = reason
+    return True
+
+
+def mark_started(job: Job, started_at: datetime | None) -> None:
+    """The current run's start (None: not known)."""
+    job.started_at = started_at
+
+
+def clear_run(job: Job) -> None:
+    """The gang was taken down (requeue): the next ``running`` records the new start."""
+    job.started_at = None
+
+
+def finish(session: Session, job: Job, target: JobState, *, ended_at: datetime, actor: str, reason: str,
+           exit_code: int | None = None, data: dict[str, Any] | None = None) -> None:
+    """Move to the final state ``target`` at ``ended_at``, with the exit code the job reports."""
+    if not target.final:
+        raise ValueError(f"{target.value} is not a final state")
+    job.exit_code = exit_code
+    job.ended_at = ended_at
+    job.next_attempt_at = None
+    set_state(session, job, target, actor=actor, reason=reason, data=data)
 
 
 def final_exit_code(target: JobState, exit_code: int | None) -> int | None:

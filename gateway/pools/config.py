@@ -19,10 +19,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gateway.dispatch.backends import ADAPTER_MODULES, BackendConfigError, settings_of
+from gateway.pools.adapters import ADAPTER_MODULES, BackendConfigError, settings_of
 
-# RFC 1123 label: what a Kubernetes object name, a metric label and a URL path all accept.
-POOL_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+from gateway.kit.names import POOL_NAME  # noqa: E402  (an RFC 1123 label, used with fullmatch)
+
 POOL_STATES = ("active", "draining", "disabled")
 POOL_KINDS = tuple(sorted(ADAPTER_MODULES))
 MAX_COST = 1000.0
@@ -160,7 +160,7 @@ def load(settings: Any) -> list[PoolConfig]:
 
 def build(pools: list[PoolConfig]) -> dict[str, Any]:
     """One adapter per pool, chosen by the pool's KIND (adapters.base.registered)."""
-    from gateway.dispatch.backends import build_backend
+    from gateway.pools.adapters import build_backend
 
     backends = {}
     try:

@@ -62,7 +62,7 @@ def reconcile(session, pools, *, now=None) -> list[str]:
     """
     from sqlalchemy import func, select
 
-    from gateway.dispatch.backends import BackendConfigError
+    from gateway.pools.adapters import BackendConfigError
     from gateway.jobs.models import Job
     from gateway.pools.models import Pool
 

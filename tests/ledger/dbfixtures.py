@@ -80,9 +80,9 @@ T0 = datetime(2026, 11, 2, 12, 0, tzinfo=timezone.utc)
 
 
 def add_account(session, name, parent=None, shares=1, **quota):
-    from gateway.accounts import service as accounts
+    from gateway.accounts import lifecycle, service as accounts
 
-    accounts.create(session, name=name, parent_name=parent, shares=shares)
+    lifecycle.create(session, name=name, parent_name=parent, shares=shares)
     if quota:
         accounts.set_quota(session, name=name, values=quota, actor="test")
 

@@ -140,7 +140,7 @@ def test_reparenting_while_reserving_keeps_every_subtree_total_right(pg_url):
     account's running totals must still equal the sum of its subtree's entries, and no
     reservation may fail with a deadlock or lose its entry.
     """
-    from gateway.accounts import service as accounts
+    from gateway.accounts import lifecycle as accounts
     from gateway.accounts.models import Account
 
     engine = make_engine(pg_url, pool_size=12)

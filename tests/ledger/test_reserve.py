@@ -143,7 +143,7 @@ def test_admin_adjustments_move_the_budget(factory):
 
 
 def test_reparent_moves_running_totals(factory):
-    from gateway.accounts import service as accounts
+    from gateway.accounts import lifecycle as accounts
     from gateway.kit.errors import Invalid
 
     with in_tx(factory) as s:

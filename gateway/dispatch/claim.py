@@ -1,0 +1,161 @@
+"""The claim: pick pending jobs in fair-share order, admit and route each, in one transaction.
+
+Exactly-once dispatch rests on three rules (docs/dispatch.md):
+
+1. A job is claimed (pending -> dispatching, ledger reservation, routing decision) in ONE
+   transaction, with ``FOR UPDATE SKIP LOCKED`` on Postgres so concurrent dispatchers
+   never claim the same row. The claim carries a lease (``next_attempt_at``).
+2. The backend call happens outside any transaction and is idempotent by the gateway job
+   id (gateway/dispatch/submit.py).
+3. A claim whose process died (lease expired while still ``dispatching``) is re-driven by
+   any dispatcher (gateway/dispatch/recovery.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from adapters.base import SubmitRequest
+from gateway.dispatch.common import ACTOR, _is_deadlock, log, submit_request
+from gateway.jobs import service as jobs
+from gateway.jobs.models import Job
+from gateway.jobs.states import JobState
+from gateway.kit.db import transaction
+from gateway.kit.errors import QuotaExceeded
+from gateway.ledger import service as ledger
+from gateway.routing.service import JobShape, PoolView, held_gpus, route, take
+
+# A loose index scan over ix_job_queue: one index probe per account with pending jobs,
+# instead of reading every pending row (100,000 rows -> ~1,000 probes). Works on SQLite too.
+_ACCOUNTS_WITH_PENDING = text("""
+WITH RECURSIVE acc(name) AS (
+    SELECT (SELECT account_name FROM job WHERE state = :state ORDER BY account_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT account_name FROM job WHERE state = :state AND account_name > acc.name
+            ORDER BY account_name LIMIT 1)
+    FROM acc WHERE acc.name IS NOT NULL
+)
+SELECT name FROM acc WHERE name IS NOT NULL
+""")
+
+
+def accounts_with_pending(session: Session) -> list[str]:
+    return list(session.execute(_ACCOUNTS_WITH_PENDING, {"state": JobState.PENDING.value}).scalars())
+
+
+def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
+                  factors: dict[str, float]) -> list[Job]:
+    """The next ``limit`` dispatchable pending jobs in fair-share order.
+
+    Accounts by fair-share factor (highest first), within an account by priority then
+    age. Uses the (state, account_name, priority, id) index: one small query per account
+    with pending work, never a scan of every pending job.
+    """
+    due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
+    accounts = sorted(accounts_with_pending(session), key=lambda a: (-factors.get(a, 0.0), a))
+    picked: list[Job] = []
+    for account in accounts:
+        if len(picked) >= limit:
+            break
+        stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
+                .order_by(Job.priority.desc(), Job.id).limit(limit - len(picked)))
+        if lock:
+            stmt = stmt.with_for_update(skip_locked=True)
+        picked.extend(session.scalars(stmt))
+    return picked
+
+
+class ClaimMixin:
+    def dispatch_round(self) -> list[str]:
+        """Claim and submit up to ``dispatch_batch`` jobs. Returns the claimed job ids."""
+        if not self.backends:
+            return []
+        fresh_views = self.views(fresh=True)
+        is_pg = not self.settings.is_sqlite
+        for attempt in range(1, 4):
+            views = {name: dataclasses.replace(v) for name, v in fresh_views.items()}
+            now = self.clock()
+            claimed: list[str] = []
+            prepared: dict[str, tuple[str, SubmitRequest]] = {}
+            self._limited = {}  # account -> a limit is set in its chain (this round)
+            try:
+                with transaction(self.sessions) as s:
+                    factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
+                    for position, job in enumerate(pending_order(s, now=now, limit=self.settings.dispatch_batch,
+                                                                lock=is_pg, factors=factors), start=1):
+                        self._claim_one(s, job, views, now, position)
+                        if job.state == JobState.DISPATCHING.value:
+                            claimed.append(job.id)
+                            prepared[job.id] = (job.backend, submit_request(
+                                job, first_attempt=self._first_attempt(job, False)))
+                break
+            except (ledger.ChainChanged, OperationalError) as exc:
+                # The account tree moved under a reservation, or two dispatchers locked two
+                # account chains in opposite orders (Postgres aborts one): nothing of this
+                # claim was written; claim again.
+                if isinstance(exc, OperationalError) and not _is_deadlock(exc) or attempt == 3:
+                    raise
+                log.info("claim round %d rolled back (%s); retrying", attempt, type(exc).__name__)
+        if claimed and self.settings.debug_pause_after_claim_s:
+            time.sleep(self.settings.debug_pause_after_claim_s)  # crash window 1 (tests)
+        self._submit_all(claimed, prepared=prepared)
+        return claimed
+
+    @staticmethod
+    def _first_attempt(job: Job, recovering: bool) -> bool:
+        # The first claim of a job is the only one that can have submitted it; a retry or a
+        # recovery must let the adapter look for an earlier submission.
+        return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
+
+    def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
+        shape = JobShape.of(job)
+        verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
+                                        time_limit_s=job.time_limit_s, gpu_type=(job.spec or {}).get("gpu_type"),
+                                        now=now)
+        if verdict is not None and verdict[0] == "never":
+            jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
+            return
+        if verdict is not None:  # not this period: held with the reason, never "waiting for capacity"
+            self._note_waiting(s, job, f"held: {verdict[1]}")
+            return
+        refusals: dict[str, str] = {}
+        # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
+        held = {name: held_gpus(shape, view) for name, view in views.items()}
+        # For a pinned job, reserve() below applies the same rule; checking first only helps
+        # routing choose between pools.
+        # Asked pool by pool only when a limit is set in the account's chain (once per account
+        # and round: with many pools, the check per pool is most of a round's queries).
+        limited = self._limited.get(job.account_name)
+        if limited is None and job.requested_backend == "auto" and len(views) > 1:
+            limited = self._limited[job.account_name] = ledger.chain_has_limits(s, job.account_name)
+        if job.requested_backend == "auto" and len(views) > 1 and limited:
+            for name in views:
+                ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
+                if not ok:
+                    refusals[name] = why
+        decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
+                         queue_depth=self.settings.pool_queue_depth, cost_factor=self.settings.routing_cost_factor)
+        if decision.rejected:
+            jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {decision.reason}")
+            return
+        if decision.pool is None:
+            self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
+            return
+        try:  # reserve() writes nothing when it refuses: no savepoint needed
+            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
+        except QuotaExceeded as exc:
+            self._note_waiting(s, job, f"quota: {exc.detail}")
+            return
+        jobs.claim(s, job, pool=decision.pool, held_gpus=held[decision.pool], reason=decision.reason,
+                   lease_until=now + timedelta(seconds=self.settings.dispatch_lease_s), actor=ACTOR,
+                   data={"pool": decision.pool, "fairshare_position": position})
+        take(shape, views[decision.pool])
+
+    def _note_waiting(self, s: Session, job: Job, reason: str) -> None:
+        jobs.note_waiting(s, job, reason=reason, actor=ACTOR)

@@ -1,0 +1,288 @@
+"""Reconciliation (polling): follow jobs on their backends, record what they say, charge the ledger."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from adapters.base import Backend, BackendError, JobNotFound, JobStatus
+from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
+from gateway.dispatch.status import absence, meaning, step
+from gateway.jobs import service as jobs
+from gateway.jobs.models import Job
+from gateway.jobs.states import JobState
+from gateway.kit.db import transaction
+from gateway.kit.logs import with_job_id
+from gateway.kit.timeutil import as_utc
+from gateway.ledger import service as ledger
+from gateway.ledger.models import Reservation
+
+
+class ReconcileMixin:
+    # Above this many followed jobs on one backend, one listing of every gateway job beats
+    # a status call per job (Slurm: one squeue/REST listing; Kubernetes: three list calls).
+    LIST_THRESHOLD = 5
+
+    def reconcile_round(self, *, full: bool = True, only_cancelling: bool = False) -> int:
+        """Poll jobs on their backends; returns how many changed.
+
+        Args:
+            full: poll every followed job. The control loop passes False: on a backend whose
+                watch is open, a job is then polled only once per ``reconcile_resync_s``
+                (the safety net), unless it needs an active call (``cancelling``), has no
+                backend id yet, or was missing at the last poll (the lost-job count).
+            only_cancelling: poll only ``cancelling`` jobs (a cancel woke the loop).
+        """
+        states = [JobState.CANCELLING.value] if only_cancelling else [st.value for st in FOLLOWED]
+        with transaction(self.sessions) as s:
+            rows = s.execute(select(Job.id, Job.backend, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
+                Job.state.in_(states))).all()
+        now = self.clock()
+        mono = time.monotonic()
+        resync = {pool for pool in self.backends
+                  if full or not self.watch_live(pool)
+                  or mono - self._resynced_at.get(pool, -math.inf) >= self.settings.reconcile_resync_s}
+        if not only_cancelling:
+            for pool in resync:
+                self._resynced_at[pool] = mono
+        by_backend: dict[str, list] = {}
+        for row in rows:
+            if row.backend_job_id is None and row.next_attempt_at is not None and as_utc(row.next_attempt_at) > now:
+                continue  # a dispatcher holds the claim and its submission may be in flight
+            if (row.backend not in resync and row.state != JobState.CANCELLING.value
+                    and row.backend_job_id is not None and row.id not in self._misses):
+                continue  # its backend's watch follows it; the next resync double-checks
+            by_backend.setdefault(row.backend or "", []).append(row)
+        changed = 0
+        for pool, jobs_here in by_backend.items():
+            backend = self.backends.get(pool)
+            if backend is None:
+                continue
+            listed = self._list_statuses(backend) if len(jobs_here) > self.LIST_THRESHOLD else {}
+            for job_id, _pool, backend_job_id, state, _lease in jobs_here:
+                try:
+                    if state == JobState.CANCELLING.value:
+                        status = self._cancel_on_backend(backend, job_id, backend_job_id)
+                    elif backend_job_id is None:  # adopt only what the adapter proves is ours
+                        status = self._find_submitted(backend, job_id)
+                    elif backend_job_id in listed:
+                        status = listed[backend_job_id]
+                    else:  # not in the listing: ask directly (finished, purged or never listed)
+                        status = backend.status(backend_job_id)
+                except JobNotFound:
+                    status = None
+                except BackendError as exc:
+                    log.warning("reconcile %s on %s: %s", job_id, pool, exc.message)
+                    continue
+                changed += self.apply_status(job_id, status)
+        return changed
+
+    def accrue_round(self) -> int:
+        """Charge running gangs' usage so far, once per ``usage_accrual_interval_s`` each.
+
+        Fair share and usage reports then see long jobs while they run (docs/ledger.md).
+        Returns how many jobs were charged.
+        """
+        interval = self.settings.usage_accrual_interval_s
+        if not interval:
+            return 0
+        now = self.clock()
+        due = now - timedelta(seconds=interval)
+        with transaction(self.sessions) as s:
+            ids = list(s.scalars(select(Reservation.job_id).where(
+                Reservation.status == "started",
+                func.coalesce(Reservation.accrued_at, Reservation.started_at) <= due)))
+        charged = 0
+        for job_id in ids:
+            try:
+                with transaction(self.sessions) as s:
+                    job = s.get(Job, job_id, with_for_update=True)
+                    if job is None or job.state != JobState.RUNNING.value:
+                        continue
+                    charged += bool(ledger.accrue_usage(s, job=job, now=now, actor=RECONCILER))
+            except ledger.ChainChanged:
+                continue  # the account tree moved meanwhile: the next round charges it
+        return charged
+
+    def _list_statuses(self, backend: Backend) -> dict[str, JobStatus]:
+        """``backend_job_id -> status`` of every listed gateway job.
+
+        Keyed by the backend's own id, never by the gateway id the job carries: anyone who
+        can submit can write ``isthmus:<id>`` into a Slurm comment (docs/dispatch.md, "Job
+        identity").
+        """
+        try:
+            return {st.backend_job_id: st for st in backend.list_gateway_jobs() if st.backend_job_id}
+        except BackendError:  # Unsupported or a failed listing: fall back to one call per job
+            return {}
+
+    def _find_submitted(self, backend: Backend, job_id: str) -> JobStatus | None:
+        """The backend job the gateway submitted for ``job_id`` (mapped user, pool, submit window)."""
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id)
+            request = submit_request(job) if job is not None else None
+        if request is None:
+            return None
+        return backend.find_by_gateway_id(job_id, request=request)
+
+    def _cancel_on_backend(self, backend: Backend, job_id: str, backend_job_id: str | None) -> JobStatus | None:
+        if backend_job_id is None:
+            found = self._find_submitted(backend, job_id)
+            if found is None:
+                return None
+            backend_job_id = found.backend_job_id
+        backend.cancel(backend_job_id)
+        return backend.status(backend_job_id)
+
+    @with_job_id
+    def apply_status(self, job_id: str, status: JobStatus | None, *, via: str = "poll") -> int:
+        """Record what the backend says about one job; charge the ledger from real times.
+
+        ``via`` ("poll" or "watch") is kept on the job's events: how the change was seen.
+        """
+        with transaction(self.sessions) as s:
+            job = s.get(Job, job_id, with_for_update=True)
+            if job is None or JobState(job.state).final:
+                return 0
+            now = self.clock()
+            if status is None:
+                gone = absence(JobState(job.state))
+                if gone == "cancelled":
+                    return self._finish(s, job, JobState.CANCELLED, "cancelled (no job left on the backend)",
+                                        None, now, None)
+                if gone == "wait" or not self._missing_long_enough(job.id):
+                    return 0  # one miss is not a loss (backend restarting, a stale listing)
+                return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.backend}", None, now,
+                                    job.started_at)
+            seen = meaning(state=JobState(job.state), started_at=as_utc(job.started_at),
+                           backend_job_id=job.backend_job_id, status=status, now=now)
+            if seen.foreign:
+                # Not the submission the registry recorded (e.g. a job someone else submitted
+                # with this gateway id in its comment): it says nothing about this job.
+                log.warning("ignoring %s job %s: job %s is recorded as %s job %s", job.backend,
+                            status.backend_job_id, job.id, job.backend, job.backend_job_id)
+                return 0
+            self._misses.pop(job.id, None)
+            # Only statuses the adapter matched to our submission get here (find_by_gateway_id
+            # with the job's request); the watch defers jobs without a recorded id.
+            jobs.observe(job, backend_job_id=status.backend_job_id, nodes=list(status.nodes))
+            target, reason = seen.target, seen.reason
+            if seen.awaiting_cancel:
+                return 0  # still waiting for the backend to confirm the cancel
+            if seen.requeued_at is not None:
+                # Requeued or preempted on the backend (docs/dispatch.md, "Requeues").
+                changed = self._requeue(s, job, status, seen.requeue_reason, seen.requeued_at, now, via)
+                if job.state != JobState.REQUEUED.value or not seen.after_requeue:
+                    return changed
+                # ... and running again (or ended) already: record that run below.
+            if target in (JobState.RUNNING,) and job.started_at is None:
+                jobs.mark_started(job, self._run_start(s, job, as_utc(status.started_at) or now))
+                ledger.record_start(s, job=job, started_at=job.started_at, actor=RECONCILER)
+            how = step(JobState(job.state), target)
+            if how == "finish":
+                started = job.started_at or self._run_start(s, job, as_utc(status.started_at), final=True)
+                ended = as_utc(status.ended_at) or now
+                if started and job.started_at is None:
+                    jobs.mark_started(job, started)
+                return self._finish(s, job, target, reason, status.exit_code, ended, started, status, via=via)
+            if how == "note":
+                return int(jobs.note_backend(s, job, reason=reason, actor=RECONCILER,
+                                             data={"raw_state": status.raw_state, "via": via}))
+            jobs.set_state(s, job, target, actor=RECONCILER, reason=reason,
+                           data={"raw_state": status.raw_state, "nodes": list(status.nodes),
+                                 "allocated_gpus": status.allocated_gpus, "via": via})
+            return 1
+
+    def _requeue(self, s: Session, job: Job, status: JobStatus, reason: str, at: datetime, now: datetime,
+                 via: str) -> int:
+        """A running gang was taken down at ``at`` and queued again: charge what it ran, re-admit it.
+
+        Its next run is admitted again against the account's GPU-hour budgets; a job that no
+        longer fits is cancelled (on the backend too) with the budget's words as the reason.
+        """
+        started = as_utc(job.started_at) or at
+        outcome = ledger.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now)
+        ran_s = int((at - started).total_seconds())
+        jobs.clear_run(job)  # the next RUNNING records the new start
+        jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
+                       reason=f"requeued by {job.backend} after running {ran_s} s: {reason}",
+                       data={"raw_state": status.raw_state, "ran_s": ran_s,
+                             "charged_gpu_seconds": outcome.charged_gpu_seconds, "requeued_at": at.isoformat(),
+                             "via": via})
+        if outcome.over_budget:
+            jobs.set_state(s, job, JobState.CANCELLING, actor=RECONCILER,
+                           reason=f"cancelled at requeue: over budget: {outcome.over_budget}",
+                           data={"over_budget": outcome.over_budget, "via": via})
+            self._reconcile_wake.set()  # the polling thread cancels it on the backend now
+        return 1
+
+    def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:
+        """The start of the current run: never before the job's last requeue.
+
+        A backend may still report the first run's start after a requeue. For a running job
+        the run began at the requeue at the earliest; for a job that ended, an older start
+        means it never ran again.
+        """
+        if started is None:
+            return None
+        requeued_at = ledger.last_requeue_at(s, job_id=job.id)
+        if requeued_at is None or started >= requeued_at:
+            return started
+        return None if final else requeued_at
+
+    LOST_AFTER_MISSES = 3
+    LOST_AFTER_S = 10.0
+
+    def _missing_long_enough(self, job_id: str) -> bool:
+        count, first = self._misses.get(job_id, (0, time.monotonic()))
+        self._misses[job_id] = (count + 1, first)
+        return count + 1 >= self.LOST_AFTER_MISSES and time.monotonic() - first >= self.LOST_AFTER_S
+
+    def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
+                ended: datetime, started: datetime | None, status: JobStatus | None = None, *,
+                via: str = "poll") -> int:
+        exit_code = jobs.final_exit_code(target, exit_code)
+        if started is not None:
+            # A short job can start and end between two rounds: record its start too.
+            ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
+            ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER)
+        elif ledger.last_requeue_at(s, job_id=job.id) is not None:
+            # Ended while requeued: its earlier runs were charged; close the reservation as
+            # finished (not released) so that usage stays on record and refundable.
+            ledger.record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER)
+        else:
+            ledger.release(s, job=job, actor=RECONCILER, reason=f"ended without starting: {reason}")
+        data = {"exit_code": exit_code, "via": via}
+        if status is not None:
+            data.update(raw_state=status.raw_state, nodes=list(status.nodes))
+        jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
+        return 1
+
+    # ------------------------------------------------------------ orphans
+
+    def orphans(self) -> list[dict]:
+        """Backend jobs carrying a gateway id the registry does not know, or that are not the
+        backend job it recorded for that id (e.g. someone else's job with a copied comment)."""
+        out: list[dict] = []
+        for name, backend in self.backends.items():
+            try:
+                listed = list(backend.list_gateway_jobs())
+            except BackendError as exc:
+                out.append({"backend": name, "error": exc.message})
+                continue
+            ids = [st.gateway_job_id for st in listed if st.gateway_job_id]
+            with transaction(self.sessions) as s:
+                known = dict(s.execute(select(Job.id, Job.backend_job_id).where(Job.id.in_(ids))).all()) \
+                    if ids else {}
+            for st in listed:
+                if not st.gateway_job_id:
+                    continue
+                recorded = known.get(st.gateway_job_id, "")
+                if st.gateway_job_id not in known or (recorded and recorded != st.backend_job_id):
+                    out.append({"backend": name, "backend_job_id": st.backend_job_id,
+                                "gateway_job_id": st.gateway_job_id, "state": st.state.value})
+        return out
