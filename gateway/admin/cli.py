@@ -131,8 +131,14 @@ def quota(name, unset, per_pool, url, token, as_json, **limits) -> None:
             body["max_gpus_per_pool"][pool_name] = int(n) if n else None
     body.update({u.replace("-", "_"): None for u in unset})
     data = Client(url, token).call("PUT", f"/v1/admin/accounts/{name}/quota", json=body)
+    def limits(q: dict) -> list[tuple[str, dict]]:
+        # Per-pool limits as max_gpus[POOL]; the deprecated per-kind fields are left out.
+        out = [(k, v) for k, v in q.items() if isinstance(v, dict) and "value" in v
+               and k not in ("max_gpus_slurm", "max_gpus_kubernetes")]
+        return out + [(f"max_gpus[{p}]", v) for p, v in sorted((q.get("max_gpus_per_pool") or {}).items())]
+
     _emit(data, as_json, lambda a: "\n".join(f"{k:26} {v['value']!s:>12}  (from {v['source'] or '-'})"
-                                             for k, v in a["quota"].items() if isinstance(v, dict)))
+                                             for k, v in limits(a["quota"])))
 
 
 @admin.group()
