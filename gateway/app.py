@@ -15,7 +15,8 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.accounts.router import router as accounts_router
 from gateway.admin.router import router as admin_router
-from gateway.dispatch.backends import build_backends
+from gateway.pools.config import build as build_pools, load as load_pools
+from gateway.pools.service import reconcile_at_startup as reconcile_pools
 from gateway.dispatch.service import Dispatcher
 from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
@@ -29,7 +30,7 @@ from gateway.kit.limits import BodyLimitMiddleware
 from gateway.kit.settings import Settings, get_settings
 from gateway.metrics.router import router as metrics_router
 from gateway.pools import service as pools
-from gateway.pools.router import router as pools_router
+from gateway.pools.router import admin_router as pools_admin_router, router as pools_router
 from gateway.ui.apidocs import install as install_api_docs
 from gateway.ui.router import install as install_ui
 from gateway.webhooks.router import account_router as webhooks_router, admin_router as admin_webhooks_router
@@ -142,7 +143,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.dev_mode:
             log.warning("DEV MODE: the local development issuer is trusted; do not use in production")
             _seed_dev_accounts(app, settings)
-        app.state.backends = build_backends(settings.backends)
+        pool_configs = load_pools(settings)
+        pool_notes = reconcile_pools(app.state.sessionmaker, pool_configs)
+        for note in pool_notes:
+            log.info("%s", note)
+        app.state.pools = {p.name: p for p in pool_configs}
+        app.state.backends = build_pools(pool_configs)
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
                                           settings=settings)
         if app.state.backends and settings.dispatch_in_serve:
@@ -184,6 +190,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin_router)
     app.include_router(identity_router)
     app.include_router(pools_router)
+    app.include_router(pools_admin_router)
     app.include_router(metrics_router)
     install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN
     install_ui(app)  # the /ui dashboard (docs/ui.md)

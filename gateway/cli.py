@@ -81,18 +81,18 @@ def _check_pools(settings) -> None:
     (in the log format the gateway uses, so a JSON log stays all JSON)."""
     import logging
 
-    from gateway.dispatch.backends import BackendConfigError, build_backends
+    from gateway.dispatch.backends import BackendConfigError
     from gateway.kit.logs import configure as configure_logging
     from gateway.pools.service import probe
 
     try:
-        backends = build_backends(settings.backends)
+        backends = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(settings.log_level, settings.log_format)
     log = logging.getLogger("isthmus.pools")
     if not backends:
-        log.warning("no pool is configured (ISTHMUS_BACKENDS is empty): jobs are accepted but wait "
+        log.warning("no pool is configured (ISTHMUS_POOLS_FILE and ISTHMUS_BACKENDS are empty): jobs are accepted but wait "
                     "until one is; see docs/slurm.md and docs/kubernetes.md")
     try:
         for name, backend in sorted(backends.items()):
@@ -107,6 +107,28 @@ def _check_pools(settings) -> None:
             backend.close()
 
 
+def _pools_at_startup(settings) -> dict:
+    """Validate the pools, reconcile them into the ``pool`` table, build their adapters.
+
+    Raises BackendConfigError (one line) for a bad configuration or a vanished pool that
+    still has active jobs. The table is only written when the database has it (migrated).
+    """
+    from sqlalchemy import inspect
+
+    from gateway.kit.db import make_engine, make_sessionmaker
+    from gateway.pools.config import build, load
+    from gateway.pools.service import reconcile_at_startup
+
+    pools = load(settings)
+    engine = make_engine(settings.database_url, pool_size=1)
+    try:
+        if inspect(engine).has_table("pool"):
+            reconcile_at_startup(make_sessionmaker(engine), pools)
+    finally:
+        engine.dispose()
+    return build(pools)
+
+
 @main.command()
 @click.option("--once", is_flag=True, help="run one recover/dispatch/reconcile round and exit")
 def worker(once: bool) -> None:
@@ -114,7 +136,6 @@ def worker(once: bool) -> None:
     import logging
     import signal
 
-    from gateway.dispatch.backends import build_backends
     from gateway.dispatch.service import Dispatcher
     from gateway.kit.db import make_engine, make_sessionmaker
 
@@ -125,11 +146,11 @@ def worker(once: bool) -> None:
     from gateway.dispatch.backends import BackendConfigError
 
     try:
-        backends = build_backends(settings.backends)
+        backends = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if not backends:
-        raise click.ClickException("no pool configured: set ISTHMUS_BACKENDS (see docs/slurm.md, docs/kubernetes.md)")
+        raise click.ClickException("no pool configured: set ISTHMUS_POOLS_FILE or ISTHMUS_BACKENDS (see docs/pools.md)")
     engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
     sessions = make_sessionmaker(engine)
     dispatcher = Dispatcher(sessions=sessions, backends=backends, settings=settings)
@@ -242,7 +263,7 @@ def account_create(name: str, parent: str | None, shares: int) -> None:
 
 
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("account", "ACCOUNT"), ("user", "USER"), ("state", "STATE"),
-               ("assigned_backend", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
+               ("assigned_pool", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
 
 
 TASK_COLUMNS = [("array_index", "INDEX"), ("id", "ID"), ("state", "STATE"), ("assigned_backend", "POOL"),
@@ -250,7 +271,7 @@ TASK_COLUMNS = [("array_index", "INDEX"), ("id", "ID"), ("state", "STATE"), ("as
 
 
 def _job_detail(job: dict) -> str:
-    keys = ["id", "name", "account", "user", "state", "state_reason", "backend", "assigned_backend",
+    keys = ["id", "name", "account", "user", "state", "state_reason", "pool", "pool_kind", "assigned_pool",
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
             "exit_code", "created_at", "started_at", "ended_at", "job_set_id", "array_index", "parameters",
@@ -375,8 +396,8 @@ def submit_pipeline(client: Client, pipeline: dict, *, source: str) -> dict[str,
 @click.option("--state", multiple=True, type=click.Choice(JOB_STATES),
               help="only jobs in this state (repeatable)")
 @click.option("--account", help="only jobs of this account")
-@click.option("--backend", type=click.Choice(["auto", "slurm", "kubernetes"]),
-              help="only jobs that asked for or were routed to this pool")
+@click.option("--pool", "backend", help="only jobs that asked for or were routed to this pool (isthmus pools)")
+@click.option("--backend", "backend", hidden=True, help="deprecated: --pool")
 @click.option("--limit", default=50, show_default=True, type=int, help="jobs per page")
 @click.option("--all", "all_pages", is_flag=True, help="follow every page")
 @click.option("--set", "job_set", metavar="ID", help="only the tasks of this array or sweep, in index order")
@@ -404,7 +425,7 @@ def jobs(state, account, backend, limit, all_pages, job_set, url, token, as_json
     if account:
         params["account"] = account
     if backend:
-        params["backend"] = backend
+        params["pool"] = backend
     items: list[dict] = []
     while True:
         page = client.call("GET", "/v1/jobs", params=params)
@@ -560,6 +581,27 @@ def whoami(url, token, as_json) -> None:
         accts = [f"  {a['name']} ({a['role']}{'' if a['exists'] else ', not an account on this gateway'})"
                  for a in me["accounts"]]
         return "\n".join(lines + ["accounts:"] + (accts or ["  - (none: you cannot submit jobs)"]))
+
+    _emit(data, as_json, render)
+
+
+POOLS_COLUMNS = [("name", "POOL"), ("kind", "KIND"), ("state", "STATE"), ("health", "HEALTH"),
+                 ("gpu_types", "GPU_TYPES"), ("gpus", "FREE/TOTAL_GPUS"), ("queue_depth", "QUEUED"),
+                 ("cost", "COST"), ("reason", "REASON")]
+
+
+@main.command()
+@client_options
+def pools(url, token, as_json) -> None:
+    """The gateway's pools: kind, state, health, GPU types, capacity now and queue depth."""
+    data = Client(url, token).call("GET", "/v1/pools")
+
+    def render(d: dict) -> str:
+        if not d["items"]:
+            return d["note"]
+        return _table([{**p, "health": "ok" if p["healthy"] else "UNAVAILABLE",
+                        "gpu_types": ",".join(p["gpu_types"]) or "-", "gpus": f"{p['free_gpus']}/{p['total_gpus']}"}
+                       for p in d["items"]], POOLS_COLUMNS)
 
     _emit(data, as_json, render)
 

@@ -112,7 +112,8 @@ def _clean(app) -> None:
     existing = set(inspect(app.state.engine).get_table_names())
     with app.state.engine.begin() as conn:
         for table in reversed(metadata.sorted_tables):
-            if table.name != Account.__tablename__ and table.name in existing:
+            # Accounts and pools are the gateway's configuration (pools: reconciled at start-up).
+            if table.name not in (Account.__tablename__, "pool") and table.name in existing:
                 conn.execute(table.delete())
         conn.execute(Account.__table__.delete().where(Account.name.notin_(["team-a", "team-b"])))
 

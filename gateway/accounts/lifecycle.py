@@ -91,7 +91,10 @@ def delete(session: Session, *, name: str) -> None:
     if history:
         raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
                        "to 0 instead of deleting it")
-    for model in (AccountBalance, AccountQuota, AccountMember):
+    from gateway.accounts.models import AccountPoolQuota
+    from gateway.ledger.models import AccountPoolBalance
+
+    for model in (AccountBalance, AccountPoolBalance, AccountPoolQuota, AccountQuota, AccountMember):
         session.execute(sa_delete(model).where(model.account_name == name)
                         .execution_options(synchronize_session="fetch"))
     session.delete(acc)

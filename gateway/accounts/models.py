@@ -10,7 +10,6 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.kit.db import Base
-from gateway.kit.names import POOLS  # noqa: F401 - re-exported: older imports take it from here
 from gateway.kit.timeutil import utcnow
 
 MEMBER_ROLES = ("member", "coordinator")
@@ -63,9 +62,6 @@ class AccountQuota(Base):
     __tablename__ = "account_quota"
     __table_args__ = (
         CheckConstraint("max_gpus IS NULL OR max_gpus >= 0", name="max_gpus_non_negative"),
-        CheckConstraint("max_gpus_slurm IS NULL OR max_gpus_slurm >= 0", name="max_gpus_slurm_non_negative"),
-        CheckConstraint("max_gpus_kubernetes IS NULL OR max_gpus_kubernetes >= 0",
-                        name="max_gpus_kubernetes_non_negative"),
         CheckConstraint("budget_gpu_seconds IS NULL OR budget_gpu_seconds >= 0", name="budget_non_negative"),
         CheckConstraint("budget_period IN ('month', 'rolling')", name="budget_period_known"),
         CheckConstraint("budget_window_days >= 1", name="budget_window_positive"),
@@ -77,12 +73,26 @@ class AccountQuota(Base):
     account_name: Mapped[str] = mapped_column(
         String(63), ForeignKey("account.name", ondelete="CASCADE"), primary_key=True)
     max_gpus: Mapped[int | None] = mapped_column(Integer)
-    max_gpus_slurm: Mapped[int | None] = mapped_column(Integer)
-    max_gpus_kubernetes: Mapped[int | None] = mapped_column(Integer)
     budget_gpu_seconds: Mapped[int | None] = mapped_column(BigInteger)
     budget_period: Mapped[str] = mapped_column(String(16), default="month", server_default="month")
     budget_window_days: Mapped[int] = mapped_column(Integer, default=30, server_default="30")
     max_queued_jobs: Mapped[int | None] = mapped_column(Integer)
     max_queued_jobs_per_user: Mapped[int | None] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(255), default="")
+
+
+class AccountPoolQuota(Base):
+    """Concurrent-GPU limit of one account (its whole subtree) in one pool; on top of ``max_gpus``."""
+
+    __tablename__ = "account_pool_quota"
+    __table_args__ = (
+        PrimaryKeyConstraint("account_name", "pool", name="pk_account_pool_quota"),
+        CheckConstraint("max_gpus IS NULL OR max_gpus >= 0", name="max_gpus_non_negative"),
+    )
+
+    account_name: Mapped[str] = mapped_column(String(63), ForeignKey("account.name", ondelete="CASCADE"))
+    pool: Mapped[str] = mapped_column(String(63))
+    max_gpus: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     updated_by: Mapped[str] = mapped_column(String(255), default="")

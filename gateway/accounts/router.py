@@ -23,9 +23,12 @@ router = APIRouter(prefix="/v1/accounts", tags=["accounts"])
 USAGE_EXAMPLE = {
     "account": "team-a", "period": "2026-11", "used_gpu_hours": 812.5, "committed_gpu_hours": 256.0,
     "remaining_gpu_hours": 931.5,
-    "balance": {"reserved_gpus": 24, "reserved_gpus_slurm": 16, "reserved_gpus_kubernetes": 8,
+    "balance": {"reserved_gpus": 24, "reserved_gpus_per_pool": {"slurm-h100": 16, "kube-a100": 8},
+                "reserved_gpus_slurm": 0, "reserved_gpus_kubernetes": 0,
                 "committed_gpu_hours": 256.0, "queued_jobs": 1},
-    "quota": {"max_gpus": {"value": 32, "source": "team-a"}, "max_gpus_slurm": {"value": None, "source": None},
+    "quota": {"max_gpus": {"value": 32, "source": "team-a"},
+              "max_gpus_per_pool": {"slurm-h100": {"value": 16, "source": "org"}},
+              "max_gpus_slurm": {"value": None, "source": None},
               "max_gpus_kubernetes": {"value": None, "source": None},
               "budget_gpu_hours": {"value": 2000, "source": "org"}, "budget_period": "month",
               "budget_window_days": 30, "max_queued_jobs": {"value": None, "source": None},
@@ -47,8 +50,10 @@ def quota_out(eff: dict) -> QuotaOut:
         return EffectiveLimitOut(value=v.value, source=v.source)
 
     budget = eff["budget_gpu_seconds"]
-    return QuotaOut(max_gpus=lim("max_gpus"), max_gpus_slurm=lim("max_gpus_slurm"),
-                    max_gpus_kubernetes=lim("max_gpus_kubernetes"),
+    per_pool = {p: EffectiveLimitOut(value=v.value, source=v.source) for p, v in eff["max_gpus_per_pool"].items()}
+    none = EffectiveLimitOut(value=None, source=None)
+    return QuotaOut(max_gpus=lim("max_gpus"), max_gpus_per_pool=per_pool,
+                    max_gpus_slurm=per_pool.get("slurm", none), max_gpus_kubernetes=per_pool.get("kubernetes", none),
                     budget_gpu_hours=EffectiveBudgetOut(
                         value=None if budget.value is None else budget.value / 3600, source=budget.source),
                     budget_period=eff["budget_period"], budget_window_days=eff["budget_window_days"],
@@ -62,8 +67,9 @@ def usage_out(session: Session, name: AccountName, half_life_s: float) -> Accoun
     return AccountUsageOut(
         account=name, period=u["period"], used_gpu_hours=hours(u["used_gpu_seconds"]),
         committed_gpu_hours=hours(b.committed_gpu_seconds), remaining_gpu_hours=hours(u["remaining_gpu_seconds"]),
-        balance=BalanceOut(reserved_gpus=b.reserved_gpus, reserved_gpus_slurm=b.reserved_gpus_slurm,
-                           reserved_gpus_kubernetes=b.reserved_gpus_kubernetes,
+        balance=BalanceOut(reserved_gpus=b.reserved_gpus, reserved_gpus_per_pool=u["pools"],
+                           reserved_gpus_slurm=u["pools"].get("slurm", 0),
+                           reserved_gpus_kubernetes=u["pools"].get("kubernetes", 0),
                            committed_gpu_hours=hours(b.committed_gpu_seconds), queued_jobs=b.queued_jobs),
         quota=quota_out(u["effective"]), fairshare=fairshare_out(u["fairshare"]) if u["fairshare"] else None)
 

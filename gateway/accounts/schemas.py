@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.accounts.models import MEMBER_ROLES
-from gateway.kit.names import ACCOUNT_NAME_RE, POOLS
+from gateway.kit.names import ACCOUNT_NAME_RE, POOL_NAME_RE
 
 AccountName = Field(pattern=ACCOUNT_NAME_RE, max_length=63)
 
 # Named enums, used on inputs AND outputs, so a value read from a response can be passed
 # back to a generated client without a cast. Built from the one list of each.
-Pool = enum.Enum("Pool", {p.upper(): p for p in POOLS}, type=str)
-Pool.__doc__ = "A pool (backend kind) the gateway dispatches to."
+# Pools are data (GET /v1/pools lists them): a name is checked against the gateway's pools
+# when used, never frozen into the spec as an enum.
+POOL_NAME_PATTERN = POOL_NAME_RE
+Pool = Annotated[str, Field(pattern=POOL_NAME_PATTERN, max_length=63,
+                            description="A pool's name (GET /v1/pools), e.g. `slurm-h100`.")]
 MemberRole = enum.Enum("MemberRole", {r.upper(): r for r in MEMBER_ROLES}, type=str)
 MemberRole.__doc__ = "`coordinator`s may manage the account's subtree; see docs/ledger.md."
 
@@ -32,12 +36,18 @@ class QuotaIn(BaseModel):
     (the nearest ancestor's then applies). A limit caps the sum over the account's subtree."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=True, json_schema_extra={"examples": [
-        {"max_gpus": 64, "max_gpus_slurm": 48, "budget_gpu_hours": 20000, "budget_period": "month",
+        {"max_gpus": 64, "max_gpus_per_pool": {"slurm-h100": 48}, "budget_gpu_hours": 20000, "budget_period": "month",
          "max_queued_jobs": 50, "max_queued_jobs_per_user": 10}]})
 
-    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000, description="Concurrent GPUs, both pools.")
-    max_gpus_slurm: int | None = Field(default=None, ge=0, le=1_000_000)
-    max_gpus_kubernetes: int | None = Field(default=None, ge=0, le=1_000_000)
+    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000, description="Concurrent GPUs, all pools together.")
+    max_gpus_per_pool: dict[Pool, Annotated[int, Field(ge=0, le=1_000_000)] | None] | None = Field(
+        default=None, description="Concurrent GPUs in one pool, on top of `max_gpus`; pools left out are left "
+                                  "as they are, `null` removes that pool's limit.")
+    max_gpus_slurm: int | None = Field(default=None, ge=0, le=1_000_000, deprecated=True,
+                                       description="Deprecated: `max_gpus_per_pool` of the pool named `slurm`.")
+    max_gpus_kubernetes: int | None = Field(default=None, ge=0, le=1_000_000, deprecated=True,
+                                            description="Deprecated: `max_gpus_per_pool` of the pool named "
+                                                        "`kubernetes`.")
     budget_gpu_hours: float | None = Field(default=None, ge=0, le=10**11,
                                            description="Billing-weighted GPU-hours per period.")
     budget_period: BudgetPeriod | None = Field(
@@ -62,8 +72,11 @@ class EffectiveBudgetOut(BaseModel):
 
 class QuotaOut(BaseModel):
     max_gpus: EffectiveLimitOut
-    max_gpus_slurm: EffectiveLimitOut
-    max_gpus_kubernetes: EffectiveLimitOut
+    max_gpus_per_pool: dict[str, EffectiveLimitOut] = Field(
+        default_factory=dict, description="Per-pool concurrent-GPU limits in force (pools without one are absent).")
+    max_gpus_slurm: EffectiveLimitOut = Field(deprecated=True, description="Deprecated: `max_gpus_per_pool.slurm`.")
+    max_gpus_kubernetes: EffectiveLimitOut = Field(deprecated=True,
+                                                   description="Deprecated: `max_gpus_per_pool.kubernetes`.")
     budget_gpu_hours: EffectiveBudgetOut
     budget_period: BudgetPeriod | None
     budget_window_days: int | None
@@ -72,9 +85,11 @@ class QuotaOut(BaseModel):
 
 
 class BalanceOut(BaseModel):
-    reserved_gpus: int
-    reserved_gpus_slurm: int
-    reserved_gpus_kubernetes: int
+    reserved_gpus: int = Field(description="GPUs held in all pools together (the subtree's running and queued gangs).")
+    reserved_gpus_per_pool: dict[str, int] = Field(default_factory=dict, description="The same, per pool.")
+    reserved_gpus_slurm: int = Field(deprecated=True, description="Deprecated: `reserved_gpus_per_pool.slurm`.")
+    reserved_gpus_kubernetes: int = Field(deprecated=True,
+                                          description="Deprecated: `reserved_gpus_per_pool.kubernetes`.")
     committed_gpu_hours: float
     queued_jobs: int
 

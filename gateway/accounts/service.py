@@ -12,17 +12,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.accounts.models import Account, AccountMember, AccountQuota
+from gateway.accounts.models import Account, AccountMember, AccountPoolQuota, AccountQuota
 from gateway.kit.errors import Conflict, Invalid, NotFound
-from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE, POOLS
+from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow
 
 MAX_DEPTH = 16
-QUOTA_FIELDS = ("max_gpus", "max_gpus_slurm", "max_gpus_kubernetes", "budget_gpu_seconds",
-                "max_queued_jobs", "max_queued_jobs_per_user")
+QUOTA_FIELDS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
 # Limits that are absurd rather than merely large: refuse them so a typo cannot disable a quota.
-QUOTA_MAX = {"max_gpus": 1_000_000, "max_gpus_slurm": 1_000_000, "max_gpus_kubernetes": 1_000_000,
-             "budget_gpu_seconds": 10**15, "max_queued_jobs": 10_000_000, "max_queued_jobs_per_user": 10_000_000}
+QUOTA_MAX = {"max_gpus": 1_000_000, "budget_gpu_seconds": 10**15, "max_queued_jobs": 10_000_000,
+             "max_queued_jobs_per_user": 10_000_000}
+MAX_POOL_GPUS = 1_000_000
 
 
 def get_or_raise(session: Session, *, name: str, field: str = "path.name") -> Account:
@@ -100,6 +100,13 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
             if q is not None and getattr(q, field) is not None:
                 out[field] = EffectiveLimit(getattr(q, field), acc)
                 break
+    per_pool: dict[str, EffectiveLimit] = {}
+    for acc, pool, value in session.execute(
+            select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus)
+            .where(AccountPoolQuota.account_name.in_(accounts), AccountPoolQuota.max_gpus.isnot(None))):
+        if pool not in per_pool or accounts.index(acc) > accounts.index(per_pool[pool].source):
+            per_pool[pool] = EffectiveLimit(value, acc)  # the nearest (deepest) account's value
+    out["max_gpus_per_pool"] = dict(sorted(per_pool.items()))
     src = out["budget_gpu_seconds"].source
     q = rows.get(src) if src else None
     out["budget_period"] = q.budget_period if q else None
@@ -115,6 +122,22 @@ def _check_name(name: str, field: str) -> None:
 def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str) -> AccountQuota:
     """Set (or with None, unset) limits. Fields absent from ``values`` are left alone."""
     get_or_raise(session, name=name)
+    values = dict(values)
+    per_pool = values.pop("max_gpus_per_pool", None) or {}
+    for pool, value in per_pool.items():
+        pool_or_raise(session, pool, f"body.max_gpus_per_pool.{pool}")
+        if value is not None and not 0 <= value <= MAX_POOL_GPUS:
+            raise Invalid(f"body.max_gpus_per_pool.{pool}", f"must be between 0 and {MAX_POOL_GPUS} (null removes it)")
+    for pool, value in per_pool.items():
+        row = session.get(AccountPoolQuota, (name, pool))
+        if value is None:
+            if row is not None:
+                session.delete(row)
+            continue
+        if row is None:
+            row = AccountPoolQuota(account_name=name, pool=pool)
+            session.add(row)
+        row.max_gpus, row.updated_at, row.updated_by = value, utcnow(), actor
     for field, value in values.items():
         if field in QUOTA_MAX and value is not None:
             if value < 0:
@@ -181,7 +204,11 @@ def visible_accounts(session: Session, *, accounts: frozenset[str], username: st
     return sorted(names)
 
 
-def pool_or_raise(pool: str, field: str) -> str:
-    if pool not in POOLS:
-        raise Invalid(field, f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
+def pool_or_raise(session: Session, pool: str, field: str) -> str:
+    """``pool`` when the gateway knows it (the ``pool`` table), else Invalid naming ``field``."""
+    from gateway.pools.models import Pool
+
+    if session.get(Pool, pool) is None:
+        known = ", ".join(session.scalars(select(Pool.name).order_by(Pool.name))) or "none"
+        raise Invalid(field, f"unknown pool {pool!r}; known: {known}")
     return pool

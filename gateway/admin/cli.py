@@ -106,9 +106,11 @@ def accounts_delete(name, url, token, as_json) -> None:
 
 @admin.command("quota")
 @click.argument("name")
-@click.option("--max-gpus", type=int, help="GPUs the account's running jobs may hold at once, both pools")
-@click.option("--max-gpus-slurm", type=int, help="the same, on the Slurm pool only")
-@click.option("--max-gpus-kubernetes", type=int, help="the same, on the Kubernetes pool only")
+@click.option("--max-gpus", type=int, help="GPUs the account's running jobs may hold at once, all pools")
+@click.option("--max-gpus-pool", "per_pool", multiple=True, metavar="POOL=N",
+              help="the same in one pool (repeatable); POOL= (no number) removes that pool's limit")
+@click.option("--max-gpus-slurm", type=int, help="deprecated: --max-gpus-pool slurm=N")
+@click.option("--max-gpus-kubernetes", type=int, help="deprecated: --max-gpus-pool kubernetes=N")
 @click.option("--budget-gpu-hours", type=float, help="GPU-hours per budget period")
 @click.option("--budget-period", type=click.Choice(["month", "rolling"]),
               help="calendar month, or a rolling window of --budget-window-days")
@@ -117,13 +119,26 @@ def accounts_delete(name, url, token, as_json) -> None:
 @click.option("--max-queued-jobs-per-user", type=int, help="jobs one user may have waiting in the account")
 @click.option("--unset", multiple=True, help="remove a limit (field name, repeatable), e.g. --unset max_gpus")
 @client_options
-def quota(name, unset, url, token, as_json, **limits) -> None:
+def quota(name, unset, per_pool, url, token, as_json, **limits) -> None:
     """Set an account's quotas (unset limits are inherited from ancestors)."""
-    body = {k: v for k, v in limits.items() if v is not None}
+    body: dict[str, Any] = {k: v for k, v in limits.items() if v is not None}
+    if per_pool:
+        body["max_gpus_per_pool"] = {}
+        for item in per_pool:
+            pool_name, sep, n = item.partition("=")
+            if not sep or (n and not n.isdigit()):
+                raise click.BadParameter(f"{item!r}: expected POOL=N, e.g. slurm-h100=16", param_hint="--max-gpus-pool")
+            body["max_gpus_per_pool"][pool_name] = int(n) if n else None
     body.update({u.replace("-", "_"): None for u in unset})
     data = Client(url, token).call("PUT", f"/v1/admin/accounts/{name}/quota", json=body)
+    def limits(q: dict) -> list[tuple[str, dict]]:
+        # Per-pool limits as max_gpus[POOL]; the deprecated per-kind fields are left out.
+        out = [(k, v) for k, v in q.items() if isinstance(v, dict) and "value" in v
+               and k not in ("max_gpus_slurm", "max_gpus_kubernetes")]
+        return out + [(f"max_gpus[{p}]", v) for p, v in sorted((q.get("max_gpus_per_pool") or {}).items())]
+
     _emit(data, as_json, lambda a: "\n".join(f"{k:26} {v['value']!s:>12}  (from {v['source'] or '-'})"
-                                             for k, v in a["quota"].items() if isinstance(v, dict)))
+                                             for k, v in limits(a["quota"])))
 
 
 @admin.group()
@@ -167,7 +182,7 @@ def _adjust(kind: str):
     @click.argument("gpu_hours", type=float)
     @click.option("--reason", required=True, help="why (kept in the ledger, shown to the account)")
     @click.option("--job", "job_id", help="the job this entry is about (required for a refund)")
-    @click.option("--pool", type=click.Choice(["slurm", "kubernetes"]), help="the pool it is about")
+    @click.option("--pool", help="the pool it is about (a pool name)")
     @client_options
     def cmd(account, gpu_hours, reason, job_id, pool, url, token, as_json) -> None:
         body = {"account": account, "kind": kind, "gpu_hours": gpu_hours, "reason": reason}
@@ -194,7 +209,7 @@ for _kind in ("credit", "debit", "refund"):
 @click.option("--job", "job_id", help="only this job's entries")
 @click.option("--kind", multiple=True, help="only entries of this kind (repeatable): reserve, start, usage, "
                                             "release, requeue, credit, debit, refund")
-@click.option("--pool", type=click.Choice(["slurm", "kubernetes"]), help="only this pool's entries")
+@click.option("--pool", help="only this pool's entries (a pool name)")
 @click.option("--since", help="from this time on (ISO 8601, e.g. 2026-11-01 or 2026-11-01T12:00:00Z)")
 @click.option("--until", help="before this time (ISO 8601)")
 @click.option("--limit", type=int, default=100, show_default=True, help="entries per page")
@@ -276,7 +291,7 @@ def weight() -> None:
 
 
 @weight.command("set")
-@click.argument("pool", type=click.Choice(["slurm", "kubernetes"]))
+@click.argument("pool")
 @click.argument("gpu_type")
 @click.argument("weight", type=float)
 @client_options
@@ -294,3 +309,63 @@ def weight_list(url, token, as_json) -> None:
     _emit(data, as_json, lambda rows: _table(rows, [("pool", "POOL"), ("gpu_type", "GPU_TYPE"),
                                                      ("weight", "WEIGHT")]) if rows else
           "no billing weights set: every GPU-hour weighs 1.0")
+
+
+POOL_COLUMNS = [("name", "POOL"), ("kind", "KIND"), ("state", "STATE"), ("weight", "WEIGHT"), ("cost", "COST"),
+                ("gpu_types", "GPU_TYPES"), ("configured", "CONFIGURED"), ("set_by", "SET_BY")]
+
+
+@admin.group()
+def pool() -> None:
+    """List pools; drain, disable, enable or re-weight one."""
+
+
+def _pool_row(p: dict) -> dict:
+    return {**p, "gpu_types": ",".join(p["gpu_types"]) or "-",
+            "set_by": ", ".join(sorted({b for b in (p["state_by"], p["weight_by"]) if b})) or "config"}
+
+
+@pool.command("list")
+@client_options
+def pool_list(url, token, as_json) -> None:
+    """Every pool the gateway knows, configured now or before."""
+    data = Client(url, token).call("GET", "/v1/admin/pools")
+    _emit(data, as_json, lambda rows: _table([_pool_row(p) for p in rows], POOL_COLUMNS))
+
+
+def _patch_pool(name: str, body: dict, url, token, as_json) -> None:
+    data = Client(url, token).call("PATCH", f"/v1/admin/pools/{name}", json=body)
+    _emit(data, as_json, lambda p: _table([_pool_row(p)], POOL_COLUMNS))
+
+
+@pool.command("drain")
+@click.argument("name")
+@client_options
+def pool_drain(name, url, token, as_json) -> None:
+    """Route nothing new to NAME; its running jobs finish."""
+    _patch_pool(name, {"state": "draining"}, url, token, as_json)
+
+
+@pool.command("disable")
+@click.argument("name")
+@client_options
+def pool_disable(name, url, token, as_json) -> None:
+    """Route nothing new to NAME (jobs there are left as they are)."""
+    _patch_pool(name, {"state": "disabled"}, url, token, as_json)
+
+
+@pool.command("enable")
+@click.argument("name")
+@client_options
+def pool_enable(name, url, token, as_json) -> None:
+    """Put NAME back in service."""
+    _patch_pool(name, {"state": "active"}, url, token, as_json)
+
+
+@pool.command("weight")
+@click.argument("name")
+@click.argument("weight", type=float)
+@client_options
+def pool_weight(name, weight, url, token, as_json) -> None:
+    """Set NAME's routing weight (> 0; higher wins when several pools fit)."""
+    _patch_pool(name, {"weight": weight}, url, token, as_json)

@@ -13,7 +13,7 @@ import io
 from datetime import date, datetime, timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -26,7 +26,7 @@ from gateway.admin.schemas import (
     AccountCreate, AccountUpdate, AdjustmentIn, AdminAccountOut, BillingWeightIn, BillingWeightOut, FairShareTable,
     LedgerEntryKind, LedgerEntryOut, LedgerPage, MemberIn, MemberOut, UsagePeriod, UsageReport, UsageRow,
 )
-from gateway.accounts.schemas import Pool
+from gateway.accounts.schemas import POOL_NAME_PATTERN, Pool
 from gateway.identity.dependency import require_admin
 from gateway.identity.principal import Principal
 from gateway.jobs.schemas import normalise_gpu_type
@@ -52,10 +52,19 @@ def _half_life(request: Request) -> int:
 
 
 def _quota_values(q: QuotaIn) -> dict:
-    values = {k: getattr(q, k) for k in q.model_fields_set}
+    values = {k: q.__dict__[k] for k in q.model_fields_set}  # no DeprecationWarning for the old aliases
     if "budget_gpu_hours" in values:
         h = values.pop("budget_gpu_hours")
         values["budget_gpu_seconds"] = None if h is None else int(round(h * 3600))
+    # The deprecated per-pool fields are the pools named slurm and kubernetes (the old two).
+    per_pool = dict(values.get("max_gpus_per_pool") or {})
+    for old in ("slurm", "kubernetes"):
+        if f"max_gpus_{old}" in values:
+            per_pool.setdefault(old, values.pop(f"max_gpus_{old}"))
+    if per_pool:
+        values["max_gpus_per_pool"] = per_pool
+    else:
+        values.pop("max_gpus_per_pool", None)
     return values
 
 
@@ -196,7 +205,7 @@ def create_adjustment(body: AdjustmentIn, principal: Principal = Depends(require
                       session: Session = Depends(get_session, scope="function")) -> LedgerEntryOut:
     e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=int(round(body.gpu_hours * 3600)),
                       actor=principal.subject, reason=body.reason, job_id=body.job_id,
-                      pool=body.pool.value if body.pool else None)
+                      pool=body.pool)
     return _entry_out(e)
 
 
@@ -219,7 +228,7 @@ def list_ledger(
         raise Invalid("query.until", "must be after `since`")
     rows = repository.list_entries(session, account=account, include_subaccounts=include_subaccounts,
                                    job_id=job_id, kinds=[k.value for k in kind or []],
-                                   pool=pool.value if pool else None, since=as_utc(since),
+                                   pool=pool, since=as_utc(since),
                                    until=as_utc(until), after_id=_uncursor(cursor) if cursor else 0,
                                    limit=limit + 1)
     more = len(rows) > limit
@@ -335,13 +344,13 @@ def list_weights(session: Session = Depends(get_session, scope="function")) -> l
             description="`gpu_type` `*` sets the pool's default. GPU types are case-insensitive and stored in "
                         "lower case, as jobs record them. Applies to reservations made from now on.",
             responses=problem_responses(401, 403, 422))
-def set_weight(pool: Pool, gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
+def set_weight(pool: Annotated[str, Path(pattern=POOL_NAME_PATTERN, max_length=63)], gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
                session: Session = Depends(get_session, scope="function")) -> BillingWeightOut:
     import re
 
     if not re.fullmatch(r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,31})$", gpu_type):
         raise Invalid("path.gpu_type", "a GPU type like h100, or * for the pool default")
-    pool = pool.value
+    accounts.pool_or_raise(session, pool, "path.pool")
     gpu_type = normalise_gpu_type(gpu_type)  # the form jobs are recorded in
     w = session.get(GpuBillingWeight, (pool, gpu_type))
     if w is None:

@@ -101,7 +101,7 @@ class LedgerEntryOut(BaseModel):
     account: str
     kind: LedgerEntryKind
     job_id: str | None
-    pool: Pool | None
+    pool: str | None
     gpu_type: str | None
     username: str | None
     gpus: int = Field(description="Change of GPUs held.")
@@ -120,7 +120,7 @@ class LedgerPage(BaseModel):
 
 class UsageRow(BaseModel):
     account: str
-    pool: Pool | None = Field(description="null for admin credits/debits not tied to a pool")
+    pool: str | None = Field(description="null for admin credits/debits not tied to a pool")
     period: str = Field(examples=["2026-11"])
     jobs: int
     usage_gpu_seconds: int
@@ -149,7 +149,7 @@ class BillingWeightIn(BaseModel):
 
 
 class BillingWeightOut(BaseModel):
-    pool: Pool
+    pool: str
     gpu_type: str
     weight: float
 

@@ -9,14 +9,16 @@ from sqlalchemy import func, select
 from gateway.jobs.models import Job
 from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
+from gateway.pools.service import pool_meta
 from gateway.routing.service import PoolView
 
 
 class CapacityMixin:
     def views(self, *, fresh: bool = False) -> dict[str, PoolView]:
         if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
-            depth = self._queue_depths()
-            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0)) for name, b in self.backends.items()}
+            depth, meta = self._queue_depths()
+            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0), meta.get(name))
+                           for name, b in self.backends.items()}
             self._views_at = time.monotonic()
         return self._views
 
@@ -27,8 +29,10 @@ class CapacityMixin:
         """
         return dict(self._views)
 
-    def _queue_depths(self) -> dict[str, int]:
+    def _queue_depths(self) -> tuple[dict[str, int], dict[str, dict]]:
+        """Jobs queued per pool, and each pool's row (kind, state, weight, cost, GPU types)."""
         with transaction(self.sessions) as s:
             rows = s.execute(select(Job.backend, func.count()).where(
                 Job.state.in_([JobState.DISPATCHING.value, JobState.QUEUED.value])).group_by(Job.backend)).all()
-        return {b: n for b, n in rows if b}
+            meta = pool_meta(s)
+        return {b: n for b, n in rows if b}, meta

@@ -83,6 +83,7 @@ class ClaimMixin:
             now = self.clock()
             claimed: list[str] = []
             prepared: dict[str, tuple[str, SubmitRequest]] = {}
+            self._limited = {}  # account -> a limit is set in its chain (this round)
             try:
                 with transaction(self.sessions) as s:
                     factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
@@ -128,13 +129,18 @@ class ClaimMixin:
         held = {name: held_gpus(shape, view) for name, view in views.items()}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
-        if job.requested_backend == "auto" and len(views) > 1:
+        # Asked pool by pool only when a limit is set in the account's chain (once per account
+        # and round: with many pools, the check per pool is most of a round's queries).
+        limited = self._limited.get(job.account_name)
+        if limited is None and job.requested_backend == "auto" and len(views) > 1:
+            limited = self._limited[job.account_name] = ledger.chain_has_limits(s, job.account_name)
+        if job.requested_backend == "auto" and len(views) > 1 and limited:
             for name in views:
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
                 if not ok:
                     refusals[name] = why
         decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
-                         queue_depth=self.settings.pool_queue_depth)
+                         queue_depth=self.settings.pool_queue_depth, cost_factor=self.settings.routing_cost_factor)
         if decision.rejected:
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {decision.reason}")
             return

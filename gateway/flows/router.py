@@ -10,7 +10,9 @@ from gateway.flows import service
 from gateway.flows.models import JobSet
 from gateway.flows.schemas import JobSetOut, JobSetSpec
 from gateway.identity.dependency import CurrentPrincipal
-from gateway.jobs.router import _budget_verdict, _caps, _refuse_if_never_fits, _refuse_system_user, _waiting_reason
+from gateway.jobs.router import (
+    _budget_verdict, _caps, _refuse_if_never_fits, _refuse_system_user, _refuse_unknown_pool, _waiting_reason,
+)
 from gateway.jobs.router import _wake_dispatcher, to_out
 from gateway.jobs.schemas import JobPage
 from gateway.jobs.states import JobState
@@ -53,6 +55,7 @@ def submit_job_set(principal: CurrentPrincipal, session: DbSession, request: Req
                    spec: Annotated[JobSetSpec, Body(openapi_examples=EXAMPLES)]) -> JobSetOut:
     settings = request.app.state.settings
     _refuse_system_user(principal, settings)
+    _refuse_unknown_pool(session, spec)
     _refuse_if_never_fits(request, spec)
     held = _budget_verdict(session, spec, settings) if principal.may_use(spec.account) else None
     job_set = service.create_set(

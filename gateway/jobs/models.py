@@ -31,8 +31,8 @@ class Job(Base):
     account_name: Mapped[str] = mapped_column(String(63), ForeignKey("account.name", ondelete="RESTRICT"))
     submitted_by: Mapped[str] = mapped_column(String(255))  # principal subject
     username: Mapped[str] = mapped_column(String(32))  # POSIX user the job runs as
-    requested_backend: Mapped[str] = mapped_column(String(16))  # auto | slurm | kubernetes
-    backend: Mapped[str | None] = mapped_column(String(16))  # where it was routed
+    requested_backend: Mapped[str] = mapped_column(String(63))  # auto | a pool name
+    backend: Mapped[str | None] = mapped_column(String(63))  # the pool it was routed to
     state: Mapped[str] = mapped_column(String(STATE_LEN))
     state_reason: Mapped[str] = mapped_column(Text, default="")
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # the normalised JobSpec

@@ -16,7 +16,7 @@ from gateway.identity.dependency import CurrentPrincipal
 from gateway.jobs import repository, service
 from gateway.jobs.models import Job
 from gateway.jobs.schemas import (
-    EXAMPLE_SPEC, BackendChoice, JobEventOut, JobEventPage, JobOut, JobPage, JobSpec, format_duration,
+    EXAMPLE_SPEC, POOL_CHOICE_RE, JobEventOut, JobEventPage, JobOut, JobPage, JobSpec, format_duration,
 )
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
@@ -33,7 +33,8 @@ def to_out(job: Job) -> JobOut:
     spec = job.spec
     return JobOut(
         id=job.id, name=job.name, account=job.account_name, user=job.username, submitted_by=job.submitted_by,
-        backend=BackendChoice(job.requested_backend), assigned_backend=job.backend, state=JobState(job.state),
+        pool=job.requested_backend, pool_kind=(job.spec or {}).get("pool_kind"), assigned_pool=job.backend,
+        backend=job.requested_backend, assigned_backend=job.backend, state=JobState(job.state),
         state_reason=job.state_reason or "", routing_reason=job.routing_reason or "",
         command=spec["command"], image=spec.get("image"), workers=job.workers,
         gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus, held_gpus=job.held_gpus,
@@ -90,6 +91,21 @@ def _refuse_system_user(principal, settings) -> None:
         raise Forbidden(reason)
 
 
+def _refuse_unknown_pool(session, spec: JobSpec) -> None:
+    """A job naming a pool the gateway does not know (or no longer has) is refused, naming the field."""
+    if spec.pool == "auto":
+        return
+    from gateway.pools.models import Pool
+
+    if session.get(Pool, spec.pool) is None:  # one known but not configured now waits, as with no pool at all
+        from sqlalchemy import select
+
+        known = ", ".join(session.scalars(select(Pool.name).where(Pool.configured.is_(True)).order_by(Pool.name)))
+        field = "body.pool" if "pool" in spec.model_fields_set else "body.backend"
+        raise Invalid(field, f"unknown pool {spec.pool!r}; this gateway has: {known or 'no pool yet'} "
+                             "(GET /v1/pools), or use auto")
+
+
 def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
     """A job pinned to a pool that can never fit it is refused now, not left pending forever.
 
@@ -104,9 +120,10 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
 
     shape = JobShape.of_spec(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
                              total_gpus=spec.total_gpus, spec=spec.model_dump(mode="json"))
-    reason = check_pinned(shape, spec.backend.value, views)
+    reason = check_pinned(shape, spec.pool, views)
     if reason:
-        raise Invalid("body.backend" if spec.backend.value != "auto" else "body", f"this job can never run: {reason}")
+        field = "body" if spec.pool == "auto" else ("body.pool" if "pool" in spec.model_fields_set else "body.backend")
+        raise Invalid(field, f"this job can never run: {reason}")
 
 
 def _budget_hold(session, spec: JobSpec, settings):
@@ -182,6 +199,7 @@ def submit_job(
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
     settings = request.app.state.settings
     _refuse_system_user(principal, settings)
+    _refuse_unknown_pool(session, spec)
     _refuse_if_never_fits(request, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,
@@ -205,7 +223,10 @@ def list_jobs(
     session: DbSession,
     state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
     account: Annotated[str | None, Query(pattern=ACCOUNT_NAME_RE)] = None,
-    backend: Annotated[BackendChoice | None, Query(description="Pool asked for or routed to.")] = None,
+    pool: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63,
+                                      description="Pool asked for or routed to.")] = None,
+    backend: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63, deprecated=True,
+                                         description="Deprecated alias of `pool`.")] = None,
     cursor: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     job_set: Annotated[str | None, Query(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
@@ -213,7 +234,7 @@ def list_jobs(
 ) -> JobPage:
     after = _decode_cursor(cursor) if cursor else None
     jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
-                                    account=account, backend=backend.value if backend else None,
+                                    account=account, backend=pool or backend,
                                     after_id=after, limit=limit + 1, job_set=job_set)
     more = len(jobs) > limit
     jobs = jobs[:limit]
@@ -228,7 +249,7 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 @router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
             responses=problem_responses(401, 404, 422))
 def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
-    from gateway.flows.service import dependencies_of, dependents_of
+    from gateway.flows.graph import dependencies_of, dependents_of
 
     job = service.get_or_raise(session, principal=principal, job_id=job_id)
     out = to_out(job)

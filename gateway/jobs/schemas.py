@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.accounts.schemas import Pool
 from gateway.jobs.states import JobState
 from gateway.kit.names import ACCOUNT_NAME_RE, JOB_NAME_RE
 
@@ -46,10 +45,24 @@ _TIME_HMS = re.compile(r"^(?:(\d{1,3})-)?(\d{1,3}):(\d{2}):(\d{2})$")
 _TIME_UNITS = re.compile(r"^(\d{1,7})\s*([smhd])$")
 
 
-class BackendChoice(str, enum.Enum):
-    AUTO = "auto"
+POOL_CHOICE_RE = r"^(auto|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$"
+PoolChoice = Annotated[str, Field(pattern=POOL_CHOICE_RE, max_length=63)]
+
+
+class PoolKind(str, enum.Enum):
+    """What runs a pool's jobs: `slurm` (whole nodes) or `kubernetes` (Kueue; GPUs packed)."""
+
     SLURM = "slurm"
     KUBERNETES = "kubernetes"
+
+
+def requested_pool(spec: dict | Any) -> str:
+    """The pool a job asked for (a name or ``auto``), from a spec or a stored spec dict.
+
+    The one place that knows ``backend`` is the deprecated name of ``pool``.
+    """
+    get = spec.get if isinstance(spec, dict) else (lambda k, d=None: getattr(spec, k, d))
+    return get("pool") or get("backend") or "auto"
 
 
 def parse_memory_mib(value: Any) -> int:
@@ -173,7 +186,11 @@ class JobSpec(BaseModel):
 
     name: Annotated[str, Field(pattern=NAME_RE, description="1-63 letters, digits, `.`, `_`, `-`.")]
     account: Annotated[str, Field(pattern=ACCOUNT_RE, description="Gateway account charged for the job.")]
-    backend: BackendChoice = Field(default=BackendChoice.AUTO, description="Pool: `auto` lets the gateway route.")
+    pool: PoolChoice | None = Field(default=None, description="A pool's name (GET /v1/pools), or `auto` (the "
+                                                               "default) to let the gateway route.")
+    pool_kind: PoolKind | None = Field(default=None, description="With `auto`: only pools of this kind.")
+    backend: PoolChoice | None = Field(default=None, deprecated=True,
+                                       description="Deprecated alias of `pool`, kept for old clients.")
     command: Annotated[list[str], Field(min_length=1, max_length=MAX_ARGV_ITEMS,
                                         description="argv list, run without a shell.")]
     image: Annotated[str | None, Field(default=None, pattern=IMAGE_RE,
@@ -275,6 +292,16 @@ class JobSpec(BaseModel):
             raise ValueError("gpu_type is set but gpus_per_worker is 0")
         return self
 
+    @model_validator(mode="after")
+    def _pool_and_alias(self) -> "JobSpec":
+        # `backend` is `pool` by its old name: one wins only if they agree; both are stored.
+        values = self.__dict__  # no DeprecationWarning for reading our own alias
+        pool, backend = values.get("pool"), values.get("backend")
+        if pool and backend and pool != backend:
+            raise ValueError(f"pool {pool!r} and its deprecated alias backend {backend!r} disagree; send only pool")
+        values["pool"] = values["backend"] = pool or backend or "auto"
+        return self
+
     @property
     def total_gpus(self) -> int:
         return self.workers * self.gpus_per_worker
@@ -296,8 +323,12 @@ class JobOut(BaseModel):
     account: str
     user: str = Field(description="POSIX user the job runs as.")
     submitted_by: str
-    backend: BackendChoice = Field(description="The pool asked for.")
-    assigned_backend: Pool | None = Field(description="The pool the job was routed to (null until dispatched).")
+    pool: str = Field(description="The pool asked for, or `auto`.")
+    pool_kind: PoolKind | None = Field(default=None, description="The pool kind asked for, if any.")
+    assigned_pool: str | None = Field(default=None, description="The pool the job was routed to (null until "
+                                                                "dispatched).")
+    backend: str = Field(deprecated=True, description="Deprecated: `pool`.")
+    assigned_backend: str | None = Field(deprecated=True, description="Deprecated: `assigned_pool`.")
     state: JobState
     state_reason: str
     routing_reason: str

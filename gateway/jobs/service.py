@@ -61,9 +61,9 @@ def set_state(session: Session, job: Job, target: JobState, *, actor: str, reaso
     if target.final or target is JobState.RUNNING:
         # Dependencies and array slots (gateway/flows): what waits for this job moves on
         # in this same transaction. The one hook of workflows into the state machine.
-        from gateway.flows.service import after_transition
+        from gateway.flows.graph import after_transition
 
-        after_transition(session, job, target)
+        after_transition(session, job, target, set_state=set_state)
     return True
 
 
@@ -388,14 +388,14 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
             waiting_reason = f"held: {held}"
     resolved = None
     if spec.depends_on:
-        from gateway.flows import service as flows
+        from gateway.flows import graph as flows
 
         resolved = flows.resolve(session, principal=principal, depends_on=spec.depends_on)
     normalised = spec.stored()
     now = utcnow()
     values = dict(
         id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
-        username=principal.username, requested_backend=spec.backend.value, backend=None,
+        username=principal.username, requested_backend=spec.pool, backend=None,
         state=JobState.PENDING.value, state_reason=waiting_reason, spec=normalised,
         workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
@@ -423,7 +423,7 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     record_event(session, job, actor=principal.subject, kind="state", to_state=job.state,
                  reason="submitted", data={"idempotency_key": idempotency_key} if idempotency_key else None)
     if resolved is not None:
-        from gateway.flows import service as flows
+        from gateway.flows import graph as flows
 
         flows.add_dependencies(session, [job.id], resolved)
     return job, True
@@ -502,7 +502,7 @@ def cancel(session: Session, *, principal: Principal, job_id: str, reason: str =
         raise Conflict(f"job already {job.state}")
     why = reason or f"cancelled by {principal.username or principal.subject}"
     if cascade:
-        from gateway.flows.service import dependents_for_cascade
+        from gateway.flows.graph import dependents_for_cascade
 
         # Newest first: a dependency always names an older job, so by descending id every
         # dependent is cancelled before what it waits for, and none is released meanwhile.

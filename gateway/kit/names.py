@@ -13,5 +13,6 @@ POSIX_USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
 # A job's name.
 JOB_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
-# The pools the gateway knows (quota/balance columns are named after them).
-POOLS = ("slurm", "kubernetes")
+# A pool's name: a DNS label (pools are data: the ``pool`` table, docs/pools.md).
+POOL_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+POOL_NAME = re.compile(POOL_NAME_RE)

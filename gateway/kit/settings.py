@@ -33,7 +33,9 @@ class Settings(BaseSettings):
     audience: str = "isthmus"
     leeway_s: int = Field(default=30, ge=0, le=300)
 
-    # Backends: JSON object {"slurm": {...adapter kwargs}, "kubernetes": {...}}; see docs/dispatch.md.
+    # Pools: a YAML pools file (docs/pools.md), or the older JSON object keyed by pool name
+    # {"slurm": {...adapter settings}, "gpu-b": {"kind": "kubernetes", ...}}; set one of the two.
+    pools_file: str = ""
     backends: str = "{}"
     # The dispatcher runs inside `isthmus serve` unless turned off (then run `isthmus worker`).
     dispatch_in_serve: bool = True
@@ -58,7 +60,11 @@ class Settings(BaseSettings):
     debug_pause_after_claim_s: float = Field(default=0.0, ge=0, le=600)
     debug_pause_after_submit_s: float = Field(default=0.0, ge=0, le=600)
     # Routing policy: preference weight per pool (higher wins ties), see docs/dispatch.md.
+    # Multiplies the pool's own weight (pools file, PATCH /v1/admin/pools/{name}); kept for old configs.
     routing_weights: str = '{"slurm": 1.0, "kubernetes": 1.0}'
+    # How much a pool's cost (billing weight) counts when several pools fit a job now: the
+    # score drops by this x (cost / cheapest fitting cost - 1); 0 ignores cost.
+    routing_cost_factor: float = Field(default=1.0, ge=0, le=100)
 
     # Jobs never run as a system account (docs/security.md, finding 6): a POSIX user whose
     # uid (as this host resolves it) is below min_job_uid, one in this comma-separated

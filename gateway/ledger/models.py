@@ -54,7 +54,7 @@ class LedgerEntry(Base):
     account_name: Mapped[str] = mapped_column(String(63))
     kind: Mapped[str] = mapped_column(String(16))
     job_id: Mapped[str | None] = mapped_column(String(36))
-    pool: Mapped[str | None] = mapped_column(String(16))
+    pool: Mapped[str | None] = mapped_column(String(63))
     gpu_type: Mapped[str | None] = mapped_column(String(32))
     username: Mapped[str | None] = mapped_column(String(32))
     gpus: Mapped[int] = mapped_column(Integer, default=0)
@@ -74,12 +74,24 @@ class AccountBalance(Base):
     account_name: Mapped[str] = mapped_column(
         String(63), ForeignKey("account.name", ondelete="CASCADE"), primary_key=True)
     reserved_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    reserved_gpus_slurm: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    reserved_gpus_kubernetes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     committed_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     charged_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     queued_jobs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class AccountPoolBalance(Base):
+    """GPUs an account and all its descendants hold in one pool (a row per pool used).
+
+    Written under the lock of the account's ``account_balance`` row, like it.
+    """
+
+    __tablename__ = "account_pool_balance"
+    __table_args__ = (PrimaryKeyConstraint("account_name", "pool", name="pk_account_pool_balance"),)
+
+    account_name: Mapped[str] = mapped_column(String(63), ForeignKey("account.name", ondelete="CASCADE"))
+    pool: Mapped[str] = mapped_column(String(63))
+    reserved_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Reservation(Base):
@@ -95,7 +107,7 @@ class Reservation(Base):
     job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     account_name: Mapped[str] = mapped_column(String(63))
     username: Mapped[str] = mapped_column(String(32))
-    pool: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str] = mapped_column(String(63))
     gpu_type: Mapped[str | None] = mapped_column(String(32))
     gpus: Mapped[int] = mapped_column(Integer)
     time_limit_s: Mapped[int] = mapped_column(Integer)
@@ -124,7 +136,7 @@ class UsageBucket(Base):
 
     account_name: Mapped[str] = mapped_column(String(63))
     day: Mapped[date] = mapped_column(Date)
-    pool: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str] = mapped_column(String(63))
     gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0)
     usage_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0)  # job usage only
     adjustment_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0)  # credit/debit/refund
@@ -153,7 +165,7 @@ class GpuBillingWeight(Base):
         CheckConstraint("weight > 0 AND weight <= 1000", name="weight_range"),
     )
 
-    pool: Mapped[str] = mapped_column(String(16))
+    pool: Mapped[str] = mapped_column(String(63))
     gpu_type: Mapped[str] = mapped_column(String(32))
     weight: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -24,17 +24,14 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm import Session, object_session
 
 from gateway.accounts import service as accounts
-from gateway.accounts.models import Account, AccountQuota
+from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
 from gateway.jobs.schemas import normalise_gpu_type
 from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
-from gateway.kit.names import POOLS
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger.models import (
-    AccountBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket,
+    AccountBalance, AccountPoolBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket,
 )
-
-POOL_BALANCE = {"slurm": "reserved_gpus_slurm", "kubernetes": "reserved_gpus_kubernetes"}
-POOL_QUOTA = {"slurm": "max_gpus_slurm", "kubernetes": "max_gpus_kubernetes"}
+from gateway.pools.models import Pool
 
 
 def _now(now: datetime | None) -> datetime:
@@ -162,10 +159,35 @@ def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[st
 
 
 def billing_weight(session: Session, pool: str, gpu_type: str | None) -> float:
+    """The GPU type's weight in ``pool``, else the pool's default ("*"), else the pool's cost, else 1."""
     gpu_type = normalise_gpu_type(gpu_type)  # jobs recorded before types were normalised
     weights = dict(session.execute(select(GpuBillingWeight.gpu_type, GpuBillingWeight.weight).where(
         GpuBillingWeight.pool == pool, GpuBillingWeight.gpu_type.in_([gpu_type or "*", "*"]))).all())
-    return float(weights.get(gpu_type or "*", weights.get("*", 1.0)))
+    for key in (gpu_type or "*", "*"):
+        if key in weights:
+            return float(weights[key])
+    return float(session.scalar(select(Pool.cost).where(Pool.name == pool)) or 1.0)
+
+
+def routable_pools(session: Session) -> list[str]:
+    """Pools that may take new jobs now (configured, state ``active``), by name."""
+    return list(session.scalars(select(Pool.name).where(Pool.configured.is_(True), Pool.state == "active")
+                                .order_by(Pool.name)))
+
+
+def check_pool(session: Session, pool: str, field: str = "pool") -> str:
+    """``pool`` if the gateway knows it (any state), else Invalid naming ``field`` and the known pools."""
+    if session.get(Pool, pool) is None:
+        known = ", ".join(session.scalars(select(Pool.name).order_by(Pool.name))) or "none"
+        raise Invalid(field, f"unknown pool {pool!r}; known: {known}")
+    return pool
+
+
+def pool_balances(session: Session, account: str) -> dict[str, int]:
+    """GPUs ``account`` and its subtree hold, per pool (pools with a row only)."""
+    return {p: int(n) for p, n in session.execute(select(AccountPoolBalance.pool, AccountPoolBalance.reserved_gpus)
+                                                  .where(AccountPoolBalance.account_name == account)
+                                                  .order_by(AccountPoolBalance.pool))}
 
 
 def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
@@ -210,32 +232,49 @@ def _queued_by_user(session: Session, account_name: str, username: str) -> int:
     return int(session.scalar(stmt) or 0)
 
 
+def _pool_limits(session: Session, names: list[str], pools: list[str] | None) -> dict[tuple[str, str], tuple[int, int]]:
+    """(account, pool) -> (limit, GPUs held there) for every per-pool limit set in the chain."""
+    stmt = (select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus,
+                   func.coalesce(AccountPoolBalance.reserved_gpus, 0))
+            .outerjoin(AccountPoolBalance, (AccountPoolBalance.account_name == AccountPoolQuota.account_name)
+                       & (AccountPoolBalance.pool == AccountPoolQuota.pool))
+            .where(AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None)))
+    if pools is not None:
+        stmt = stmt.where(AccountPoolQuota.pool.in_(pools))
+    return {(a, p): (int(limit), int(used)) for a, p, limit, used in session.execute(stmt)}
+
+
 def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], gpus: int,
              pool: str | None, committed: int, username: str, now: datetime,
-             quotas: dict[str, Any] | None = None) -> str | None:
+             quotas: dict[str, Any] | None = None,
+             pool_limits: dict[tuple[str, str], tuple[int, int]] | None = None) -> str | None:
     """Why the gang does not fit (first failing limit, leaf first), or None.
 
-    ``quotas`` (name -> quota row) may be passed when already read with the locks.
+    ``quotas`` (name -> quota row) and ``pool_limits`` ((name, pool) -> (limit, held)) may
+    be passed when already read with the locks. ``pool`` None means "any routable pool":
+    a per-pool limit refuses only when it blocks every one of them.
     """
     if quotas is None:
         quotas = {q.account_name: q for q in session.scalars(
             select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
+    pools = [pool] if pool else None
+    if pool_limits is None:
+        pools = pools or routable_pools(session)
+        pool_limits = _pool_limits(session, names, pools)
     for name in reversed(names):
         q = quotas.get(name)
-        if q is None:
-            continue
         b = balances.get(name) or _ZERO
-        if q.max_gpus is not None and b.reserved_gpus + gpus > q.max_gpus:
+        if q is not None and q.max_gpus is not None and b.reserved_gpus + gpus > q.max_gpus:
             return f"{name}: {b.reserved_gpus} of {q.max_gpus} concurrent GPUs in use, job needs {gpus}"
-        pools = [pool] if pool else list(POOLS)
         blocked = []
-        for p in pools:
-            limit = getattr(q, POOL_QUOTA[p])
-            used = getattr(b, POOL_BALANCE[p])
+        for p in pools or []:
+            limit, used = pool_limits.get((name, p), (None, 0))
             if limit is not None and used + gpus > limit:
                 blocked.append(f"{name}: {used} of {limit} concurrent GPUs in use in pool {p}, job needs {gpus}")
         if blocked and len(blocked) == len(pools):
             return "; ".join(blocked)
+        if q is None:
+            continue
         if q.max_queued_jobs is not None and b.queued_jobs + 1 > q.max_queued_jobs:
             return f"{name}: {b.queued_jobs} of {q.max_queued_jobs} queued jobs"
         if q.max_queued_jobs_per_user is not None:
@@ -291,8 +330,8 @@ def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, ti
     names = [r.name for r in chain]
     quotas = {r.name: r for r in chain if r.budget_gpu_seconds is not None}
     if not quotas:
-        return None
-    weight = min(billing_weight(session, p, gpu_type) for p in POOLS)
+        return None  # the common case costs two small reads
+    weight = min((billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
     needs = committed_for(total_gpus, time_limit_s, weight)
     for name in reversed(names):
         q = quotas.get(name)
@@ -313,11 +352,26 @@ def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, ti
     return None
 
 
-def _job_pool(job: Any, pool: str | None) -> str | None:
+def _job_pool(session: Session, job: Any, pool: str | None) -> str | None:
     pool = pool or job.backend
-    if pool is not None and pool not in POOLS:
-        raise Invalid("pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
-    return pool
+    return check_pool(session, pool) if pool is not None else None
+
+
+def chain_has_limits(session: Session, account: str) -> bool:
+    """Whether any limit (quota, budget, queue cap, per-pool limit) is set on ``account`` or an ancestor.
+
+    False means :func:`admission_check` admits the job in every pool, so routing over many
+    pools can skip asking pool by pool.
+    """
+    names = [a.name for a in accounts.chain(session, account)]
+    q = session.scalar(select(func.count()).select_from(AccountQuota).where(
+        AccountQuota.account_name.in_(names),
+        (AccountQuota.max_gpus.isnot(None)) | (AccountQuota.budget_gpu_seconds.isnot(None))
+        | (AccountQuota.max_queued_jobs.isnot(None)) | (AccountQuota.max_queued_jobs_per_user.isnot(None))))
+    if q:
+        return True
+    return bool(session.scalar(select(func.count()).select_from(AccountPoolQuota).where(
+        AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None))))
 
 
 def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None,
@@ -326,7 +380,7 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
 
     Args:
         job: the job (``account_name``, ``total_gpus``, ``time_limit_s``, ``spec``, ``username``).
-        pool: "slurm", "kubernetes", or None for "either pool".
+        pool: a pool name, or None for "any routable pool".
         gpus: the GPUs the gang would hold in ``pool`` (whole nodes on a node-exclusive pool);
             default ``job.total_gpus``.
 
@@ -334,7 +388,7 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
         (fits, reason): the reason is a sentence for the user either way.
     """
     now = _now(now)
-    pool = _job_pool(job, pool)
+    pool = _job_pool(session, job, pool)
     r = session.get(Reservation, job.id)
     if r is not None and r.status in ("reserved", "started"):
         return True, f"already holds a reservation of {r.gpus} GPUs in pool {r.pool}"
@@ -343,7 +397,7 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
         select(AccountBalance).where(AccountBalance.account_name.in_(names)))}
     gpu_type = normalise_gpu_type((job.spec or {}).get("gpu_type"))
     weight = billing_weight(session, pool, gpu_type) if pool else min(
-        billing_weight(session, p, gpu_type) for p in POOLS)
+        (billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
     gpus = job.total_gpus if gpus is None else gpus
     committed = committed_for(gpus, job.time_limit_s, weight)
     why = _refusal(session, names=names, balances=balances, gpus=gpus, pool=pool,
@@ -372,6 +426,20 @@ def _apply(balances: dict[str, AccountBalance], names: list[str], now: datetime,
         set_committed_value(b, "updated_at", now)
 
 
+def _apply_pool(session: Session, names: list[str], pool: str, delta: int) -> None:
+    """Add ``delta`` GPUs held in ``pool`` to each chain account (one upsert; the chain is locked by us)."""
+    if not delta or not names:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    stmt = insert(AccountPoolBalance).values([{"account_name": n, "pool": pool, "reserved_gpus": delta} for n in names])
+    session.execute(stmt.on_conflict_do_update(
+        index_elements=["account_name", "pool"],
+        set_={"reserved_gpus": AccountPoolBalance.reserved_gpus + stmt.excluded.reserved_gpus}))
+
+
 def _entry(session: Session, **kw: Any) -> LedgerEntry:
     e = LedgerEntry(**kw)
     session.add(e)
@@ -382,10 +450,16 @@ _WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool == bindpar
                                                  GpuBillingWeight.gpu_type == bindparam("gpu_type")).scalar_subquery()
 _DEFAULT_WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool == bindparam("pool"),
                                                          GpuBillingWeight.gpu_type == "*").scalar_subquery()
-_BALANCE_COLS = ("reserved_gpus", "reserved_gpus_slurm", "reserved_gpus_kubernetes", "committed_gpu_seconds",
-                 "charged_gpu_seconds", "queued_jobs")
-_QUOTA_COLS = ("max_gpus", "max_gpus_slurm", "max_gpus_kubernetes", "max_queued_jobs", "max_queued_jobs_per_user",
+_POOL_COST = select(Pool.cost).where(Pool.name == bindparam("pool")).scalar_subquery()
+_BALANCE_COLS = ("reserved_gpus", "committed_gpu_seconds", "charged_gpu_seconds", "queued_jobs")
+_QUOTA_COLS = ("max_gpus", "max_queued_jobs", "max_queued_jobs_per_user",
                "budget_gpu_seconds", "budget_period", "budget_window_days")
+# Per-pool limit and GPUs held in the reserving pool, per chain account (NULL: no limit /
+# no row). The balance row is written under the chain's lock, like account_balance.
+_POOL_LIMIT = select(AccountPoolQuota.max_gpus).where(
+    AccountPoolQuota.account_name == _UP.c.name, AccountPoolQuota.pool == bindparam("pool")).scalar_subquery()
+_POOL_HELD = select(AccountPoolBalance.reserved_gpus).where(
+    AccountPoolBalance.account_name == _UP.c.name, AccountPoolBalance.pool == bindparam("pool")).scalar_subquery()
 # The reservation's one read: the chain locked as in _LOCK_CHAIN, plus what the admission
 # rule needs (each account's quota, the job's reservation, the billing weight). Postgres
 # refuses FOR UPDATE on the nullable side of an outer join; the quota side is not locked.
@@ -397,7 +471,9 @@ _RESERVE_LOCK = (
            .label("r_status"),
            select(Reservation.pool).where(Reservation.job_id == bindparam("job_id")).scalar_subquery()
            .label("r_pool"),
-           func.coalesce(_WEIGHT, _DEFAULT_WEIGHT, 1.0).label("weight"))
+           func.coalesce(_WEIGHT, _DEFAULT_WEIGHT, _POOL_COST, 1.0).label("weight"),
+           select(Pool.name).where(Pool.name == bindparam("pool")).scalar_subquery().label("pool_known"),
+           _POOL_LIMIT.label("pool_limit"), _POOL_HELD.label("pool_held"))
     .select_from(_LOCKED_CHAIN_FROM.outerjoin(AccountQuota, AccountQuota.account_name == _UP.c.name))
     .order_by(_UP.c.depth.desc())
     .with_for_update(of=[AccountBalance, _CHAIN_ACCOUNT], key_share=True)
@@ -407,8 +483,7 @@ _ENTRY_T = LedgerEntry.__table__
 _BALANCE_T = AccountBalance.__table__
 
 
-_RESERVE_DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs", "reserved_gpus_slurm",
-                       "reserved_gpus_kubernetes")
+_RESERVE_DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs")
 # Built once with bind parameters, so SQLAlchemy's statement cache is hit on every call.
 _RESERVE_BALANCES = (
     _BALANCE_T.update().where(_BALANCE_T.c.account_name.in_(bindparam("names", expanding=True)))
@@ -432,7 +507,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
 
     Args:
         job: the job being dispatched to ``pool``.
-        pool: "slurm" or "kubernetes".
+        pool: the pool's name (a row of the ``pool`` table).
         actor: who dispatches (e.g. "system:dispatcher").
         gpus: the GPUs the gang holds in ``pool``, reserved, limited and later charged (on a
             node-exclusive pool whole nodes x GPUs per node; docs/ledger.md); at least
@@ -443,8 +518,6 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         Conflict: the job already finished, or holds a reservation in another pool.
     """
     now = _now(now)
-    if pool not in POOLS:
-        raise Invalid("pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
     if job.total_gpus < 0 or job.time_limit_s <= 0:
         raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
     # Never less than asked: a caller cannot make a gang cheaper than its request.
@@ -457,6 +530,8 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
     rows = _locked_chain_rows(session, job.account_name, lambda: conn.execute(_RESERVE_LOCK, params).all())
     names = [r.name for r in rows]
     r_status, r_pool, weight = rows[0].r_status, rows[0].r_pool, float(rows[0].weight)
+    if rows[0].pool_known is None:
+        check_pool(session, pool)
     if r_status in ("reserved", "started"):
         if r_pool != pool:
             raise Conflict(f"job {job.id} already holds a reservation in pool {r_pool}")
@@ -466,8 +541,9 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
     balances = {r.name: _BalanceView(**{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
     quotas = {r.name: _QuotaView(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
     committed = committed_for(held, job.time_limit_s, weight)
+    pool_limits = {(r.name, pool): (r.pool_limit, r.pool_held or 0) for r in rows if r.pool_limit is not None}
     why = _refusal(session, names=names, balances=balances, gpus=held, pool=pool,
-                   committed=committed, username=job.username, now=now, quotas=quotas)
+                   committed=committed, username=job.username, now=now, quotas=quotas, pool_limits=pool_limits)
     if why:
         raise QuotaExceeded(why)
     row = dict(job_id=job.id, account_name=job.account_name, username=job.username, pool=pool, gpu_type=gpu_type,
@@ -481,8 +557,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
                  committed_gpu_seconds=committed, gpu_seconds=0, billing_weight=weight, actor=actor,
                  reason=f"{held} GPUs{why_held} x {job.time_limit_s} s x weight {weight:g}")
     deltas = {"names": names, "now": now, "d_reserved_gpus": held, "d_committed_gpu_seconds": committed,
-              "d_queued_jobs": 1, "d_reserved_gpus_slurm": held if pool == "slurm" else 0,
-              "d_reserved_gpus_kubernetes": held if pool == "kubernetes" else 0}
+              "d_queued_jobs": 1}
     if r_status is None and conn.dialect.name == "postgresql":
         # All three writes in one round trip: the locks are held for one fewer wait each.
         conn.execute(_RESERVE_WRITES_PG, {**{f"r_{k}": v for k, v in row.items()},
@@ -494,9 +569,10 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
             conn.execute(_RESERVATION_T.update().where(_RESERVATION_T.c.job_id == job.id), row)
         conn.execute(_ENTRY_T.insert(), entry)
         conn.execute(_RESERVE_BALANCES, deltas)
+    _apply_pool(session, names, pool, held)
     # Core writes bypass the session: drop any stale copies it holds of what we changed.
     for obj in list(session.identity_map.values()):
-        if isinstance(obj, (AccountBalance, Reservation)) and (
+        if isinstance(obj, (AccountBalance, AccountPoolBalance, Reservation)) and (
                 getattr(obj, "account_name", None) in names or getattr(obj, "job_id", None) == job.id):
             session.expire(obj)
 
@@ -504,8 +580,6 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
 @dataclasses.dataclass(frozen=True)
 class _BalanceView:
     reserved_gpus: int = 0
-    reserved_gpus_slurm: int = 0
-    reserved_gpus_kubernetes: int = 0
     committed_gpu_seconds: int = 0
     charged_gpu_seconds: int = 0
     queued_jobs: int = 0
@@ -517,8 +591,6 @@ _ZERO = _BalanceView()
 @dataclasses.dataclass(frozen=True)
 class _QuotaView:
     max_gpus: int | None
-    max_gpus_slurm: int | None
-    max_gpus_kubernetes: int | None
     max_queued_jobs: int | None
     max_queued_jobs_per_user: int | None
     budget_gpu_seconds: int | None
@@ -592,7 +664,8 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
            billing_weight=r.billing_weight, actor=actor,
            reason="job ended; unused committed time returned" if started else "job ended without starting")
     _apply(balances, names, utcnow(), reserved_gpus=-r.gpus, committed_gpu_seconds=-(r.committed_gpu_seconds - accrued),
-           charged_gpu_seconds=charge, queued_jobs=-1 if was_queued else 0, **{POOL_BALANCE[r.pool]: -r.gpus})
+           charged_gpu_seconds=charge, queued_jobs=-1 if was_queued else 0)
+    _apply_pool(session, names, r.pool, -r.gpus)
     if charge:
         _add_bucket(session, r.account_name, ended_at.date(), r.pool, charge, usage=charge, jobs=1)
         _add_decayed_usage(session, r.account_name, charge, ended_at, _half_life_s(half_life_s))
@@ -650,7 +723,8 @@ def release(session: Session, *, job: Any, actor: str, reason: str) -> None:
            gpu_type=r.gpu_type, username=r.username, gpus=-r.gpus, committed_gpu_seconds=-r.committed_gpu_seconds,
            gpu_seconds=0, billing_weight=r.billing_weight, actor=actor, reason=reason or "released")
     _apply(balances, names, now, reserved_gpus=-r.gpus, committed_gpu_seconds=-r.committed_gpu_seconds,
-           queued_jobs=-1, **{POOL_BALANCE[r.pool]: -r.gpus})
+           queued_jobs=-1)
+    _apply_pool(session, names, r.pool, -r.gpus)
     session.flush()
 
 
@@ -668,8 +742,8 @@ def adjust(session: Session, *, account: str, kind: str, gpu_seconds: int, actor
         raise Invalid("body.gpu_seconds", "must be a positive whole number of GPU-seconds (at most 1e15)")
     if not reason or not reason.strip():
         raise Invalid("body.reason", "say why: the reason is kept in the ledger")
-    if pool is not None and pool not in POOLS:
-        raise Invalid("body.pool", f"unknown pool {pool!r}; one of {', '.join(POOLS)}")
+    if pool is not None:
+        check_pool(session, pool, "body.pool")
     accounts.get_or_raise(session, name=account, field="body.account")
     names, balances = _lock_chain(session, account)
     if kind == "refund":
@@ -735,11 +809,13 @@ def move_subtree(session: Session, *, account: str, new_parent: str | None, acto
     order = sorted(depth, key=lambda n: (depth[n], n))
     rows = _balance_rows(session, order, lock=True)
     moving = rows[account]
-    cols = ("reserved_gpus", "reserved_gpus_slurm", "reserved_gpus_kubernetes", "committed_gpu_seconds",
-            "charged_gpu_seconds", "queued_jobs")
+    cols = ("reserved_gpus", "committed_gpu_seconds", "charged_gpu_seconds", "queued_jobs")
     now = utcnow()
+    held = pool_balances(session, account)
     for sign, names in ((-1, old), (1, new)):
         _apply(rows, names, now, **{c: sign * getattr(moving, c) for c in cols})
+        for pool, n in held.items():
+            _apply_pool(session, names, pool, sign * n)
     acc = session.get(Account, account)
     acc.parent_name = new_parent
     session.flush()
@@ -814,8 +890,7 @@ def expected_balances(session: Session) -> dict[str, dict[str, int]]:
     """Running totals recomputed from the entries (and reservations for queued_jobs)."""
     tree = accounts.load_tree(session)
     own: dict[str, dict[str, int]] = {n: dict.fromkeys(
-        ("reserved_gpus", "reserved_gpus_slurm", "reserved_gpus_kubernetes", "committed_gpu_seconds",
-         "charged_gpu_seconds", "queued_jobs"), 0) for n in tree}
+        ("reserved_gpus", "committed_gpu_seconds", "charged_gpu_seconds", "queued_jobs"), 0) for n in tree}
     for acc, pool, g, c, s in session.execute(select(
             LedgerEntry.account_name, LedgerEntry.pool, func.sum(LedgerEntry.gpus),
             func.sum(LedgerEntry.committed_gpu_seconds), func.sum(LedgerEntry.gpu_seconds))
@@ -824,8 +899,9 @@ def expected_balances(session: Session) -> dict[str, dict[str, int]]:
             continue
         o = own[acc]
         o["reserved_gpus"] += int(g or 0)
-        if pool in POOL_BALANCE:
-            o[POOL_BALANCE[pool]] += int(g or 0)
+        if pool:
+            key = f"pool:{pool}"
+            o[key] = o.get(key, 0) + int(g or 0)
         o["committed_gpu_seconds"] += int(c or 0)
         o["charged_gpu_seconds"] += int(s or 0)
     for acc, n in session.execute(select(Reservation.account_name, func.count()).where(
@@ -834,10 +910,10 @@ def expected_balances(session: Session) -> dict[str, dict[str, int]]:
             own[acc]["queued_jobs"] += int(n)
     out: dict[str, dict[str, int]] = {}
     for name in tree:
-        tot = dict.fromkeys(own[name], 0)
+        tot: dict[str, int] = {}
         for d in accounts.descendants(tree, name):
             for k, v in own[d].items():
-                tot[k] += v
+                tot[k] = tot.get(k, 0) + v
         out[name] = tot
     return out
 
@@ -848,10 +924,17 @@ def verify(session: Session) -> list[str]:
     expected = expected_balances(session)
     rows = {b.account_name: b for b in session.scalars(
         select(AccountBalance).execution_options(populate_existing=True))}
+    held = {(a, p): int(n) for a, p, n in session.execute(
+        select(AccountPoolBalance.account_name, AccountPoolBalance.pool, AccountPoolBalance.reserved_gpus))}
     for name, exp in expected.items():
         b = rows.get(name)
-        for k, v in exp.items():
-            have = getattr(b, k) if b is not None else 0
+        pools = {k for k in exp if k.startswith("pool:")} | {f"pool:{p}" for a, p in held if a == name}
+        for k in [*(k for k in exp if not k.startswith("pool:")), *sorted(pools)]:
+            v = exp.get(k, 0)
+            if k.startswith("pool:"):
+                have = held.get((name, k[5:]), 0)
+            else:
+                have = getattr(b, k) if b is not None else 0
             if have != v:
                 problems.append(f"{name}.{k}: balance {have} != entries {v}")
     return problems
@@ -873,7 +956,7 @@ def account_usage(session: Session, *, account: str, now: datetime | None = None
         label = now.strftime("%Y-%m") if eff["budget_period"] == "month" else \
             f"last {eff['budget_window_days']} days"
     fs = fairshare(session, now=now, half_life_s=half_life_s).get(account)
-    return {"effective": eff, "balance": bal, "period": label, "used_gpu_seconds": used,
+    return {"effective": eff, "balance": bal, "pools": pool_balances(session, account), "period": label, "used_gpu_seconds": used,
             "remaining_gpu_seconds": remaining, "fairshare": fs}
 
 

@@ -24,7 +24,7 @@ class PoolHealth:
 
 
 def health_of(view: PoolView) -> PoolHealth:
-    kind = view.backend.name if view.backend is not None else view.name
+    kind = view.kind
     if view.capacity is None:
         return PoolHealth(view.name, kind, False, view.error or "no answer from the backend", view)
     if view.total_gpus <= 0:
@@ -44,3 +44,75 @@ def current(dispatcher) -> dict[str, PoolHealth]:
     if dispatcher is None:
         return {}
     return {name: health_of(view) for name, view in sorted(dispatcher.views().items())}
+
+
+# ----------------------------------------------------------------- the pool table
+
+ACTIVE_JOB_STATES = ("dispatching", "queued", "starting", "running", "requeued", "cancelling")
+
+
+def reconcile(session, pools, *, now=None) -> list[str]:
+    """Write the configured pools into the ``pool`` table; return notes for the log.
+
+    New pools are added with the file's state and weight; known ones take the file's kind,
+    GPU types, cost, and state/weight unless an administrator set them (``*_by``). A pool
+    that is no longer configured is kept (history, quotas) as ``configured = false``,
+    unless jobs are still active on it: then BackendConfigError names it and the jobs,
+    because dropping it would strand them (nobody would follow or cancel them).
+    """
+    from sqlalchemy import func, select
+
+    from gateway.pools.adapters import BackendConfigError
+    from gateway.jobs.models import Job
+    from gateway.pools.models import Pool
+
+    rows = {p.name: p for p in session.scalars(select(Pool))}
+    configured = {p.name for p in pools}
+    vanished = [name for name, row in rows.items() if row.configured and name not in configured]
+    if vanished:
+        active = dict(session.execute(
+            select(Job.backend, func.count()).where(Job.backend.in_(vanished), Job.state.in_(ACTIVE_JOB_STATES))
+            .group_by(Job.backend)).all())
+        stranded = sorted(active)
+        if stranded:
+            what = ", ".join(f"pool {n!r} has {active[n]} active job(s)" for n in stranded)
+            raise BackendConfigError(f"pools configuration: {what} but is no longer configured; put it back (state: "
+                                     "draining lets its jobs finish) or cancel them first")
+    notes = []
+    for p in pools:
+        row = rows.get(p.name)
+        if row is None:
+            session.add(Pool(name=p.name, kind=p.kind, gpu_types=list(p.gpu_types), weight=p.weight, cost=p.cost,
+                             state=p.state, configured=True))
+            notes.append(f"pool {p.name}: added ({p.kind})")
+            continue
+        if row.kind != p.kind:
+            notes.append(f"pool {p.name}: kind changed from {row.kind} to {p.kind}")
+        row.kind, row.gpu_types, row.cost, row.configured = p.kind, list(p.gpu_types), p.cost, True
+        if not row.state_by:
+            row.state = p.state
+        elif row.state != p.state:
+            notes.append(f"pool {p.name}: state {row.state} (set by {row.state_by}) kept over the file's {p.state}")
+        if not row.weight_by:
+            row.weight = p.weight
+    for name in vanished:
+        rows[name].configured = False
+        notes.append(f"pool {name}: no longer configured (no active jobs); kept for history")
+    session.flush()
+    return notes
+
+
+def reconcile_at_startup(sessionmaker, pools) -> list[str]:
+    with sessionmaker.begin() as session:
+        return reconcile(session, pools)
+
+
+def pool_meta(session) -> dict[str, dict]:
+    """Each pool row as PoolView keyword arguments (kind, state, weight, cost, gpu_types)."""
+    from sqlalchemy import select
+
+    from gateway.pools.models import Pool
+
+    return {p.name: {"kind": p.kind, "state": p.state, "weight": p.weight, "cost": p.cost,
+                     "gpu_types": tuple(p.gpu_types or ())}
+            for p in session.scalars(select(Pool))}

@@ -1,11 +1,14 @@
 """Routing: which pool a gang goes to, and why, in words a user can read.
 
-A pool is a candidate when the job can EVER fit it (static limits: GPUs per node, node
-count, total GPUs, container support, GPU type) and the account's per-pool quota allows
-it. Among candidates, the job goes to a pool where the WHOLE gang fits now (Slurm:
-enough idle nodes for exclusive allocation; Kubernetes: enough free GPUs in the
-ClusterQueue); ties are broken by the configured weight, the free share left after
-placement, and the pool's queue depth. If no pool has room now the job stays pending in
+Pools are data (gateway/pools): any number, each of a kind (``slurm``: node-exclusive;
+``kubernetes``: GPUs packed) with a state, a routing weight and a cost. A pool is a
+candidate when it is ``active`` (draining and disabled pools get nothing new), of the
+job's ``pool_kind`` if it asks for one, the job can EVER fit it (static limits: GPUs per
+node, node count, total GPUs, container support, GPU type) and the account's per-pool
+quota allows it. Among candidates, the job goes to a pool where the WHOLE gang fits now
+(Slurm: enough idle nodes for exclusive allocation; Kubernetes: enough free GPUs in the
+ClusterQueue); ties are broken by the pool's weight, its cost (cheaper first, scaled by
+``routing_cost_factor``), the free share left after placement, and the pool's queue depth. If no pool has room now the job stays pending in
 the gateway, where fair share orders it, rather than queueing in a backend's own FIFO.
 """
 
@@ -36,27 +39,42 @@ class PoolView:
     queue_depth: int = 0
     memory_mib_per_node: int = 0  # 0: unknown
     cpus_per_node: int = 0
+    kind: str = ""  # slurm | kubernetes; "" = the backend's own name (its kind)
+    state: str = "active"  # active | draining | disabled (the pool table)
+    weight: float = 1.0  # routing weight (> 0)
+    cost: float = 1.0  # billing weight per GPU-second, the cost term of routing
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            self.kind = getattr(self.backend, "name", None) or self.name
 
     @classmethod
-    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0) -> "PoolView":
+    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> "PoolView":
+        """Ask the backend for its capacity now. ``meta``: the pool's row (kind, state, weight, cost,
+        gpu_types); configured GPU types replace the ones the backend reports."""
+        meta = dict(meta or {})
+        configured_types = frozenset(normalise_gpu_type(t) for t in meta.pop("gpu_types", None) or ())
         try:
             cap = backend.capacity()
         except BackendError as exc:
-            return cls(name=name, backend=backend, capacity=None, error=exc.message, queue_depth=queue_depth)
+            return cls(name=name, backend=backend, capacity=None, error=exc.message, queue_depth=queue_depth,
+                       gpu_types=configured_types, **meta)
         return cls(
-            name=name, backend=backend, capacity=cap,
+            name=name, backend=backend, capacity=cap, **meta,
             free_gpus=sum(p.free_gpus for p in cap.pools), idle_nodes=sum(p.idle_nodes for p in cap.pools),
             total_gpus=sum(p.total_gpus for p in cap.pools), total_nodes=sum(p.total_nodes for p in cap.pools),
             gpus_per_node=max((p.gpus_per_node for p in cap.pools), default=0),
-            gpu_types=frozenset(normalise_gpu_type(t) for p in cap.pools for t in p.gpu_types), queue_depth=queue_depth,
+            gpu_types=configured_types or frozenset(normalise_gpu_type(t) for p in cap.pools for t in p.gpu_types),
+            queue_depth=queue_depth,
             memory_mib_per_node=max((p.memory_mib_per_node for p in cap.pools), default=0),
             cpus_per_node=max((p.cpus_per_node for p in cap.pools), default=0),
         )
 
     @property
     def node_exclusive(self) -> bool:
-        # Slurm allocates whole nodes (--exclusive); Kubernetes packs pods by GPU.
-        return self.name == "slurm"
+        # From the pool's KIND, never its name: Slurm allocates whole nodes (--exclusive);
+        # Kubernetes packs pods by GPU.
+        return self.kind == "slurm"
 
     def describe(self) -> str:
         if self.capacity is None:
@@ -79,6 +97,7 @@ class JobShape:
     gpu_type: str | None
     memory_mib_per_worker: int = 0
     cpus_per_worker: int = 0
+    pool_kind: str | None = None  # only pools of this kind
 
     @classmethod
     def of(cls, job) -> "JobShape":
@@ -94,7 +113,7 @@ class JobShape:
         return cls(workers=workers, gpus_per_worker=gpus_per_worker, total_gpus=total_gpus,
                    image=spec.get("image"), gpu_type=spec.get("gpu_type"),
                    memory_mib_per_worker=parse_memory_mib(memory) if memory else 0,
-                   cpus_per_worker=int(spec.get("cpus_per_worker") or 0))
+                   cpus_per_worker=int(spec.get("cpus_per_worker") or 0), pool_kind=spec.get("pool_kind"))
 
 
 def never_fits(shape: JobShape, view: PoolView) -> str | None:
@@ -168,20 +187,29 @@ def parse_weights(raw: str) -> dict[str, float]:
 
 def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
           quota_refusals: Mapping[str, str] | None = None, weights: Mapping[str, float] | None = None,
-          queue_depth: int = 0) -> Decision:
-    """Pick a pool for one job now (see module docstring)."""
+          queue_depth: int = 0, cost_factor: float = 1.0) -> Decision:
+    """Pick a pool for one job now (see module docstring).
+
+    ``weights`` (the old ``ISTHMUS_ROUTING_WEIGHTS``) multiply each pool's own weight.
+    """
     quota_refusals = quota_refusals or {}
     weights = weights or {}
     names = [requested] if requested != "auto" else sorted(views)
     if requested != "auto" and requested not in views:
         return Decision(None, f"pool {requested!r} is not configured on this gateway", rejected=True)
     notes: list[str] = []
-    scored: list[tuple[float, str]] = []
+    fitting: list[tuple[float, float, str]] = []  # (score before cost, cost, name)
     for name in names:
         view = views[name]
+        if shape.pool_kind and view.kind != shape.pool_kind:
+            notes.append(f"{name}: cannot run this job (a {view.kind} pool; the job asks for {shape.pool_kind})")
+            continue
         why_never = never_fits(shape, view)
         if why_never:
             notes.append(f"{name}: cannot run this job ({why_never})")
+            continue
+        if view.state != "active":
+            notes.append(f"{name}: {view.state} (takes no new jobs)")
             continue
         if name in quota_refusals:
             notes.append(f"{name}: quota ({quota_refusals[name]})")
@@ -189,9 +217,11 @@ def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
         notes.append(view.describe())
         if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth):
             left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
-            scored.append((weights.get(name, 1.0) + left - 0.05 * view.queue_depth, name))
-    if scored:
-        scored.sort(key=lambda t: (-t[0], t[1]))
+            fitting.append((view.weight * weights.get(name, 1.0) + left - 0.05 * view.queue_depth, view.cost, name))
+    if fitting:
+        cheapest = min(cost for _, cost, _ in fitting)
+        scored = sorted(((score - cost_factor * (cost / cheapest - 1.0), name) for score, cost, name in fitting),
+                        key=lambda t: (-t[0], t[1]))
         chosen = scored[0][1]
         return Decision(chosen, f"routed to {chosen}; " + "; ".join(notes))
     every_never = all(n.split(":", 1)[1].strip().startswith("cannot run") for n in notes) and notes
@@ -202,11 +232,16 @@ def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
 
 def check_pinned(shape: JobShape, requested: str, views: Mapping[str, PoolView]) -> str | None:
     """At submit time: the reason a job can never run where it asks to, or None."""
+    def why(view: PoolView) -> str | None:
+        if shape.pool_kind and view.kind != shape.pool_kind:
+            return f"a {view.kind} pool; the job asks for {shape.pool_kind}"
+        return never_fits(shape, view)
+
     if requested == "auto":
-        if views and all(never_fits(shape, v) for v in views.values()):
-            return "; ".join(f"{n}: {never_fits(shape, v)}" for n, v in views.items())
+        if views and all(why(v) for v in views.values()):
+            return "; ".join(f"{n}: {why(v)}" for n, v in sorted(views.items()))
         return None
     if requested not in views:
-        return f"pool {requested!r} is not configured on this gateway"
-    reason = never_fits(shape, views[requested])
+        return f"pool {requested!r} is not configured on this gateway (GET /v1/pools lists them)"
+    reason = why(views[requested])
     return f"{requested}: {reason}" if reason else None

@@ -69,9 +69,10 @@ def test_no_union_of_number_and_integer():
 
 
 OUTPUT_ENUMS = {
-    ("JobOut", "assigned_backend"): "Pool", ("JobOut", "backend"): "BackendChoice", ("JobOut", "state"): "JobState",
-    ("LedgerEntryOut", "pool"): "Pool", ("LedgerEntryOut", "kind"): "LedgerEntryKind",
-    ("MemberOut", "role"): "MemberRole", ("BillingWeightOut", "pool"): "Pool", ("UsageRow", "pool"): "Pool",
+    # Pools are data (a string checked against GET /v1/pools), not an enum: no entry for pool names.
+    ("JobOut", "pool_kind"): "PoolKind", ("JobOut", "state"): "JobState",
+    ("PoolOut", "state"): "PoolState", ("AdminPoolOut", "state"): "PoolState",
+    ("LedgerEntryOut", "kind"): "LedgerEntryKind", ("MemberOut", "role"): "MemberRole",
     ("UsageReport", "period"): "UsagePeriod", ("QuotaOut", "budget_period"): "BudgetPeriod",
     ("ReadyOut", "status"): "ReadyStatus",
 }

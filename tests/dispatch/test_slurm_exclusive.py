@@ -62,7 +62,7 @@ def test_a_gang_that_asks_fewer_gpus_holds_whole_nodes_and_pays_for_them(gw, gpu
                                                       LedgerEntry.kind == "reserve")).one()
         assert reserve.gpus == gpus_per_node and "whole nodes" in reserve.reason, reserve.reason
         # the account's concurrent-GPU total counts the whole node while it runs
-        assert ledger.get_balance(s, "team-a").reserved_gpus_slurm == gpus_per_node
+        assert ledger.pool_balances(s, "team-a")["slurm"] == gpus_per_node
     done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=90)
     assert done["state"] == "succeeded", done
     ran = (as_utc(datetime.fromisoformat(done["ended_at"]))

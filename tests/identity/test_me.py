@@ -58,7 +58,8 @@ def test_without_a_pool_a_job_says_so_instead_of_waiting_for_dispatch(gw):  # no
     spec = {"name": "x", "account": "team-a", "command": ["true"], "workers": 1, "gpus_per_worker": 1}
     job = gw.client.post("/v1/jobs", json=spec, headers=gw.headers()).json()
     assert job["state"] == "pending"
-    assert job["state_reason"].startswith("no pool is configured on this gateway (ISTHMUS_BACKENDS)")
+    assert job["state_reason"].startswith("no pool is configured on this gateway (ISTHMUS_POOLS_FILE or "
+                                          "ISTHMUS_BACKENDS)")
     pools = gw.client.get("/v1/pools", headers=gw.headers()).json()
     assert pools["items"] == [] and pools["note"].startswith("no pool is configured")
     assert gw.client.get("/readyz").json()["pools"] == {}

@@ -41,10 +41,10 @@ def _check(s, names: list[str]) -> None:
         assert b.reserved_gpus >= 0 and b.committed_gpu_seconds >= 0 and b.queued_jobs >= 0
         if q.max_gpus is not None:
             assert b.reserved_gpus <= q.max_gpus, name
-        if q.max_gpus_slurm is not None:
-            assert b.reserved_gpus_slurm <= q.max_gpus_slurm, name
-        if q.max_gpus_kubernetes is not None:
-            assert b.reserved_gpus_kubernetes <= q.max_gpus_kubernetes, name
+        held = ledger.pool_balances(s, name)
+        for pool, limit in ledger.accounts.effective_quota(s, name)["max_gpus_per_pool"].items():
+            if limit.source == name:
+                assert held.get(pool, 0) <= limit.value, (name, pool)
         if q.max_queued_jobs is not None:
             assert b.queued_jobs <= q.max_queued_jobs
         if q.budget_gpu_seconds is not None:
@@ -62,9 +62,9 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
     p = f"r{next(_run)}"
     names = [f"{p}-org", f"{p}-a", f"{p}-b"]
     with transaction(factory) as s:
-        add_account(s, names[0], max_gpus=32, max_gpus_kubernetes=16, budget_gpu_seconds=40 * 3600)
+        add_account(s, names[0], max_gpus=32, max_gpus_per_pool={"kubernetes": 16}, budget_gpu_seconds=40 * 3600)
         add_account(s, names[1], parent=names[0], max_gpus=16, max_queued_jobs=3)
-        add_account(s, names[2], parent=names[0], max_gpus_slurm=8, max_queued_jobs_per_user=2)
+        add_account(s, names[2], parent=names[0], max_gpus_per_pool={"slurm": 8}, max_queued_jobs_per_user=2)
     jobs: list[str] = []
     started: dict[str, object] = {}
     for i, o in enumerate(ops):

