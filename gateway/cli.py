@@ -235,11 +235,13 @@ def account_create(name: str, parent: str | None, shares: int) -> None:
 
 
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("account", "ACCOUNT"), ("user", "USER"), ("state", "STATE"),
-               ("assigned_backend", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
+               ("assigned_backend", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED"),
+               ("estimated_start", "EST_START")]
 
 
 def _job_detail(job: dict) -> str:
-    keys = ["id", "name", "account", "user", "state", "state_reason", "backend", "assigned_backend",
+    keys = ["id", "name", "account", "user", "state", "state_reason", "estimated_start", "estimated_pool",
+            "estimate_reason", "backend", "assigned_backend",
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
             "exit_code", "created_at", "started_at", "ended_at"]

@@ -53,6 +53,11 @@ class Job(Base):
     cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     dispatch_attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A pending job's planned start from the last dispatch round (docs/dispatch.md,
+    # "Reservations and backfill"); NULL start with a reason when there is none.
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    estimated_pool: Mapped[str | None] = mapped_column(String(16))
+    estimate_reason: Mapped[str | None] = mapped_column(Text)
 
     @validates("state")
     def _validate_state(self, _key: str, value: str) -> str:

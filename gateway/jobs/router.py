@@ -42,7 +42,15 @@ def to_out(job: Job) -> JobOut:
         backend_job_id=job.backend_job_id, exit_code=job.exit_code, nodes=job.nodes,
         created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
+        **_estimate(job),
     )
+
+
+def _estimate(job: Job) -> dict:
+    if job.state != JobState.PENDING.value:
+        return {}
+    return {"estimated_start": as_utc(job.estimated_start), "estimated_pool": job.estimated_pool,
+            "estimate_reason": job.estimate_reason}
 
 
 def _encode_cursor(job_id: str) -> str:
@@ -107,6 +115,43 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
         raise Invalid("body.backend" if spec.backend.value != "auto" else "body", f"this job can never run: {reason}")
 
 
+def _refuse_if_never_admissible(session, spec: JobSpec) -> None:
+    """A job larger than its account's concurrent-GPU limit on every pool it may use is refused now.
+
+    The limit is the smallest ``max_gpus`` (or per-pool ``max_gpus_<pool>``) set on the
+    account or an ancestor: each level caps its subtree, so such a job could never be
+    admitted and would wait forever (docs/dispatch.md, "Reservations and backfill"). The
+    GPUs asked are a lower bound of what the gang holds, so nothing admissible is refused.
+    """
+    from sqlalchemy import select
+
+    from gateway.accounts import service as accounts
+    from gateway.accounts.models import AccountQuota
+    from gateway.kit.errors import NotFound
+    from gateway.kit.names import POOLS
+
+    try:
+        names = [a.name for a in accounts.chain(session, spec.account)]
+    except NotFound:
+        return  # an unknown account: create() names the field
+    quotas = list(session.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names))))
+    pools = list(POOLS) if spec.backend.value == "auto" else [spec.backend.value]
+    limits: list[str] = []
+    for pool in pools:
+        tightest: tuple[int, str, str] | None = None
+        for q in quotas:
+            for field in ("max_gpus", f"max_gpus_{pool}"):
+                value = getattr(q, field, None)
+                if value is not None and (tightest is None or value < tightest[0]):
+                    tightest = (value, field, q.account_name)
+        if tightest is None or spec.total_gpus <= tightest[0]:
+            return
+        limits.append(f"{pool}: {tightest[1]} = {tightest[0]} (set on account {tightest[2]})")
+    raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than the "
+                                  f"concurrent-GPU limit of account {spec.account} on every pool it may use "
+                                  f"({'; '.join(limits)})")
+
+
 def _budget_verdict(session, spec: JobSpec, settings) -> str | None:
     """Refuse a job bigger than a whole budget period; the reason it is held when this period's budget is short."""
     from gateway.jobs.schemas import parse_duration_s
@@ -160,6 +205,8 @@ def submit_job(
     settings = request.app.state.settings
     _refuse_system_user(principal, settings)
     _refuse_if_never_fits(request, spec)
+    if principal.may_use(spec.account):
+        _refuse_if_never_admissible(session, spec)
     held = _budget_verdict(session, spec, settings) if principal.may_use(spec.account) else None
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
                                   default_time_limit_s=settings.default_time_limit_s,

@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import String, bindparam, func, literal, null, select
@@ -137,7 +137,26 @@ def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str,
     job.routing_reason = reason
     job.next_attempt_at = lease_until
     job.dispatch_attempts += 1
+    job.estimated_start = job.estimated_pool = job.estimate_reason = None
     set_state(session, job, JobState.DISPATCHING, actor=actor, reason=reason, data=data)
+
+
+def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
+    """A pending job's planned start (or None, with why), as the last dispatch round saw it.
+
+    Written only when it moves (by more than a few seconds), so a round does not rewrite
+    every waiting row.
+    """
+    old = job.estimated_start
+    if old is not None and old.tzinfo is None:
+        old = old.replace(tzinfo=timezone.utc)
+    same_start = (old is None and start is None) or (
+        old is not None and start is not None and abs((old - start).total_seconds()) < 5)
+    if same_start and job.estimated_pool == pool and job.estimate_reason == reason:
+        return
+    job.estimated_start = start
+    job.estimated_pool = pool
+    job.estimate_reason = reason
 
 
 def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str) -> None:
