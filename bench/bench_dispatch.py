@@ -140,14 +140,14 @@ def plan_round(args) -> None:
             for i in range(args.pending + args.running):
                 running = i < args.running
                 workers = rnd.choice([1, 1, 1, 1, 2, 4, 8, 16])
+                limit = rnd.choice([600, 3600, 4 * 3600, 24 * 3600])
                 rows.append(dict(
                     id=new_id(), name=f"j{i}", account_name=rnd.choice(accounts), submitted_by="bench",
                     username="alice", requested_backend="auto", backend=rnd.choice(pools) if running else None,
                     state="running" if running else "pending", state_reason="", spec={"command": ["true"]},
                     workers=workers, gpus_per_worker=8, total_gpus=8 * workers,
-                    time_limit_s=rnd.choice([600, 3600, 4 * 3600, 24 * 3600]), priority=rnd.randint(-5, 5),
-                    routing_reason="", dispatch_attempts=0,
-                    started_at=now - timedelta(seconds=rnd.randint(0, 3600)) if running else None,
+                    time_limit_s=limit, priority=rnd.randint(-5, 5), routing_reason="", dispatch_attempts=0,
+                    started_at=now - timedelta(seconds=rnd.randint(0, limit - 1)) if running else None,
                     created_at=now - timedelta(seconds=args.pending - i), updated_at=now))
                 if len(rows) == 5000:
                     conn.execute(insert(Job), rows)
@@ -171,7 +171,7 @@ def plan_round(args) -> None:
                               releases=rels, candidates=cands, depth=8, max_starts=100)
                 t3 = time.perf_counter()
                 s.rollback()
-            assert len(picked) == window and len(result.reservations) == 8, (len(picked), result)
+            assert len(picked) == window and len(result.reservations) == 8, (len(picked), result.starts[:3])
             pick_ms.append((t1 - t0) * 1e3)
             rel_ms.append((t2 - t1) * 1e3)
             plan_ms.append((t3 - t2) * 1e3)

@@ -68,6 +68,9 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
     rows = session.execute(select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus,
                                   Job.started_at, Job.updated_at, Job.time_limit_s).where(Job.state.in_(states))).all()
     t_now = now.timestamp()
+    # A gang past its expected end still holds its units until the backend says otherwise
+    # (the snapshot is the truth for now): it frees them "soon", never "now".
+    soon = t_now + 1.0
     out: list[Release] = []
     in_flight: dict[str, int] = {}
     for pool, state, workers, total, held, started, updated, limit in rows:
@@ -76,13 +79,13 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
             continue
         units = units_of(view, workers=workers, total_gpus=total, held_gpus=held)
         if state in (JobState.STARTING.value, JobState.RUNNING.value):
-            at = max(t_now, (as_utc(started).timestamp() if started is not None else t_now) + limit)
+            at = max(soon, (as_utc(started).timestamp() if started is not None else t_now) + limit)
         else:
             # From its last change (the claim, the submission), not from now: an end that
             # moved with every round would let one job after another backfill in front of
             # a reservation for ever.
             base = as_utc(updated).timestamp() if updated is not None else t_now
-            at = max(t_now, base + limit)
+            at = max(soon, base + limit)
             in_flight[pool] = in_flight.get(pool, 0) + units
         out.append(Release(pool, units, at))
     return out, in_flight

@@ -153,3 +153,20 @@ def test_the_pick_looks_past_an_accounts_unadmittable_jobs(gw):
     other = submit(gw, "team-a")
     rounds(gw, 1)
     assert get(gw, other)["state"] == "running", get(gw, other)
+
+
+def test_the_cli_shows_the_estimate(gw):
+    from gateway.cli import JOB_COLUMNS, _job_detail
+    from gateway.cli_client import _table
+
+    for _ in range(4):
+        submit(gw, "team-b", time_limit="10m")
+    rounds(gw)
+    gang = get(gw, submit(gw, "team-a", workers=4))
+    rounds(gw)
+    gang = get(gw, gang["id"])
+    table = _table([gang], JOB_COLUMNS)
+    assert "EST_START" in table.splitlines()[0] and gang["estimated_start"] in table
+    detail = _job_detail(gang)
+    assert f"estimated_start:   {gang['estimated_start']}" in detail and "estimated_pool:    slurm" in detail
+    assert "estimate_reason:" in detail
