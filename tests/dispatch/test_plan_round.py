@@ -63,7 +63,7 @@ class Pool(Backend):
 
 @pytest.fixture
 def gw(database_url, dev_key_path):
-    with wired_gateway(database_url, dev_key_path, {}) as gw:
+    with wired_gateway(database_url, dev_key_path, {}, scheduling_policy="reservation") as gw:
         pool = Pool()
         gw.app.state.backends["slurm"] = pool  # the dispatcher shares this dict
         gw.pool = pool
@@ -170,3 +170,17 @@ def test_the_cli_shows_the_estimate(gw):
     detail = _job_detail(gang)
     assert f"estimated_start:   {gang['estimated_start']}" in detail and "estimated_pool:    slurm" in detail
     assert "estimate_reason:" in detail
+
+
+def test_the_greedy_policy_lets_the_stream_take_the_freed_node(database_url, dev_key_path):
+    """The old pick, kept behind ISTHMUS_SCHEDULING_POLICY=greedy: what the reservation policy fixes."""
+    with wired_gateway(database_url, dev_key_path, {}, scheduling_policy="greedy") as gw:
+        gw.pool = gw.app.state.backends["slurm"] = Pool()
+        small = [submit(gw, "team-b", time_limit="10m") for _ in range(4)]
+        rounds(gw)
+        gang = submit(gw, "team-a", workers=4)
+        later = submit(gw, "team-b", time_limit="10m")
+        rounds(gw)
+        gw.pool.end(small[0])
+        rounds(gw)
+        assert get(gw, later)["state"] == "running" and get(gw, gang)["state"] == "pending"

@@ -31,13 +31,15 @@ USERS = {"team-a": "alice", "team-b": "bob"}
 
 @pytest.fixture
 def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+                       scheduling_policy="reservation") as gw:
         yield gw
 
 
 @pytest.fixture
 def kube_gw(database_url, dev_key_path, kube):
-    with whole_pool(), wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)}) as gw:
+    with whole_pool(), wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
+                                     scheduling_policy="reservation") as gw:
         yield gw
 
 
