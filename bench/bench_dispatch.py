@@ -170,10 +170,10 @@ def plan_round(args) -> None:
                 factors = {n: f.factor for n, f in ledger.fairshare(s, now=now).items()}
                 picked = pending_order(s, now=now, limit=window, lock=True, factors=factors, per_account=per_account)
                 t1 = time.perf_counter()
-                rels, in_flight = planning.releases(s, views, now=now)
+                rels, registry_held = planning.releases(s, views, now=now)
                 t2 = time.perf_counter()
                 cands = [planning.candidate(j, tuple(pools)) for j in picked]
-                result = plan(now=now.timestamp(), pools=models, free_now=planning.free_now(views, in_flight),
+                result = plan(now=now.timestamp(), pools=models, free_now=planning.free_now(views, registry_held),
                               releases=rels, candidates=cands, depth=8, max_starts=100)
                 t3 = time.perf_counter()
                 s.rollback()
@@ -188,7 +188,7 @@ def plan_round(args) -> None:
                     for i in range(args.pending)]
         for _ in range(max(3, args.repeats // 4)):
             t = time.perf_counter()
-            plan(now=now.timestamp(), pools=models, free_now=planning.free_now(views, in_flight), releases=rels,
+            plan(now=now.timestamp(), pools=models, free_now=planning.free_now(views, registry_held), releases=rels,
                  candidates=everyone, depth=8)
             full_ms.append((time.perf_counter() - t) * 1e3)
         engine.dispose()

@@ -89,7 +89,9 @@ class ClaimMixin:
             try:
                 with transaction(self.sessions) as s:
                     factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
-                    if self.settings.scheduling_policy == "reservation":
+                    # With a backend queue allowed (pool_queue_depth), the backend's own
+                    # scheduler orders what waits there: the old pick hands jobs to it.
+                    if self.settings.scheduling_policy == "reservation" and not self.settings.pool_queue_depth:
                         picked = pending_order(s, now=now, limit=self.settings.scheduling_window, lock=is_pg,
                                                factors=factors, per_account=self.settings.scheduling_per_account)
                         self._plan_round(s, picked, views, now)
@@ -199,9 +201,9 @@ class ClaimMixin:
             if not usable and refusals:
                 blocked[job.id] = "quota: " + "; ".join(refusals)
             candidates.append(planning.candidate(job, tuple(usable), blocked.get(job.id, "")))
-        rels, in_flight = planning.releases(s, views, now=now)
+        rels, registry_held = planning.releases(s, views, now=now)
         t_now = now.timestamp()
-        result = plan(now=t_now, pools=planning.pool_models(views), free_now=planning.free_now(views, in_flight),
+        result = plan(now=t_now, pools=planning.pool_models(views), free_now=planning.free_now(views, registry_held),
                       releases=rels, candidates=candidates, depth=self.settings.reservation_depth,
                       max_starts=self.settings.dispatch_batch)
         starts = {p.job_id: p for p in result.starts}

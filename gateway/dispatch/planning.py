@@ -5,8 +5,9 @@ from the registry and the capacity snapshot, so a round starts only jobs that de
 higher job's reservation (docs/dispatch.md, "Reservations and backfill"):
 
 * pools: whole nodes on a node-exclusive pool, GPUs elsewhere (``PoolView.node_exclusive``);
-* free now: the snapshot's idle nodes / free GPUs, less what the registry has dispatched
-  there that the backend may not show as held yet (``dispatching``/``queued``);
+* free now: the snapshot's idle nodes / free GPUs, but never more than the pool's total
+  less what the registry's gangs there hold or are about to (a job just dispatched may
+  not show in the snapshot yet; one that does is not counted twice);
 * releases: every gang the registry has on a pool gives its units back at its expected
   end: its start plus its time limit (not started yet: now plus its time limit);
 * candidates: the round's pending jobs in fair-share order, each with the pools it may use
@@ -58,7 +59,7 @@ def units_of(view: PoolView, *, workers: int, total_gpus: int, held_gpus: int | 
 
 
 def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> tuple[list[Release], dict[str, int]]:
-    """(Releases of every gang the registry has on a pool, units in flight per pool).
+    """(Releases of every gang the registry has on a pool, units the registry's gangs hold per pool).
 
     A gang that holds its units gives them back at start + time limit; one in flight
     (dispatched, not started) is counted as taking its units now and giving them back a
@@ -72,12 +73,13 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
     # (the snapshot is the truth for now): it frees them "soon", never "now".
     soon = t_now + 1.0
     out: list[Release] = []
-    in_flight: dict[str, int] = {}
-    for pool, state, workers, total, held, started, updated, limit in rows:
+    held: dict[str, int] = {}
+    for pool, state, workers, total, gpus_held, started, updated, limit in rows:
         view = views.get(pool or "")
         if view is None or view.capacity is None:
             continue
-        units = units_of(view, workers=workers, total_gpus=total, held_gpus=held)
+        units = units_of(view, workers=workers, total_gpus=total, held_gpus=gpus_held)
+        held[pool] = held.get(pool, 0) + units
         if state in (JobState.STARTING.value, JobState.RUNNING.value):
             at = max(soon, (as_utc(started).timestamp() if started is not None else t_now) + limit)
         else:
@@ -86,16 +88,22 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
             # a reservation for ever.
             base = as_utc(updated).timestamp() if updated is not None else t_now
             at = max(soon, base + limit)
-            in_flight[pool] = in_flight.get(pool, 0) + units
         out.append(Release(pool, units, at))
-    return out, in_flight
+    return out, held
 
 
-def free_now(views: Mapping[str, PoolView], in_flight: Mapping[str, int]) -> dict[str, int]:
+def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:
+    """Units free now: what the snapshot says, capped by total less what the registry's gangs hold.
+
+    The cap covers a job dispatched but not yet in the snapshot; taking the smaller keeps
+    free + every release never above the pool's total, and below it only by what others
+    (jobs the gateway does not know) hold with no known end.
+    """
     out = {}
     for name, view in views.items():
         free = view.idle_nodes if view.node_exclusive else view.free_gpus
-        out[name] = max(0, free - in_flight.get(name, 0))
+        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        out[name] = max(0, min(free, total - held.get(name, 0)))
     return out
 
 

@@ -184,3 +184,20 @@ def test_the_greedy_policy_lets_the_stream_take_the_freed_node(database_url, dev
         gw.pool.end(small[0])
         rounds(gw)
         assert get(gw, later)["state"] == "running" and get(gw, gang)["state"] == "pending"
+
+
+def test_free_now_never_counts_a_dispatched_job_twice():
+    """A job the registry has as queued may or may not be in the snapshot yet: free + releases stays <= total."""
+    from adapters.base import Capacity, PoolCapacity
+    from gateway.dispatch.planning import free_now
+    from gateway.routing.service import PoolView
+
+    def view(idle):
+        cap = Capacity(backend="slurm", pools=(PoolCapacity("gpu", 4, idle, 32, 8 * idle, 8),))
+        return {"slurm": PoolView(name="slurm", backend=None, capacity=cap, idle_nodes=idle, free_gpus=8 * idle,
+                                  total_nodes=4, total_gpus=32, gpus_per_node=8)}
+
+    # registry: 2 nodes held (one running, one just queued)
+    assert free_now(view(3), {"slurm": 2}) == {"slurm": 2}  # the snapshot has not seen the queued one yet
+    assert free_now(view(2), {"slurm": 2}) == {"slurm": 2}  # it has: not subtracted again
+    assert free_now(view(1), {"slurm": 2}) == {"slurm": 1}  # a job the gateway does not know holds one
