@@ -32,6 +32,7 @@ from gateway.scheduling.planner import Candidate, PoolModel, Release
 
 HOLDING = (JobState.STARTING, JobState.RUNNING)  # the gang holds its units on the pool
 IN_FLIGHT = (JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED)  # will hold them, may not yet
+ENDING = (JobState.CANCELLING,)  # may hold them until the backend confirms the cancel
 
 
 def pool_of(job) -> str | None:
@@ -63,9 +64,11 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
 
     A gang that holds its units gives them back at start + time limit; one in flight
     (dispatched, not started) is counted as taking its units now and giving them back a
-    time limit after it was dispatched.
+    time limit after it was dispatched; one being cancelled gives them back soon. Without
+    the last, a whole-pool gang would find no room while a cancel is confirmed, and a
+    lower job would take the node.
     """
-    states = [s.value for s in HOLDING + IN_FLIGHT]
+    states = [s.value for s in HOLDING + IN_FLIGHT + ENDING]
     rows = session.execute(select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus,
                                   Job.started_at, Job.updated_at, Job.time_limit_s).where(Job.state.in_(states))).all()
     t_now = now.timestamp()
@@ -80,7 +83,9 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
             continue
         units = units_of(view, workers=workers, total_gpus=total, held_gpus=gpus_held)
         held[pool] = held.get(pool, 0) + units
-        if state in (JobState.STARTING.value, JobState.RUNNING.value):
+        if state == JobState.CANCELLING.value:
+            at = soon  # gone once the backend confirms the cancel
+        elif state in (JobState.STARTING.value, JobState.RUNNING.value):
             at = max(soon, (as_utc(started).timestamp() if started is not None else t_now) + limit)
         else:
             # From its last change (the claim, the submission), not from now: an end that
