@@ -141,7 +141,8 @@ saturation are long under every policy. GPU-hours held by partially started gang
 construction: a gang is placed as a unit, as Slurm's exclusive allocation and Kueue's
 admission do, and the planner never books part of one. The issue's starvation scenario
 (a stream of 1-node jobs in front of a whole-pool gang) is pinned by
-`tests/scheduling/test_planner.py`. The planner is not yet used by the dispatcher.
+`tests/scheduling/test_planner.py`; the dispatcher plans its rounds with it (docs/dispatch.md,
+"Reservations and backfill"), pinned on the real clusters by `tests/dispatch/test_reservations.py`.
 """
     print(body)
     if not a.no_write:

@@ -263,7 +263,8 @@ def account_create(name: str, parent: str | None, shares: int) -> None:
 
 
 JOB_COLUMNS = [("id", "ID"), ("name", "NAME"), ("account", "ACCOUNT"), ("user", "USER"), ("state", "STATE"),
-               ("assigned_pool", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED")]
+               ("assigned_pool", "POOL"), ("total_gpus", "GPUS"), ("created_at", "SUBMITTED"),
+               ("estimated_start", "EST_START")]
 
 
 TASK_COLUMNS = [("array_index", "INDEX"), ("id", "ID"), ("state", "STATE"), ("assigned_backend", "POOL"),
@@ -271,7 +272,8 @@ TASK_COLUMNS = [("array_index", "INDEX"), ("id", "ID"), ("state", "STATE"), ("as
 
 
 def _job_detail(job: dict) -> str:
-    keys = ["id", "name", "account", "user", "state", "state_reason", "pool", "pool_kind", "assigned_pool",
+    keys = ["id", "name", "account", "user", "state", "state_reason", "estimated_start", "estimated_pool",
+            "estimate_reason", "pool", "pool_kind", "assigned_pool",
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
             "exit_code", "created_at", "started_at", "ended_at", "job_set_id", "array_index", "parameters",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import or_, select, text
 from sqlalchemy.exc import OperationalError
@@ -29,7 +29,9 @@ from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import service as ledger
-from gateway.routing.service import JobShape, PoolView, held_gpus, route, take
+from gateway.dispatch import planning
+from gateway.routing.service import JobShape, PoolView, held_gpus, never_fits, route, take
+from gateway.scheduling.planner import Candidate, plan
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
 # instead of reading every pending row (100,000 rows -> ~1,000 probes). Works on SQLite too.
@@ -50,12 +52,13 @@ def accounts_with_pending(session: Session) -> list[str]:
 
 
 def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
-                  factors: dict[str, float]) -> list[Job]:
+                  factors: dict[str, float], per_account: int | None = None) -> list[Job]:
     """The next ``limit`` dispatchable pending jobs in fair-share order.
 
     Accounts by fair-share factor (highest first), within an account by priority then
-    age. Uses the (state, account_name, priority, id) index: one small query per account
-    with pending work, never a scan of every pending job.
+    age, at most ``per_account`` of one account's. Uses the (state, account_name, priority,
+    id) index: one small query per account with pending work, never a scan of every
+    pending job.
     """
     due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
     accounts = sorted(accounts_with_pending(session), key=lambda a: (-factors.get(a, 0.0), a))
@@ -64,7 +67,7 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
         if len(picked) >= limit:
             break
         stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
-                .order_by(Job.priority.desc(), Job.id).limit(limit - len(picked)))
+                .order_by(Job.priority.desc(), Job.id).limit(min(limit - len(picked), per_account or limit)))
         if lock:
             stmt = stmt.with_for_update(skip_locked=True)
         picked.extend(session.scalars(stmt))
@@ -87,9 +90,18 @@ class ClaimMixin:
             try:
                 with transaction(self.sessions) as s:
                     factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
-                    for position, job in enumerate(pending_order(s, now=now, limit=self.settings.dispatch_batch,
-                                                                lock=is_pg, factors=factors), start=1):
-                        self._claim_one(s, job, views, now, position)
+                    # With a backend queue allowed (pool_queue_depth), the backend's own
+                    # scheduler orders what waits there: the old pick hands jobs to it.
+                    if self.settings.scheduling_policy == "reservation" and not self.settings.pool_queue_depth:
+                        picked = pending_order(s, now=now, limit=self.settings.scheduling_window, lock=is_pg,
+                                               factors=factors, per_account=self.settings.scheduling_per_account)
+                        self._plan_round(s, picked, views, now)
+                    else:
+                        picked = pending_order(s, now=now, limit=self.settings.dispatch_batch, lock=is_pg,
+                                               factors=factors)
+                        for position, job in enumerate(picked, start=1):
+                            self._claim_one(s, job, views, now, position)
+                    for job in picked:
                         if job.state == JobState.DISPATCHING.value:
                             claimed.append(job.id)
                             prepared[job.id] = (job.backend, submit_request(
@@ -156,6 +168,81 @@ class ClaimMixin:
                    lease_until=now + timedelta(seconds=self.settings.dispatch_lease_s), actor=ACTOR,
                    data={"pool": decision.pool, "fairshare_position": position})
         take(shape, views[decision.pool])
+
+    def _plan_round(self, s: Session, picked: list[Job], views: dict[str, PoolView], now: datetime) -> None:
+        """Claim what the plan starts now; note a planned start (estimate) on the rest.
+
+        Conservative backfill over every pool (gateway/dispatch/planning.py,
+        gateway/scheduling/planner.py): the top ``reservation_depth`` jobs that cannot
+        start now hold a reservation no lower job may delay.
+        """
+        candidates: list[Candidate] = []
+        blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
+        usable_of: dict[str, tuple[str, ...]] = {}
+        for job in picked:
+            shape = JobShape.of(job)
+            verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
+                                            time_limit_s=job.time_limit_s,
+                                            gpu_type=(job.spec or {}).get("gpu_type"), now=now)
+            if verdict is not None:
+                # "never" fails it below (the greedy path's words); else held this period.
+                blocked[job.id] = f"held: {verdict[1]}"
+                candidates.append(planning.candidate(job, (), blocked[job.id]))
+                continue
+            requested = job.requested_backend
+            names = sorted(views) if requested == "auto" else [requested] if requested in views else []
+            usable: list[str] = []
+            refusals: list[str] = []
+            for name in names:
+                view = views[name]
+                if view.capacity is None or never_fits(shape, view):
+                    continue
+                ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held_gpus(shape, view))
+                if ok:
+                    usable.append(name)
+                else:
+                    refusals.append(f"{name}: {why}")
+            usable.sort(key=lambda n: (-self.weights.get(n, 1.0), n))
+            usable_of[job.id] = tuple(usable)
+            if not usable and refusals:
+                blocked[job.id] = "quota: " + "; ".join(refusals)
+            candidates.append(planning.candidate(job, tuple(usable), blocked.get(job.id, "")))
+        rels, registry_held = planning.releases(s, views, now=now)
+        t_now = now.timestamp()
+        result = plan(now=t_now, pools=planning.pool_models(views), free_now=planning.free_now(views, registry_held),
+                      releases=rels, candidates=candidates, depth=self.settings.reservation_depth,
+                      max_starts=self.settings.dispatch_batch)
+        starts = {p.job_id: p for p in result.starts}
+        reserved = {p.job_id: p for p in result.reservations}
+        for position, job in enumerate(picked, start=1):
+            start = starts.get(job.id)
+            if start is not None or job.id in blocked or not usable_of.get(job.id):
+                # Starts now (routed to the planned pool), or the greedy path's own words:
+                # fail what can never run, hold what is over budget or quota.
+                only = {start.pool: views[start.pool]} if start is not None else views
+                self._claim_one(s, job, only, now, position)
+                if job.state == JobState.PENDING.value:
+                    jobs.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
+                continue
+            held = reserved.get(job.id)
+            decision = route(JobShape.of(job), job.requested_backend, views, weights=self.weights,
+                             queue_depth=self.settings.pool_queue_depth)
+            if held is not None:
+                at = datetime.fromtimestamp(held.start, tz=timezone.utc)
+                why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
+                       f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
+                       "time limits")
+                jobs.note_estimate(job, start=at, pool=held.pool, reason=why)
+                self._note_waiting(s, job, f"waiting for capacity: {why} (fair-share position {position})")
+                continue
+            no_estimate = result.unplanned.get(job.id) or (
+                f"behind the {self.settings.reservation_depth} jobs that hold reservations; no estimate yet")
+            jobs.note_estimate(job, start=None, pool=None, reason=no_estimate)
+            if decision.pool is not None:  # it fits now, but only on capacity a higher job has reserved
+                why = f"waiting for capacity: held back, starting now would delay a higher job's reservation; {no_estimate}"
+            else:
+                why = decision.reason
+            self._note_waiting(s, job, f"{why} (fair-share position {position})")
 
     def _note_waiting(self, s: Session, job: Job, reason: str) -> None:
         jobs.note_waiting(s, job, reason=reason, actor=ACTOR)

@@ -58,6 +58,11 @@ class Job(Base):
     job_set_id: Mapped[str | None] = mapped_column(String(36), ForeignKey("job_set.id", ondelete="RESTRICT"))
     array_index: Mapped[int | None] = mapped_column(Integer)
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A pending job's planned start from the last dispatch round (docs/dispatch.md,
+    # "Reservations and backfill"); NULL start with a reason when there is none.
+    estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    estimated_pool: Mapped[str | None] = mapped_column(String(16))
+    estimate_reason: Mapped[str | None] = mapped_column(Text)
 
     @validates("state")
     def _validate_state(self, _key: str, value: str) -> str:

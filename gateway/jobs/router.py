@@ -45,7 +45,15 @@ def to_out(job: Job) -> JobOut:
         created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
         job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
+        **_estimate(job),
     )
+
+
+def _estimate(job: Job) -> dict:
+    if job.state != JobState.PENDING.value:
+        return {}
+    return {"estimated_start": as_utc(job.estimated_start), "estimated_pool": job.estimated_pool,
+            "estimate_reason": job.estimate_reason}
 
 
 def _encode_cursor(job_id: str) -> str:
@@ -126,16 +134,69 @@ def _refuse_if_never_fits(request: Request, spec: JobSpec) -> None:
         raise Invalid(field, f"this job can never run: {reason}")
 
 
+def _refuse_if_never_admissible(session, spec: JobSpec) -> None:
+    """A job larger than its account's concurrent-GPU limit on every pool it may use is refused now.
+
+    The limit on a pool is the smallest ``max_gpus`` or per-pool ``max_gpus_per_pool`` set on
+    the account or an ancestor: each level caps its subtree, so such a job could never be
+    admitted and would wait forever (docs/dispatch.md, "Reservations and backfill"). The
+    GPUs asked are a lower bound of what the gang holds, so nothing admissible is refused.
+    The pools it may use: the one it names, else every routable pool (of its ``pool_kind``).
+    """
+    from sqlalchemy import select
+
+    from gateway.accounts import service as accounts
+    from gateway.accounts.models import AccountPoolQuota, AccountQuota
+    from gateway.kit.errors import NotFound
+    from gateway.ledger.service import routable_pools
+    from gateway.pools.models import Pool
+
+    try:
+        names = [a.name for a in accounts.chain(session, spec.account)]
+    except NotFound:
+        return  # an unknown account: create() names the field
+    overall = [(q.max_gpus, "max_gpus", q.account_name) for q in
+               session.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names)))
+               if q.max_gpus is not None]
+    per_pool = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(names),
+                                                                   AccountPoolQuota.max_gpus.is_not(None))))
+    if not overall and not per_pool:
+        return  # the common case: no limit set anywhere on the chain
+    if spec.pool != "auto":
+        pools = [spec.pool]
+    else:
+        pools = routable_pools(session)
+        if spec.pool_kind is not None:
+            kinds = dict(session.execute(select(Pool.name, Pool.kind).where(Pool.name.in_(pools))).all())
+            pools = [p for p in pools if kinds.get(p) == spec.pool_kind]
+    if not pools:
+        return  # no pool to judge against: the job waits with the dispatcher's reason
+    limits: list[str] = []
+    for pool in pools:
+        candidates = overall + [(q.max_gpus, f"max_gpus_per_pool[{pool}]", q.account_name)
+                                for q in per_pool if q.pool == pool]
+        tightest = min(candidates, default=None)
+        if tightest is None or spec.total_gpus <= tightest[0]:
+            return
+        limits.append(f"{pool}: {tightest[1]} = {tightest[0]} (set on account {tightest[2]})")
+    raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than the "
+                                  f"concurrent-GPU limit of account {spec.account} on every pool it may use "
+                                  f"({'; '.join(limits)})")
+
+
 def _budget_hold(session, spec: JobSpec, settings):
-    """For create(): refuse a job bigger than a whole budget period; the reason it is held
-    when this period's budget is short. Works on the account chain the cap check read (its
-    budgets ride along), so the common case costs no read of its own."""
+    """For create(): refuse a job no concurrent-GPU limit lets run, or one bigger than a whole
+    budget period; the reason it is held when this period's budget is short. Works on the
+    account chain the cap check read (budgets and whether GPU limits are set ride along), so
+    the common case costs no read of its own."""
     from gateway.jobs.schemas import parse_duration_s
     from gateway.ledger import service as ledger
 
     time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else settings.default_time_limit_s
 
     def hold(chain) -> str | None:
+        if any(row.max_gpus is not None or row.has_pool_limits for row in chain):
+            _refuse_if_never_admissible(session, spec)  # reads only when a GPU limit is set
         verdict = ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
                                            time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
         if verdict is None:

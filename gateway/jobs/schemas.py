@@ -365,6 +365,14 @@ class JobOut(BaseModel):
                                   "target's `state`, `met`); null when none.")
     dependents: list[str] | None = Field(
         default=None, description="getJob only: ids of jobs waiting for this job (first 100); null when none.")
+    estimated_start: datetime | None = Field(
+        default=None, description="A pending job's planned start (like `squeue --start`): when, by the running "
+                                  "jobs' time limits, the whole gang will have room on `estimated_pool` without "
+                                  "delaying a higher job. Never earlier than it can start; null when there is no "
+                                  "estimate (see `estimate_reason`) or the job is no longer pending.")
+    estimated_pool: str | None = Field(default=None, description="The pool of `estimated_start`.")
+    estimate_reason: str | None = Field(
+        default=None, description="Why the estimate is what it is, or why there is none (e.g. held by a quota).")
 
 
 class JobPage(BaseModel):

@@ -11,14 +11,14 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import String, bindparam, func, literal, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gateway.accounts.models import Account, AccountQuota
+from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
 from gateway.jobs.models import IdempotencyKey, Job, JobEvent
@@ -144,7 +144,26 @@ def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str,
     job.routing_reason = reason
     job.next_attempt_at = lease_until
     job.dispatch_attempts += 1
+    job.estimated_start = job.estimated_pool = job.estimate_reason = None
     set_state(session, job, JobState.DISPATCHING, actor=actor, reason=reason, data=data)
+
+
+def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
+    """A pending job's planned start (or None, with why), as the last dispatch round saw it.
+
+    Written only when it moves (by more than a few seconds), so a round does not rewrite
+    every waiting row.
+    """
+    old = job.estimated_start
+    if old is not None and old.tzinfo is None:
+        old = old.replace(tzinfo=timezone.utc)
+    same_start = (old is None and start is None) or (
+        old is not None and start is not None and abs((old - start).total_seconds()) < 5)
+    if same_start and job.estimated_pool == pool and job.estimate_reason == reason:
+        return
+    job.estimated_start = start
+    job.estimated_pool = pool
+    job.estimate_reason = reason
 
 
 def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str) -> None:
@@ -290,6 +309,11 @@ _CAP_READ = (
            # The GPU-hour budgets ride along: the submit path's budget verdict needs no read
            # of its own (gateway.ledger.service.budget_verdict_of).
            AccountQuota.budget_gpu_seconds, AccountQuota.budget_period, AccountQuota.budget_window_days,
+           # So do the concurrent-GPU limits' presence (the never-admissible check at submit
+           # reads them only when one is set: jobs.router._refuse_if_never_admissible).
+           AccountQuota.max_gpus,
+           select(literal(1)).where(AccountPoolQuota.account_name == _CAP_UP.c.name,
+                                    AccountPoolQuota.max_gpus.is_not(None)).exists().label("has_pool_limits"),
            _count_upto(Job.__table__, bindparam("cap_user"), _JOB_C.username == bindparam("username"), _WAITING)
            .label("n_user"),
            _count_upto(Job.__table__, bindparam("cap_account"), _JOB_C.account_name == bindparam("leaf"), _WAITING)

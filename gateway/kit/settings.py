@@ -56,6 +56,17 @@ class Settings(BaseSettings):
     # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
     # the gateway, where fair share orders them, until the whole gang fits (docs/dispatch.md).
     pool_queue_depth: int = Field(default=0, ge=0, le=100000)
+    # Who starts next (docs/dispatch.md, "Reservations and backfill"): "reservation" gives the
+    # top reservation_depth waiting jobs a planned start that no lower job may delay
+    # (conservative backfill across pools); "greedy" starts whatever fits now.
+    scheduling_policy: Literal["reservation", "greedy"] = "reservation"
+    reservation_depth: int = Field(default=8, ge=0, le=10000)
+    # A round looks at no more than this many pending jobs, and at no more than
+    # scheduling_per_account of one account's, so one account's unadmittable jobs cannot
+    # hide another account's job that fits (head-of-line blocking).
+    # Each job looked at costs a few ledger queries (budget, admission per pool).
+    scheduling_window: int = Field(default=128, ge=1, le=100000)
+    scheduling_per_account: int = Field(default=16, ge=1, le=100000)
     # Fault-injection hooks for the crash tests (docs/dispatch.md); keep 0 in production.
     debug_pause_after_claim_s: float = Field(default=0.0, ge=0, le=600)
     debug_pause_after_submit_s: float = Field(default=0.0, ge=0, le=600)

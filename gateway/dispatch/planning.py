@@ -1,0 +1,118 @@
+"""The round's plan: who starts now, who holds a reservation, and when the rest will start.
+
+Feeds the planner (gateway/scheduling/planner.py: conservative backfill over every pool)
+from the registry and the capacity snapshot, so a round starts only jobs that delay no
+higher job's reservation (docs/dispatch.md, "Reservations and backfill"):
+
+* pools: whole nodes on a node-exclusive pool, GPUs elsewhere (``PoolView.node_exclusive``);
+* free now: the snapshot's idle nodes / free GPUs, but never more than the pool's total
+  less what the registry's gangs there hold or are about to (a job just dispatched may
+  not show in the snapshot yet; one that does is not counted twice);
+* releases: every gang the registry has on a pool gives its units back at its expected
+  end: its start plus its time limit (not started yet: now plus its time limit);
+* candidates: the round's pending jobs in fair-share order, each with the pools it may use
+  (never-fits and quota refusals removed), or blocked with the reason (budget, quota).
+
+Pure helpers except :func:`releases`, which reads the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.jobs.models import Job
+from gateway.jobs.states import JobState
+from gateway.kit.timeutil import as_utc
+from gateway.routing.service import PoolView
+from gateway.scheduling.planner import Candidate, PoolModel, Release
+
+HOLDING = (JobState.STARTING, JobState.RUNNING)  # the gang holds its units on the pool
+IN_FLIGHT = (JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED)  # will hold them, may not yet
+ENDING = (JobState.CANCELLING,)  # may hold them until the backend confirms the cancel
+
+
+def pool_of(job) -> str | None:
+    """The pool a job is on (the one place to re-point when pools become data)."""
+    return job.backend
+
+
+def pool_models(views: Mapping[str, PoolView]) -> list[PoolModel]:
+    """Pools with a capacity snapshot, in the planner's units."""
+    out = []
+    for name, view in views.items():
+        if view.capacity is None:
+            continue
+        if view.node_exclusive:
+            out.append(PoolModel(name, True, view.total_nodes, view.gpus_per_node))
+        else:
+            out.append(PoolModel(name, False, view.total_gpus, view.gpus_per_node))
+    return out
+
+
+def units_of(view: PoolView, *, workers: int, total_gpus: int, held_gpus: int | None = None) -> int:
+    if view.node_exclusive:
+        return workers
+    return held_gpus or total_gpus
+
+
+def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> tuple[list[Release], dict[str, int]]:
+    """(Releases of every gang the registry has on a pool, units the registry's gangs hold per pool).
+
+    A gang that holds its units gives them back at start + time limit; one in flight
+    (dispatched, not started) is counted as taking its units now and giving them back a
+    time limit after it was dispatched; one being cancelled gives them back soon. Without
+    the last, a whole-pool gang would find no room while a cancel is confirmed, and a
+    lower job would take the node.
+    """
+    states = [s.value for s in HOLDING + IN_FLIGHT + ENDING]
+    rows = session.execute(select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus,
+                                  Job.started_at, Job.updated_at, Job.time_limit_s).where(Job.state.in_(states))).all()
+    t_now = now.timestamp()
+    # A gang past its expected end still holds its units until the backend says otherwise
+    # (the snapshot is the truth for now): it frees them "soon", never "now".
+    soon = t_now + 1.0
+    out: list[Release] = []
+    held: dict[str, int] = {}
+    for pool, state, workers, total, gpus_held, started, updated, limit in rows:
+        view = views.get(pool or "")
+        if view is None or view.capacity is None:
+            continue
+        units = units_of(view, workers=workers, total_gpus=total, held_gpus=gpus_held)
+        held[pool] = held.get(pool, 0) + units
+        if state == JobState.CANCELLING.value:
+            at = soon  # gone once the backend confirms the cancel
+        elif state in (JobState.STARTING.value, JobState.RUNNING.value):
+            at = max(soon, (as_utc(started).timestamp() if started is not None else t_now) + limit)
+        else:
+            # From its last change (the claim, the submission), not from now: an end that
+            # moved with every round would let one job after another backfill in front of
+            # a reservation for ever.
+            base = as_utc(updated).timestamp() if updated is not None else t_now
+            at = max(soon, base + limit)
+        out.append(Release(pool, units, at))
+    return out, held
+
+
+def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:
+    """Units free now: what the snapshot says, capped by total less what the registry's gangs hold.
+
+    The cap covers a job dispatched but not yet in the snapshot; taking the smaller keeps
+    free + every release never above the pool's total, and below it only by what others
+    (jobs the gateway does not know) hold with no known end.
+    """
+    out = {}
+    for name, view in views.items():
+        free = view.idle_nodes if view.node_exclusive else view.free_gpus
+        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        out[name] = max(0, min(free, total - held.get(name, 0)))
+    return out
+
+
+def candidate(job, pools: tuple[str, ...], blocked: str = "") -> Candidate:
+    return Candidate(id=job.id, workers=job.workers, gpus_per_worker=job.gpus_per_worker,
+                     time_limit_s=float(job.time_limit_s), pools=pools, blocked=blocked)
+

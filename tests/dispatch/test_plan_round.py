@@ -1,0 +1,203 @@
+"""The dispatch round's reservation policy, with an in-memory pool (no cluster).
+
+These check the wiring (registry -> planner -> claims, reasons, estimates) quickly; the
+same scenarios run on the real Slurm cluster in test_reservations.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from adapters.base import Backend, BackendState, Capacity, JobStatus, PoolCapacity, SubmitResult
+from gateway.kit.timeutil import as_utc
+from tests.dispatch.conftest import wired_gateway
+
+USERS = {"team-a": "alice", "team-b": "bob"}
+
+
+class Pool(Backend):
+    """Four 8-GPU nodes, whole nodes per worker; a job runs from its submission until told to stop."""
+
+    name = "slurm"
+
+    def __init__(self, nodes: int = 4):
+        self.nodes = nodes
+        self.jobs: dict[str, tuple[str, int, str]] = {}  # backend id -> (gateway id, workers, state)
+        self.started: dict[str, datetime] = {}
+
+    def busy(self) -> int:
+        return sum(w for _, w, st in self.jobs.values() if st == "running")
+
+    def submit(self, request):
+        bid = str(len(self.jobs) + 1)
+        self.jobs[bid] = (request.gateway_job_id, request.workers, "running")
+        return SubmitResult(backend_job_id=bid, adopted=False)
+
+    def status(self, backend_job_id):
+        gid, _, st = self.jobs[backend_job_id]
+        state = BackendState.RUNNING if st == "running" else BackendState.SUCCEEDED
+        return JobStatus(backend_job_id=backend_job_id, gateway_job_id=gid, state=state,
+                         started_at=self.started.get(backend_job_id), exit_code=0 if st != "running" else None)
+
+    def end(self, gateway_job_id):
+        for bid, (gid, w, _) in self.jobs.items():
+            if gid == gateway_job_id:
+                self.jobs[bid] = (gid, w, "done")
+
+    def cancel(self, backend_job_id):
+        gid, w, _ = self.jobs[backend_job_id]
+        self.jobs[backend_job_id] = (gid, w, "done")
+
+    def capacity(self):
+        idle = self.nodes - self.busy()
+        return Capacity(backend="slurm", pools=(PoolCapacity("gpu", self.nodes, idle, 8 * self.nodes, 8 * idle, 8),))
+
+    def find_by_gateway_id(self, gateway_job_id, *, request=None):
+        return None
+
+    def list_gateway_jobs(self):
+        return []
+
+
+@pytest.fixture
+def gw(database_url, dev_key_path):
+    with wired_gateway(database_url, dev_key_path, {}, scheduling_policy="reservation") as gw:
+        pool = Pool()
+        gw.app.state.backends["slurm"] = pool  # the dispatcher shares this dict
+        gw.pool = pool
+        yield gw
+
+
+def submit(gw, account: str, **spec) -> str:
+    body = {"name": "p", "account": account, "backend": "slurm", "workers": 1, "gpus_per_worker": 8,
+            "time_limit": "1m", "command": ["true"], **spec}
+    r = gw.client.post("/v1/jobs", json=body, headers=gw.headers(USERS[account], (account,)))
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def get(gw, job_id: str) -> dict:
+    return gw.client.get(f"/v1/jobs/{job_id}", headers=gw.headers(admin=True, user="root", groups=())).json()
+
+
+def rounds(gw, n: int = 2) -> None:
+    for _ in range(n):
+        gw.app.state.dispatcher.run_once()
+
+
+def test_a_gang_gets_a_reservation_and_no_lower_job_takes_the_nodes_it_needs(gw):
+    small = [submit(gw, "team-b", time_limit="10m") for _ in range(4)]
+    rounds(gw)
+    assert all(get(gw, j)["state"] == "running" for j in small)
+    gang = submit(gw, "team-a", workers=4)
+    later = [submit(gw, "team-b", time_limit="10m") for _ in range(3)]
+    rounds(gw)
+    waiting = get(gw, gang)
+    assert waiting["state"] == "pending" and waiting["estimated_pool"] == "slurm", waiting
+    started = min(as_utc(datetime.fromisoformat(get(gw, j)["started_at"])) for j in small)
+    assert as_utc(datetime.fromisoformat(waiting["estimated_start"])) >= started
+    gw.pool.end(get(gw, small[0])["id"])  # one node frees up: the next small job must not take it
+    rounds(gw)
+    assert all(get(gw, j)["state"] == "pending" for j in later), [get(gw, j)["state_reason"] for j in later]
+    for j in small[1:]:
+        gw.pool.end(j)
+    rounds(gw, 3)
+    assert get(gw, gang)["state"] == "running", get(gw, gang)
+    assert get(gw, gang)["estimated_start"] is None
+
+
+def test_backfill_only_what_ends_before_the_planned_start(gw):
+    blocker = submit(gw, "team-b", time_limit="30m")
+    rounds(gw)
+    gang = submit(gw, "team-a", workers=4)
+    rounds(gw)
+    assert get(gw, gang)["estimated_start"]
+    short = submit(gw, "team-b", time_limit="10m")
+    long = submit(gw, "team-b", time_limit="1h")
+    rounds(gw)
+    assert get(gw, short)["state"] == "running"
+    held = get(gw, long)
+    # It waits, with its own planned start: after the gang's (which runs for up to its limit).
+    assert held["state"] == "pending", held
+    gang_at = as_utc(datetime.fromisoformat(get(gw, gang)["estimated_start"]))
+    assert as_utc(datetime.fromisoformat(held["estimated_start"])) >= gang_at, (held, get(gw, gang))
+    assert blocker
+
+
+def test_a_job_larger_than_the_accounts_gpu_limit_everywhere_is_refused_at_submit(gw):
+    admin = gw.headers(admin=True, user="root", groups=())
+    r = gw.client.put("/v1/admin/accounts/team-a/quota", json={"max_gpus": 8}, headers=admin)
+    assert r.status_code == 200, r.text
+    body = {"name": "big", "account": "team-a", "backend": "auto", "workers": 2, "gpus_per_worker": 8,
+            "command": ["true"]}
+    r = gw.client.post("/v1/jobs", json=body, headers=gw.headers("alice", ("team-a",)))
+    assert r.status_code == 422, r.text
+    problem = r.json()
+    assert "max_gpus = 8" in problem["detail"], problem
+    assert any("workers" in str(e.get("loc", e)) for e in problem.get("errors", [problem])), problem
+    ok = gw.client.post("/v1/jobs", json={**body, "workers": 1}, headers=gw.headers("alice", ("team-a",)))
+    assert ok.status_code == 202, ok.text
+
+
+def test_the_pick_looks_past_an_accounts_unadmittable_jobs(gw):
+    admin = gw.headers(admin=True, user="root", groups=())
+    assert gw.client.patch("/v1/admin/accounts/team-b", json={"shares": 100}, headers=admin).status_code == 200
+    assert gw.client.put("/v1/admin/accounts/team-b/quota", json={"max_gpus": 8}, headers=admin).status_code == 200
+    first = submit(gw, "team-b", time_limit="30m")
+    rounds(gw, 1)
+    assert get(gw, first)["state"] == "running"
+    for _ in range(120):
+        submit(gw, "team-b")
+    other = submit(gw, "team-a")
+    rounds(gw, 1)
+    assert get(gw, other)["state"] == "running", get(gw, other)
+
+
+def test_the_cli_shows_the_estimate(gw):
+    from gateway.cli import JOB_COLUMNS, _job_detail
+    from gateway.cli_client import _table
+
+    for _ in range(4):
+        submit(gw, "team-b", time_limit="10m")
+    rounds(gw)
+    gang = get(gw, submit(gw, "team-a", workers=4))
+    rounds(gw)
+    gang = get(gw, gang["id"])
+    table = _table([gang], JOB_COLUMNS)
+    assert "EST_START" in table.splitlines()[0] and gang["estimated_start"] in table
+    detail = _job_detail(gang)
+    assert f"estimated_start:   {gang['estimated_start']}" in detail and "estimated_pool:    slurm" in detail
+    assert "estimate_reason:" in detail
+
+
+def test_the_greedy_policy_lets_the_stream_take_the_freed_node(database_url, dev_key_path):
+    """The old pick, kept behind ISTHMUS_SCHEDULING_POLICY=greedy: what the reservation policy fixes."""
+    with wired_gateway(database_url, dev_key_path, {}, scheduling_policy="greedy") as gw:
+        gw.pool = gw.app.state.backends["slurm"] = Pool()
+        small = [submit(gw, "team-b", time_limit="10m") for _ in range(4)]
+        rounds(gw)
+        gang = submit(gw, "team-a", workers=4)
+        later = submit(gw, "team-b", time_limit="10m")
+        rounds(gw)
+        gw.pool.end(small[0])
+        rounds(gw)
+        assert get(gw, later)["state"] == "running" and get(gw, gang)["state"] == "pending"
+
+
+def test_free_now_never_counts_a_dispatched_job_twice():
+    """A job the registry has as queued may or may not be in the snapshot yet: free + releases stays <= total."""
+    from adapters.base import Capacity, PoolCapacity
+    from gateway.dispatch.planning import free_now
+    from gateway.routing.service import PoolView
+
+    def view(idle):
+        cap = Capacity(backend="slurm", pools=(PoolCapacity("gpu", 4, idle, 32, 8 * idle, 8),))
+        return {"slurm": PoolView(name="slurm", backend=None, capacity=cap, idle_nodes=idle, free_gpus=8 * idle,
+                                  total_nodes=4, total_gpus=32, gpus_per_node=8)}
+
+    # registry: 2 nodes held (one running, one just queued)
+    assert free_now(view(3), {"slurm": 2}) == {"slurm": 2}  # the snapshot has not seen the queued one yet
+    assert free_now(view(2), {"slurm": 2}) == {"slurm": 2}  # it has: not subtracted again
+    assert free_now(view(1), {"slurm": 2}) == {"slurm": 1}  # a job the gateway does not know holds one
