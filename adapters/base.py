@@ -149,6 +149,11 @@ class JobStatus:
     # newer than the run the gateway recorded means the gang was requeued in between,
     # even if it is running again by now.
     requeued_at: datetime | None = None
+    # The backend's own code when it holds the job for something only an administrator can
+    # fix, so that it will not start as submitted (Slurm: BeginTime after a failed launch,
+    # InvalidAccount, InvalidQOS: usually a user the cluster does not know); "" otherwise.
+    # The gateway fails such a job after ``ISTHMUS_HELD_JOB_FAIL_AFTER_S`` (docs/dispatch.md).
+    held: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

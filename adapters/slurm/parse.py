@@ -180,6 +180,11 @@ def _allocated_gpus(record: Mapping[str, Any], nodes: tuple[str, ...]) -> int:
     return _gpus_per_node(record) * len(nodes)
 
 
+# Pending reasons that mean the job will not start as submitted until an administrator acts
+# (the job's user or its association is unknown to the cluster); see user_words.
+HELD_REASONS = frozenset({"BeginTime", "InvalidAccount", "InvalidQOS"})
+
+
 def user_words(slurm_reason: str, record: Mapping[str, Any]) -> str:
     """Slurm's pending reasons that mean "this will not start as submitted", in a user's words.
 
@@ -236,6 +241,7 @@ def job_status(record: Mapping[str, Any]) -> JobStatus:
         allocated_gpus=_allocated_gpus(record, nodes) if holds else 0,
         raw_state=raw_state,
         requeued_at=requeued_at,
+        held=slurm_reason if state is BackendState.QUEUED and slurm_reason in HELD_REASONS else "",
     )
 
 

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 
 from adapters.base import Backend, BackendError, JobNotFound, JobStatus
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
-from gateway.dispatch.status import absence, meaning, step
+from gateway.dispatch.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
 from gateway.jobs import service as jobs
-from gateway.jobs.models import Job
+from gateway.jobs.models import Job, JobEvent
 from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
@@ -189,13 +189,56 @@ class ReconcileMixin:
                 if started and job.started_at is None:
                     jobs.mark_started(job, started)
                 return self._finish(s, job, target, reason, status.exit_code, ended, started, status, via=via)
+            data = {"raw_state": status.raw_state, "via": via}
+            if status.held:
+                data["held"] = status.held  # when the hold began (held_since) is read back from this
             if how == "note":
-                return int(jobs.note_backend(s, job, reason=reason, actor=RECONCILER,
-                                             data={"raw_state": status.raw_state, "via": via}))
-            jobs.set_state(s, job, target, actor=RECONCILER, reason=reason,
-                           data={"raw_state": status.raw_state, "nodes": list(status.nodes),
-                                 "allocated_gpus": status.allocated_gpus, "via": via})
-            return 1
+                changed = int(jobs.note_backend(s, job, reason=reason, actor=RECONCILER, data=data))
+            else:
+                jobs.set_state(s, job, target, actor=RECONCILER, reason=reason,
+                               data={**data, "nodes": list(status.nodes), "allocated_gpus": status.allocated_gpus})
+                changed = 1
+            if status.held:
+                changed = max(changed, self._held(s, job, status, reason, now, via))
+            return changed
+
+    def _held(self, s: Session, job: Job, status: JobStatus, reason: str, now: datetime, via: str) -> int:
+        """A job its backend holds for something only an administrator can fix (``status.held``).
+
+        Once held for ``held_job_fail_after_s`` it is cancelled on the backend (no gang may
+        start there unseen by the ledger) and failed with the backend's reason, in the user's
+        words; the ledger releases its reservation (docs/dispatch.md, "Jobs held for an
+        unknown user"). Returns 1 when the job changed.
+        """
+        bound = self.settings.held_job_fail_after_s
+        history = [Seen(at=ev.at, state_change=ev.kind == "state", held=str((ev.data or {}).get("held") or ""))
+                   for ev in s.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))]
+        since = held_since(history)
+        if since is None and bound:
+            # Held with the same words as before any hold was recorded (e.g. seen by an
+            # older gateway): the clock starts now.
+            jobs.record_event(s, job, actor=RECONCILER, kind="backend", reason=reason,
+                              data={"raw_state": status.raw_state, "via": via, "held": status.held})
+            return 0
+        if hold_verdict(state=JobState(job.state), held=status.held, since=since, now=now, bound_s=bound) != "fail":
+            return 0
+        backend = self.backends.get(job.backend or "")
+        if backend is None:
+            return 0
+        after: JobStatus | None = None
+        try:
+            backend.cancel(status.backend_job_id)
+            after = backend.status(status.backend_job_id)
+        except JobNotFound:
+            pass
+        except BackendError as exc:  # not cancelled for sure: keep the job, try again next round
+            log.warning("cancel held %s job %s (job %s): %s", job.backend, status.backend_job_id, job.id, exc.message)
+            return 0
+        # Should the launch have succeeded meanwhile, the gang ran: charge it, never lose it.
+        started = as_utc(after.started_at) if after is not None and after.nodes else None
+        ended = (as_utc(after.ended_at) if after is not None and after.state.final else None) or now
+        why = hold_failure_reason(reason, pool=job.backend or "", held_s=(now - since).total_seconds(), bound_s=bound)
+        return self._finish(s, job, JobState.FAILED, why, None, ended, started, after or status, via=via)
 
     def _requeue(self, s: Session, job: Job, status: JobStatus, reason: str, at: datetime, now: datetime,
                  via: str) -> int:

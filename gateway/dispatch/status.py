@@ -113,3 +113,51 @@ def absence(state: JobState) -> Absence:
     if state is JobState.DISPATCHING:
         return "wait"
     return "count_miss"
+
+
+HELD_STATES = frozenset({JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED, JobState.STARTING})
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """One event of a job's history, as :func:`held_since` reads it."""
+
+    at: datetime
+    state_change: bool  # a state event (the job moved): a new wait begins
+    held: str = ""  # the backend's hold code recorded with it ("" when not held)
+
+
+def held_since(history: list[Seen]) -> datetime | None:
+    """When the job's current wait began to be held (see ``JobStatus.held``), or None.
+
+    ``history`` is the job's events, oldest first. The current wait begins at the last state
+    event; the hold began at the first event since then that recorded one. A Slurm job
+    whose launch keeps failing alternates between BeginTime and other reasons while it
+    waits: that does not restart the clock; a job that moves (runs, is requeued) does.
+    """
+    last_move = max((i for i, ev in enumerate(history) if ev.state_change), default=0)
+    return next((as_utc(ev.at) for ev in history[last_move:] if ev.held), None)
+
+
+Hold = Literal["none", "wait", "fail"]
+
+
+def hold_verdict(*, state: JobState, held: str, since: datetime | None, now: datetime, bound_s: float) -> Hold:
+    """What to do about a job its backend holds (``held``: the backend's hold code).
+
+    ``none``: not held (or not waiting, or cancelling: the cancel is on its way), nothing
+    to do; ``wait``: held for less than ``bound_s`` so far (or ``bound_s`` is 0: wait
+    forever); ``fail``: held for ``bound_s`` or longer, so cancel it on the backend and fail it.
+    A hold with no recorded start (``since`` None) begins now, so it waits.
+    """
+    if not held or state not in HELD_STATES:
+        return "none"
+    if not bound_s or since is None:
+        return "wait"
+    return "fail" if (now - since).total_seconds() >= bound_s else "wait"
+
+
+def hold_failure_reason(reason: str, *, pool: str, held_s: float, bound_s: float) -> str:
+    """The failed job's reason: the backend's words (already the user's) and what the gateway did."""
+    return (f"{reason}. The gateway gave up after the job was held {int(held_s)} s "
+            f"(ISTHMUS_HELD_JOB_FAIL_AFTER_S={bound_s:g}) and cancelled it on {pool}")

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     # them is still polled once per this many seconds, a safety net for a missed event
     # (docs/dispatch.md, "Following jobs").
     reconcile_resync_s: float = Field(default=60.0, gt=0, le=86400)
+    # A job its backend holds for something only an administrator can fix (Slurm BeginTime
+    # after a failed launch, InvalidAccount, InvalidQOS: usually a user without a POSIX
+    # account or association on the cluster) is cancelled there and failed, with the reason
+    # in the user's words, once held this long (s); 0 = wait forever (docs/dispatch.md,
+    # "Jobs held for an unknown user"). Keep it above Slurm's ~2 min hold after a requeue.
+    held_job_fail_after_s: float = Field(default=600.0, ge=0, le=30 * 86400)
     # Charge running jobs' usage this often (s), so fair share sees long jobs as they run; 0 = only at the end.
     usage_accrual_interval_s: float = Field(default=300.0, ge=0, le=86400)
     # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
