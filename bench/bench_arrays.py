@@ -263,6 +263,8 @@ repeats, the order of the two kinds alternating.
 | ratio (array tasks / singles) | **{a / s_:.2f}** | |
 
 Load average (1 min) before the run: {load_before:.1f}, when it ended: {load:.1f}, on {os.cpu_count()} cores.
+Both kinds run the same claim and submission code (a task is an ordinary job row); the spread between
+repeats is larger than the difference between the kinds, so read a ratio near 1 as "the same cost".
 
 Target: ratio ≥ 1 (an array task costs the dispatcher no more than a single job): {"met" if a / s_ >= 1 else "NOT met"}.
 """
