@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, select
@@ -27,7 +28,7 @@ from gateway.jobs.models import Job, JobEvent
 from gateway.jobs.schemas import JobSpec, parse_duration_s
 from gateway.jobs.states import JobState
 from gateway.kit.errors import Forbidden, Invalid, NotFound
-from gateway.kit.timeutil import new_id, utcnow
+from gateway.kit.timeutil import new_id, new_ids, utcnow
 
 from gateway.flows.graph import (  # noqa: F401 - the dependency half, re-exported for callers
     ACTOR, FINAL, MET, NEVER, NOT_FINAL, NOT_STARTED, SLOT_STATES, WAIT, Resolved, add_dependencies, counts,
@@ -135,61 +136,170 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
         if isinstance(exc, IntegrityError) and jobs._is_foreign_key_violation(exc):
             raise Invalid("body.account", f"unknown account {spec.account!r}") from None
         raise
-    stored = base.stored()
     templated = "{{" in "".join(base.command) + "".join(base.env.values())
-    job_rows: list[dict[str, Any]] = []
-    event_rows: list[dict[str, Any]] = []
+    encoder = SpecEncoder(base.stored(), base.command, base.env, count, params=names_of(spec))
+    ids = new_ids(count)
+    job_rows: list[tuple[Any, ...]] = []
+    event_rows: list[tuple[Any, ...]] = []
+    blocked_by_deps = JobState.BLOCKED.value, resolved.reason
+    waiting_slot = JobState.BLOCKED.value, f"waiting for a free slot (max_running {max_running})"
+    pending = JobState.PENDING.value, waiting_reason
     for i, values in enumerate(combos):
-        command, env = _render_task(base, values, count)
         # A sweep's values differ in length: check every task. An array's only value is its
         # index, longest in the last task: checking that one checks them all.
         if templated and (spec.sweep is not None or i == count - 1):
-            _check_rendered(command, env, i)
+            _check_rendered(*_render_task(base, values, count), i)
         if not resolved.met:
-            state, reason = JobState.BLOCKED.value, resolved.reason
+            state, reason = blocked_by_deps
         elif max_running is not None and i >= max_running:
-            state, reason = JobState.BLOCKED.value, f"waiting for a free slot (max_running {max_running})"
+            state, reason = waiting_slot
         else:
-            state, reason = JobState.PENDING.value, waiting_reason
-        job_id = new_id()
-        task_spec = {**stored, "command": command, "env": env}
-        if spec.sweep is not None:
-            task_spec["parameters"] = {k: v for k, v in values.items() if k != "index"}
-        job_rows.append(dict(
-            id=job_id, name=spec.name, account_name=spec.account, submitted_by=principal.subject,
-            username=principal.username, requested_backend=spec.pool, backend=None, state=state,
-            state_reason=reason, spec=task_spec, workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
-            total_gpus=spec.total_gpus, time_limit_s=time_limit_s, priority=spec.priority, routing_reason="",
-            dispatch_attempts=0, created_at=now, updated_at=now, job_set_id=set_id, array_index=i))
-        event_rows.append(dict(job_id=job_id, at=now, actor=principal.subject, kind="state", from_state=None,
-                               to_state=state, reason="submitted", data={"job_set": set_id, "array_index": i}))
-    bulk_insert(conn, Job.__table__, job_rows)
-    bulk_insert(conn, JobEvent.__table__, event_rows)
-    add_dependencies(session, [r["id"] for r in job_rows], resolved)
+            state, reason = pending
+        job_rows.append((ids[i], state, reason, encoder.encode(values), i))
+        event_rows.append((ids[i], state, f'{{"job_set": "{set_id}", "array_index": {i}}}'))
+    bulk_insert(conn, Job.__table__, dict(
+        name=spec.name, account_name=spec.account, submitted_by=principal.subject, username=principal.username,
+        requested_backend=spec.pool, backend=None, workers=spec.workers,
+        gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus, time_limit_s=time_limit_s,
+        priority=spec.priority, routing_reason="", dispatch_attempts=0, created_at=now, updated_at=now,
+        job_set_id=set_id), ("id", "state", "state_reason", "spec", "array_index"), job_rows)
+    bulk_insert(conn, JobEvent.__table__, dict(at=now, actor=principal.subject, kind="state", from_state=None,
+                                               reason="submitted"), ("job_id", "to_state", "data"), event_rows)
+    add_dependencies(session, ids, resolved)
     log.info("job set %s: %d tasks (%s)", set_id, count, kind,
              extra={"account": spec.account, "actor": principal.subject})
     return session.get(JobSet, set_id)
 
 
-def bulk_insert(conn, table, rows: list[dict[str, Any]]) -> None:
+def names_of(spec: JobSetSpec) -> list[str]:
+    return list(spec.sweep) if spec.sweep is not None else []
+
+
+class SpecEncoder:
+    """A task's stored spec as JSON text, exactly ``json.dumps`` of what :func:`_render_task` gives.
+
+    The set's spec is encoded once, split at its placeholders; a task's text is then the
+    literal pieces joined with its (JSON-escaped) values. JSON escaping works character by
+    character, so escaping the pieces one by one equals escaping the rendered string; the
+    placeholders are found in the raw strings, as :func:`templates.render` finds them.
+    Saves a ``json.dumps`` of the whole spec per task (most of a 10,000-task request's
+    Python time, bench/bench_arrays.py).
+    """
+
+    def __init__(self, stored: dict[str, Any], command: list[str], env: dict[str, str], count: int,
+                 params: list[str]) -> None:
+        marks = {key: f"\x00{key}-{new_id()}" for key in ("command", "env", "parameters")}
+        doc = {**stored, "command": marks["command"], "env": marks["env"]}
+        if params:
+            doc["parameters"] = marks["parameters"]
+        pieces: list[str | _Name] = [json.dumps(doc)]
+        env = {**env, "ISTHMUS_ARRAY_INDEX": "{{ index }}", "ISTHMUS_ARRAY_COUNT": str(count)}
+        parts = {
+            "command": ["["] + _joined([['"', *_template(arg), '"'] for arg in command]) + ["]"],
+            "env": ["{"] + _joined([[json.dumps(k) + ': "', *_template(v), '"'] for k, v in env.items()]) + ["}"],
+            "parameters": ["{"] + _joined([[json.dumps(k) + ': "', _Name(k), '"'] for k in params]) + ["}"],
+        }
+        for key, mark in marks.items():
+            token = json.dumps(mark)
+            out: list[str | _Name] = []
+            for piece in pieces:
+                if isinstance(piece, str) and token in piece:
+                    before, after = piece.split(token)
+                    out += [before, *parts[key], after]
+                else:
+                    out.append(piece)
+            pieces = out
+        # Merge neighbouring literals: literals[0], then (name, literal) pairs.
+        self.literals: list[str] = [""]
+        self.names: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, _Name):
+                self.names.append(piece)
+                self.literals.append("")
+            else:
+                self.literals[-1] += piece
+        self.rest = list(zip(self.names, self.literals[1:]))
+        self.plain = all(n == "index" for n in self.names)  # an array: values need no escaping
+
+    def encode(self, values: dict[str, str]) -> str:
+        if self.plain:
+            return self.literals[0] + "".join([values[n] + lit for n, lit in self.rest])
+        escaped = {k: json.dumps(v)[1:-1] for k, v in values.items()}
+        return self.literals[0] + "".join([escaped[n] + lit for n, lit in self.rest])
+
+
+class _Name(str):
+    """A placeholder's parameter name among the literal pieces of a template."""
+
+
+def _template(text: str) -> list[str | _Name]:
+    """A raw string as JSON-escaped literal pieces and parameter names (no quotes)."""
+    split = templates.PLACEHOLDER.split(text)
+    return [_Name(p) if k % 2 else json.dumps(p)[1:-1] for k, p in enumerate(split)]
+
+
+def _joined(items: list[list[str | _Name]]) -> list[str | _Name]:
+    out: list[str | _Name] = []
+    for k, item in enumerate(items):
+        if k:
+            out.append(", ")
+        out += item
+    return out
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def _copy_text(value: Any, is_json: bool = False) -> str:
+    """One value in COPY's text format (docs: COPY, "Text Format")."""
+    if type(value) is str and not is_json:
+        if "\\" in value or "\n" in value or "\r" in value or "\t" in value:
+            return value.translate(_COPY_ESCAPES)
+        return value
+    if value is None:
+        return "\\N"
+    if is_json and not isinstance(value, str):
+        value = json.dumps(value)
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, str):
+        # Most values need no escape; looking costs far less than translating.
+        if "\\" in value or "\n" in value or "\r" in value or "\t" in value:
+            return value.translate(_COPY_ESCAPES)
+        return value
+    raise TypeError(f"no COPY text form for {type(value).__name__}")
+
+
+def bulk_insert(conn, table, shared: dict[str, Any], columns: Sequence[str], rows: Sequence[tuple[Any, ...]],
+                *, chunk: int = 2000) -> None:
     """Insert many rows in the connection's transaction: COPY on Postgres, executemany elsewhere.
 
-    psycopg's executemany still sends one INSERT per row (pipelined); COPY streams them all
-    in one command, which is what makes a 10,000-task array one short request
-    (bench/bench_arrays.py). Same transaction either way: a failure writes nothing.
+    Each row is ``shared`` (the values every row has) plus its own ``columns`` values, JSON
+    columns among those already encoded as text. psycopg's executemany still sends one
+    INSERT per row (pipelined); COPY streams them all in one command, and the rows' text is
+    built here with the shared part formatted once, which is what makes a 10,000-task
+    array one short request (bench/bench_arrays.py). Same transaction either way: a
+    failure writes nothing.
     """
     if not rows:
         return
+    json_cols = {c.name for c in table.c if isinstance(c.type, JSON)}
     if conn.dialect.name != "postgresql":
-        conn.execute(table.insert(), rows)
+        conn.execute(table.insert(), [
+            {**shared, **{c: json.loads(v) if c in json_cols and v is not None else v for c, v in zip(columns, row)}}
+            for row in rows])
         return
-    columns = list(rows[0])
-    json_cols = {c for c in columns if isinstance(table.c[c].type, JSON)}
+    names = [*shared, *columns]
+    head = "".join(_copy_text(v, k in json_cols) + "\t" for k, v in shared.items())
     raw = conn.connection.driver_connection
-    with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({', '.join(columns)}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row([json.dumps(row[c]) if c in json_cols and row[c] is not None else row[c]
-                            for c in columns])
+    with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({', '.join(names)}) FROM STDIN") as copy:
+        for start in range(0, len(rows), chunk):
+            copy.write("".join([head + "\t".join([_copy_text(v) for v in row]) + "\n"
+                                for row in rows[start:start + chunk]]))
 
 
 def list_tasks(session: Session, set_id: str, *, after_index: int = -1, limit: int = 100,
