@@ -162,6 +162,11 @@ def _refuse_if_never_admissible(session, spec: JobSpec) -> None:
                                                                    AccountPoolQuota.max_gpus.is_not(None))))
     if not overall and not per_pool:
         return  # the common case: no limit set anywhere on the chain
+    if overall and spec.total_gpus > min(overall)[0]:  # max_gpus counts every pool together
+        value, field, where = min(overall)
+        raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than "
+                                      f"the concurrent-GPU limit of account {spec.account} on every pool "
+                                      f"({field} = {value}, set on account {where})")
     if spec.pool != "auto":
         pools = [spec.pool]
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -93,6 +94,17 @@ class BackendUnavailable(GatewayError):
     status, title, slug = 503, "Backend unavailable", "backend-unavailable"
 
 
+class ProblemResponse(JSONResponse):
+    """problem+json as pure ASCII (non-ASCII escaped): the media type has no charset parameter,
+    and a client that guesses one (requests' chardet fallback) must still read it right, e.g.
+    a field name with a C1 control character followed by an escaped quote."""
+
+    media_type = PROBLEM_JSON
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def problem_response(status: int, title: str, *, slug: str | None = None, detail: str | None = None,
                      instance: str | None = None, errors: list[FieldError] | None = None,
                      headers: dict[str, str] | None = None) -> JSONResponse:
@@ -106,7 +118,7 @@ def problem_response(status: int, title: str, *, slug: str | None = None, detail
     }
     if errors:
         body["errors"] = [e.model_dump() for e in errors]
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return ProblemResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:
