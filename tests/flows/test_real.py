@@ -6,7 +6,6 @@ Run under the cluster lock: flock /work/cluster.lock .venv/bin/pytest tests/flow
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -156,10 +155,12 @@ def test_sweep_on_slurm_each_task_sees_its_own_values(gw, slurm22):
             "env": {"LR": "{{ lr }}"}, "sweep": {"lr": ["0.1", "0.01; rm -rf /", "$(id)"]}}
     js = post(gw, "/v1/job-sets", body)
     drive_until(gw, lambda: all(t["state"] in FINAL for t in tasks(gw, js["id"])), timeout_s=120)
-    work = Path(slurm22["SLURM_WORK_DIR"])
     for t in tasks(gw, js["id"]):
         assert t["state"] == "succeeded", t["state_reason"]
         lr = t["parameters"]["lr"]
-        out = (work / f"slurm-{t['backend_job_id']}.out").read_text()
+        # the task's own output, as its user reads it (per worker: docs/logs.md)
+        r = gw.client.get(f"/v1/jobs/{t['id']}/logs?worker=0", headers=gw.headers("alice", ("team-a",)))
+        assert r.status_code == 200, r.text
+        out = r.text
         # the value arrives verbatim, as one argument and one variable: no shell ever parsed it
         assert f"lr={lr} idx={t['array_index']} arg={lr}" in out, out
