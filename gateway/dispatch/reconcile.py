@@ -271,6 +271,12 @@ class ReconcileMixin:
                 "_output_keeper", ThreadPoolExecutor(max_workers=2, thread_name_prefix="isthmus-keep-output"))
         keeper.submit(output.keep_output, *args)
 
+    def _stop_output_keeper(self) -> None:
+        """Take no more copies; those under way finish (their threads end with them)."""
+        keeper = self.__dict__.pop("_output_keeper", None)
+        if keeper is not None:
+            keeper.shutdown(wait=False)
+
     def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
                 ended: datetime, started: datetime | None, status: JobStatus | None = None, *,
                 via: str = "poll") -> int:
