@@ -20,7 +20,7 @@ from gateway.jobs.schemas import (
 )
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
-from gateway.kit.errors import Conflict, Forbidden, Invalid, problem_responses
+from gateway.kit.errors import Forbidden, Invalid, problem_responses
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.timeutil import as_utc
 
