@@ -137,13 +137,15 @@ class ReconcileMixin:
             if found is None:
                 return None
             backend_job_id = found.backend_job_id
-        if backend.supports(Feature.OUTPUT_STREAM):
-            # Cancelling deletes the pods with their output: keep it first (once).
+        tried = self.__dict__.setdefault("_kept_before_cancel", set())
+        if backend.supports(Feature.OUTPUT_STREAM) and job_id not in tried:
+            # Cancelling deletes the pods with their output: keep it first (one try per job
+            # and process: a pool that cannot serve it must not slow every cancel round).
+            tried.add(job_id)
             with transaction(self.sessions) as s:
                 job = s.get(Job, job_id)
                 workers = job.workers if job is not None else 0
-            if not output.kept_path(self.settings.output_keep_dir, job_id, 0).parent.exists():
-                self._keep_output(backend, job_id, backend_job_id, workers, wait=True)
+            self._keep_output(backend, job_id, backend_job_id, workers, wait=True)
         backend.cancel(backend_job_id)
         return backend.status(backend_job_id)
 
@@ -295,6 +297,7 @@ class ReconcileMixin:
         if status is not None:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
         jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
+        self.__dict__.get("_kept_before_cancel", set()).discard(job.id)
         backend = self.backends.get(output.job_pool(job) or "")
         if backend is not None:
             self._keep_output(backend, job.id, job.backend_job_id, job.workers)

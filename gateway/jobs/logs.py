@@ -21,7 +21,7 @@ from pathlib import Path
 
 import anyio
 
-from adapters.base import Backend, BackendError, Feature, JobNotFound, Unsupported
+from adapters.base import Backend, BackendError, BackendUnavailable, Feature, JobNotFound, Unsupported
 from gateway.jobs.models import Job
 from gateway.kit.errors import BackendUnavailable as GatewayUnavailable
 from gateway.kit.errors import Conflict, GatewayError, Invalid
@@ -95,6 +95,9 @@ def keep_output(backend: Backend, job_id: str, backend_job_id: str, workers: int
             data = _last_bytes(backend.stream_output(backend_job_id, worker), keep_bytes)
         except JobNotFound:
             continue
+        except BackendUnavailable as exc:  # the next worker would wait as long: give up
+            log.warning("could not keep the output of job %s: %s", job_id, exc)
+            break
         except BackendError as exc:
             log.warning("could not keep the output of worker %s of job %s: %s", worker, job_id, exc)
             continue

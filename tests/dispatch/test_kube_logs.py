@@ -8,6 +8,7 @@ apiserver's ``pods/log`` (stack/kube/kwok.sh, docs/logs.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,13 +17,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, kube_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    KWOK_RUN_FOR,
+    drive_until,
+    job_state,
+    kube_backend_options,
+    wired_gateway,
+)
 from tests.jobs.live import served
 
 pytestmark = pytest.mark.kubernetes
 FINAL = ("succeeded", "failed", "cancelled")
 ISTHMUS = str(Path(sys.executable).with_name("isthmus"))
 INDEX = "batch.kubernetes.io/job-completion-index"
+CREATED: list[tuple[str, str, Path]] = []  # (namespace, Logs name, output file)
 
 
 @pytest.fixture
@@ -41,7 +49,13 @@ def k8s(kube):
     cfg = client.Configuration()
     config.load_kube_config(config_file=kube["KUBECONFIG"], client_configuration=cfg)
     api = client.ApiClient(cfg)
-    yield client.CoreV1Api(api), client.CustomObjectsApi(api), client.BatchV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    yield client.CoreV1Api(api), custom, client.BatchV1Api(api)
+    for ns, name, path in CREATED:  # the stand-ins go with the test
+        with contextlib.suppress(client.exceptions.ApiException):
+            custom.delete_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", name)
+        path.unlink(missing_ok=True)
+    CREATED.clear()
     api.close()
 
 
@@ -74,6 +88,7 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
         body = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
                 "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
         custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", body)
+        CREATED.append((ns, pod, path))
 
 
 def submit(gw, **spec) -> str:
