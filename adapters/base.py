@@ -210,6 +210,7 @@ class Feature(str, enum.Enum):
     PRIORITY = "priority"
     WATCH = "watch"
     OUTPUT_FILES = "output_files"
+    OUTPUT_STREAM = "output_stream"
 
 
 # ------------------------------------------------------------------------ interface
@@ -308,6 +309,24 @@ class Backend(abc.ABC):
                                                         "this pool's job output is not readable by the gateway"),
                           backend=self.name)
 
+    def stream_output(self, backend_job_id: str, worker: int, *, tail_lines: int | None = None,
+                      follow: bool = False) -> Iterator[bytes]:
+        """One worker's output (stdout + stderr) as the backend serves it, in chunks.
+
+        Optional (``Feature.OUTPUT_STREAM``): a backend that keeps its jobs' output itself
+        (Kubernetes: the pod log API) streams it here. ``tail_lines`` starts at the last N
+        lines; ``follow`` keeps the stream open while the worker runs. The caller closes the
+        iterator (``close()``) to stop early.
+
+        Raises:
+            JobNotFound: the worker has no output there (not started yet, or its pod is gone).
+            Unsupported: this backend serves no output.
+            BackendUnavailable: the backend cannot be reached now.
+        """
+        raise Unsupported(self.unsupported_features.get(Feature.OUTPUT_STREAM,
+                                                        "this pool serves no job output"),
+                          backend=self.name)
+
     def supports(self, feature: Feature) -> bool:
         """Whether this backend offers an optional capability (a method it overrides, say)."""
         if feature in self.unsupported_features:
@@ -316,6 +335,8 @@ class Backend(abc.ABC):
             return type(self).watch_events is not Backend.watch_events
         if feature is Feature.OUTPUT_FILES:
             return type(self).output_file is not Backend.output_file
+        if feature is Feature.OUTPUT_STREAM:
+            return type(self).stream_output is not Backend.stream_output
         return True
 
     def check_supported(self, request: SubmitRequest) -> None:

@@ -52,6 +52,9 @@ from .watch import JobEventStream
 
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 POD_JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+POD_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+WORKER_CONTAINER = "worker"  # render.py names the one container so
+LOG_CHUNK_BYTES = 64 * 1024
 MANAGED_SELECTOR = f"{LABEL_MANAGED}={MANAGED_VALUE}"
 
 
@@ -527,6 +530,52 @@ class KubernetesBackend(Backend):
                    f"{len(gpu_nodes)} GPU nodes, {idle} idle",
         )
         return Capacity(backend=self.name, pools=(pool,))
+
+    # -------------------------------------------------------------------- output
+    def _worker_pod(self, backend_job_id: str, worker: int) -> dict:
+        """The newest pod of the Job for completion index ``worker`` (owned by the Job itself)."""
+        job = self._read_job(backend_job_id)
+        uid, ns = job["metadata"]["uid"], job["metadata"]["namespace"]
+        api = self._connect()
+        with self._errors(f"listing pods in {ns}"):
+            pods = self._raw(api.core.list_namespaced_pod, ns,
+                             label_selector=f"{POD_JOB_UID_LABEL}={uid},{POD_INDEX_LABEL}={int(worker)}")["items"]
+        # Only pods the Job controls: a label is anyone's to write in the namespace.
+        pods = [p for p in pods if any(o.get("uid") == uid and o.get("controller")
+                                       for o in p["metadata"].get("ownerReferences") or [])]
+        if not pods:
+            raise JobNotFound(f"no pod for worker {worker} of Job {backend_job_id}", backend=self.name)
+        return max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+
+    def stream_output(self, backend_job_id: str, worker: int, *, tail_lines: int | None = None,
+                      follow: bool = False) -> Iterator[bytes]:
+        """The worker pod's log (``read_namespaced_pod_log``), in chunks of at most 64 KiB.
+
+        The pod is looked up before the first chunk, so a missing pod raises at once.
+        """
+        pod = self._worker_pod(backend_job_id, worker)
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        container = WORKER_CONTAINER if WORKER_CONTAINER in containers else (containers[0] if containers else None)
+        api = self._connect()
+        kwargs: dict[str, Any] = {"container": container, "follow": bool(follow)}
+        if tail_lines is not None:
+            kwargs["tail_lines"] = int(tail_lines)
+        # Following waits for output as long as the worker runs: only connecting is timed.
+        timeout = (self._t(), None) if follow else self._t()
+        with self._errors(f"reading the log of pod {ns}/{name}", not_found=f"pod {ns}/{name} is gone"):
+            resp = api.core.read_namespaced_pod_log(name, ns, _preload_content=False,
+                                                    _request_timeout=timeout, **kwargs)
+        return self._log_chunks(resp, f"{ns}/{name}")
+
+    def _log_chunks(self, resp: Any, what: str) -> Iterator[bytes]:
+        try:
+            with self._errors(f"reading the log of pod {what}"):
+                for chunk in resp.stream(LOG_CHUNK_BYTES, decode_content=True):
+                    if chunk:
+                        yield chunk
+        finally:
+            resp.release_conn()
 
     # --------------------------------------------------------------------- watch
     def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None,

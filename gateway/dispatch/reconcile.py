@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from adapters.base import Backend, BackendError, JobNotFound, JobStatus
+from adapters.base import Backend, BackendError, Feature, JobNotFound, JobStatus
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
 from gateway.dispatch.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
+from gateway.jobs import logs as output
 from gateway.jobs import service as jobs
 from gateway.jobs.models import Job, JobEvent
 from gateway.jobs.states import JobState
@@ -135,6 +137,15 @@ class ReconcileMixin:
             if found is None:
                 return None
             backend_job_id = found.backend_job_id
+        tried = self.__dict__.setdefault("_kept_before_cancel", set())
+        if backend.supports(Feature.OUTPUT_STREAM) and job_id not in tried:
+            # Cancelling deletes the pods with their output: keep it first (one try per job
+            # and process: a pool that cannot serve it must not slow every cancel round).
+            tried.add(job_id)
+            with transaction(self.sessions) as s:
+                job = s.get(Job, job_id)
+                workers = job.workers if job is not None else 0
+            self._keep_output(backend, job_id, backend_job_id, workers, wait=True)
         backend.cancel(backend_job_id)
         return backend.status(backend_job_id)
 
@@ -285,6 +296,32 @@ class ReconcileMixin:
         self._misses[job_id] = (count + 1, first)
         return count + 1 >= self.LOST_AFTER_MISSES and time.monotonic() - first >= self.LOST_AFTER_S
 
+    def _keep_output(self, backend: Backend, job_id: str, backend_job_id: str | None, workers: int, *,
+                     wait: bool = False) -> None:
+        """Keep the job's output if its pool deletes it with the job (docs/logs.md).
+
+        In the background by default (two threads per dispatcher), so that a large output
+        never holds up the reconciler; ``wait`` keeps it before returning.
+        """
+        if backend_job_id is None or not backend.supports(Feature.OUTPUT_STREAM):
+            return
+        args = (backend, job_id, backend_job_id, workers, self.settings.output_keep_dir,
+                self.settings.output_keep_mib * 1024 * 1024)
+        if wait:
+            output.keep_output(*args)
+            return
+        keeper = self.__dict__.get("_output_keeper")
+        if keeper is None:
+            keeper = self.__dict__.setdefault(
+                "_output_keeper", ThreadPoolExecutor(max_workers=2, thread_name_prefix="isthmus-keep-output"))
+        keeper.submit(output.keep_output, *args)
+
+    def _stop_output_keeper(self) -> None:
+        """Take no more copies; those under way finish (their threads end with them)."""
+        keeper = self.__dict__.pop("_output_keeper", None)
+        if keeper is not None:
+            keeper.shutdown(wait=False)
+
     def _finish(self, s: Session, job: Job, target: JobState, reason: str, exit_code: int | None,
                 ended: datetime, started: datetime | None, status: JobStatus | None = None, *,
                 via: str = "poll") -> int:
@@ -303,6 +340,10 @@ class ReconcileMixin:
         if status is not None:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
         jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
+        self.__dict__.get("_kept_before_cancel", set()).discard(job.id)
+        backend = self.backends.get(output.job_pool(job) or "")
+        if backend is not None:
+            self._keep_output(backend, job.id, job.backend_job_id, job.workers)
         return 1
 
     # ------------------------------------------------------------ orphans

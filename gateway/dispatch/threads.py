@@ -92,3 +92,4 @@ class ThreadsMixin:
         self._stop_watches()
         if self._thread:
             self._thread.join(timeout_s)
+        self._stop_output_keeper()

@@ -4,17 +4,26 @@ Slurm jobs write one file per worker on the shared filesystem the gateway mounts
 (``Backend.output_file``); the gateway reads it in chunks of at most CHUNK_BYTES, so a stream holds at
 most one chunk in memory whatever the file's size, and ``follow`` polls the file for new
 bytes until the job has ended and the file has stopped growing.
+
+Kubernetes pools serve output themselves (``Backend.stream_output``, the pod log API) but
+delete it with the pods. When such a job ends (or is cancelled) the dispatcher keeps the
+last ``output_keep_mib`` MiB of each worker in a file under ``output_keep_dir``
+(:func:`keep_output`); once the job has ended the gateway serves that file like a Slurm one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import AsyncIterator, Callable
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import anyio
 
-from adapters.base import Backend, Unsupported
+from adapters.base import Backend, BackendError, BackendUnavailable, Feature, JobNotFound, Unsupported
 from gateway.jobs.models import Job
+from gateway.kit.errors import BackendUnavailable as GatewayUnavailable
 from gateway.kit.errors import Conflict, GatewayError, Invalid
 
 # 1 MiB per read: one worker-thread hop per MiB (64 KiB halved the throughput, bench/bench_logs.py).
@@ -34,8 +43,12 @@ def job_pool(job: Job) -> str | None:
     return job.backend
 
 
-def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
-    """The file holding ``worker``'s output, or a problem saying why there is none."""
+log = logging.getLogger("isthmus.logs")
+_KEPT_NAME = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
+
+
+def pool_backend(backends: dict[str, Backend], job: Job, worker: int) -> Backend:
+    """The backend of the job's pool, or a problem saying why its output cannot be read."""
     if not 0 <= worker < job.workers:
         raise Invalid("query.worker", f"this job has workers 0 to {job.workers - 1}")
     pool = job_pool(job)
@@ -44,10 +57,114 @@ def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
     backend = backends.get(pool)
     if backend is None:
         raise OutputUnavailable(f"pool {pool!r} is not configured on this gateway")
+    return backend
+
+
+def kept_path(keep_dir: str | os.PathLike, job_id: str, worker: int) -> Path:
+    """Where the gateway keeps one worker's output after its pool deleted it."""
+    if not _KEPT_NAME.fullmatch(job_id):
+        raise ValueError(f"not a job id: {job_id!r}")
+    return Path(keep_dir) / job_id / f"worker-{int(worker)}.out"
+
+
+def _last_bytes(chunks: Iterator[bytes], keep: int) -> bytes:
+    """The last ``keep`` bytes of a stream; holds at most ``keep`` + one chunk."""
+    buf = bytearray()
+    for chunk in chunks:
+        buf += chunk
+        if len(buf) > keep:
+            del buf[: len(buf) - keep]
+    return bytes(buf)
+
+
+def keep_output(backend: Backend, job_id: str, backend_job_id: str, workers: int, keep_dir: str | os.PathLike,
+                keep_bytes: int) -> int:
+    """Copy the last ``keep_bytes`` of each worker's output from the pool to ``keep_dir``.
+
+    Blocking (run it in a thread). A worker whose output the pool no longer has keeps what
+    an earlier call kept (the cancel path keeps output before the pods are deleted, the end
+    of the job once more). Returns how many workers were kept; never raises for a backend
+    error (it is logged): keeping output must not stop the dispatcher.
+    """
+    if not backend.supports(Feature.OUTPUT_STREAM):
+        return 0
+    kept = 0
+    for worker in range(workers):
+        dest = kept_path(keep_dir, job_id, worker)
+        try:
+            data = _last_bytes(backend.stream_output(backend_job_id, worker), keep_bytes)
+        except JobNotFound:
+            continue
+        except BackendUnavailable as exc:  # the next worker would wait as long: give up
+            log.warning("could not keep the output of job %s: %s", job_id, exc)
+            break
+        except BackendError as exc:
+            log.warning("could not keep the output of worker %s of job %s: %s", worker, job_id, exc)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)  # readers see the old copy or the new one, never half of one
+        kept += 1
+    return kept
+
+
+async def _relay(chunks: Iterator[bytes], what: str) -> AsyncIterator[bytes]:
+    """A blocking iterator of chunks as an async one; each read runs in a worker thread."""
+    try:
+        while True:
+            chunk = await anyio.to_thread.run_sync(next, chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+    except BackendError as exc:  # the response has started: end it, do not raise into the server
+        log.warning("output stream of %s ended: %s", what, exc)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            await anyio.to_thread.run_sync(close)
+
+
+def open_output(backends: dict[str, Backend], job: Job, worker: int, *, keep_dir: str | os.PathLike,
+                tail: int | None, follow: bool, job_final: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The stream of one worker's output, wherever its pool leaves it (blocking: call it in a thread).
+
+    Raises the problem the caller answers with when there is none: 409 (no output yet, or
+    none left), 501 (the pool's output cannot be read), 503 (the pool is unreachable).
+    """
+    backend = pool_backend(backends, job, worker)
+    final = job.state in FINAL_STATES
+    if not backend.supports(Feature.OUTPUT_STREAM):
+        path = output_path(backends, job, worker)
+        if not follow and not os.path.exists(path):
+            raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
+                           else f"worker {worker} left no output (the job {job.state})")
+        return stream(path, tail=tail, follow=follow and not final, job_final=job_final)
+    kept = kept_path(keep_dir, job.id, worker)
+    if final and kept.exists():
+        return stream(str(kept), tail=tail, follow=False, job_final=job_final)
+    if job.backend_job_id is None:
+        raise Conflict(f"worker {worker} has no output yet (the job is {job.state})")
+    try:
+        chunks = backend.stream_output(job.backend_job_id, worker, tail_lines=tail, follow=follow and not final)
+    except JobNotFound:
+        raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
+                       else f"worker {worker} left no output (the job {job.state})") from None
+    except Unsupported as exc:
+        raise OutputUnavailable(f"pool {job_pool(job)!r}: {exc.message}") from None
+    except BackendError as exc:
+        raise GatewayUnavailable(f"pool {job_pool(job)!r}: {exc.message}") from exc
+    return _relay(chunks, f"job {job.id} worker {worker}")
+
+
+def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
+    """The file holding ``worker``'s output, or a problem saying why there is none."""
+    backend = pool_backend(backends, job, worker)
     try:
         return backend.output_file(job.id, worker)
     except Unsupported as exc:
-        raise OutputUnavailable(f"pool {pool!r}: {exc.message}") from None
+        raise OutputUnavailable(f"pool {job_pool(job)!r}: {exc.message}") from None
 
 
 def tail_offset(path: str, lines: int) -> int:

@@ -20,7 +20,7 @@ from gateway.jobs.schemas import (
 )
 from gateway.jobs.states import JobState
 from gateway.kit.db import DbSession
-from gateway.kit.errors import Conflict, Forbidden, Invalid, problem_responses
+from gateway.kit.errors import Forbidden, Invalid, problem_responses
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.timeutil import as_utc
 
@@ -358,7 +358,7 @@ def list_job_events(principal: CurrentPrincipal, session: DbSession, job_id: Job
 
 _LOG_RESPONSES = {200: {"description": "The worker's output (stdout and stderr), as the job wrote it.",
                         "content": {"text/plain": {"schema": {"type": "string"}}}},
-                  **problem_responses(401, 404, 409, 422, 501)}
+                  **problem_responses(401, 404, 409, 422, 501, 503)}
 
 
 @router.get(
@@ -376,23 +376,18 @@ def get_job_logs(
     tail: Annotated[int | None, Query(ge=1, le=1_000_000, description="Only the last N lines.")] = None,
     follow: Annotated[bool, Query(description="Keep sending new output until the job ends.")] = False,
 ) -> StreamingResponse:
-    import os
-
     from gateway.jobs import logs
 
     job = service.get_or_raise(session, principal=principal, job_id=job_id)
-    path = logs.output_path(getattr(request.app.state, "backends", None) or {}, job, worker)
-    final = job.state in logs.FINAL_STATES
-    if not follow and not os.path.exists(path):
-        raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
-                       else f"worker {worker} left no output (the job {job.state})")
     sessions = request.app.state.sessionmaker
 
     def job_final() -> bool:
         with sessions() as s:
             return s.get(Job, job_id).state in logs.FINAL_STATES
 
-    body = logs.stream(path, tail=tail, follow=follow and not final, job_final=job_final)
+    body = logs.open_output(getattr(request.app.state, "backends", None) or {}, job, worker,
+                            keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=follow,
+                            job_final=job_final)
     return StreamingResponse(body, media_type="text/plain; charset=utf-8",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 

@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     # client reconnects with Last-Event-ID (its token is checked again then).
     events_heartbeat_s: float = Field(default=15.0, gt=0, le=300)
     events_max_stream_s: float = Field(default=3600.0, gt=0, le=86400)
+    # Job output of pools that delete it with the job (Kubernetes pods, docs/logs.md): the
+    # last OUTPUT_KEEP_MIB MiB per worker are kept here when the job ends. The API and the
+    # dispatcher (`isthmus worker`) must see the same directory.
+    output_keep_dir: Path = Path("./isthmus-output")
+    output_keep_mib: int = Field(default=8, ge=1, le=1024)
     metrics_ttl_s: float = Field(default=5.0, ge=0, le=300)
     metrics_token: str = Field(default="", repr=False)
 

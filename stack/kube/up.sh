@@ -15,6 +15,7 @@ source "$HERE/versions.sh"
 API_PORT="${ISTHMUS_KUBE_API_PORT:-16443}"
 ETCD_PORT="${ISTHMUS_KUBE_ETCD_PORT:-12379}"
 WEBHOOK_PORT="${ISTHMUS_KUBE_WEBHOOK_PORT:-16446}"
+KWOK_PORT="${ISTHMUS_KUBE_KWOK_PORT:-16447}"  # kwok's kubelet server (pods/log), kwok.sh
 ACCOUNTS="${ISTHMUS_KUBE_ACCOUNTS:-team-a team-b team-c}"   # one namespace + LocalQueue each
 NS_PREFIX="${ISTHMUS_KUBE_NS_PREFIX:-isthmus-}"
 CLUSTER_QUEUE="${ISTHMUS_KUBE_CLUSTER_QUEUE:-isthmus-gpu}"
@@ -237,9 +238,8 @@ integrations: {frameworks: ["batch/job"]}
 Y
 start kueue env KUBECONFIG="$KUBECONFIG_FILE" "$KUEUE" --config="$STATE/kueue-config.yaml" --zap-log-level=info \
   --feature-gates=VisibilityOnDemand=false  # its API server wants in-cluster delegated auth
-start kwok "$KWOK" --kubeconfig "$KUBECONFIG_FILE" --manage-all-nodes=false \
-  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --config "$HERE/kwok-stages.yaml" --cidr 10.244.0.1/16 --node-ip 10.243.0.1
+# kwok, with its kubelet server for pods/log (kwok.sh; restarts a kwok started without it).
+ISTHMUS_KUBE_STATE="$STATE" ISTHMUS_KUBE_KWOK_PORT="$KWOK_PORT" "$HERE/kwok.sh"
 
 # ---------------------------------------------------------------------- objects
 gpu_node() { # name product
@@ -260,6 +260,10 @@ metadata: {name: $n}
 status:
   capacity: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
   allocatable: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
+  # The apiserver proxies pods/log to the node's kubelet: kwok's server on loopback. Its
+  # first address type is Hostname (default --kubelet-preferred-address-types), so both are it.
+  addresses: [{type: InternalIP, address: 127.0.0.1}, {type: Hostname, address: 127.0.0.1}]
+  daemonEndpoints: {kubeletEndpoint: {Port: $KWOK_PORT}}
 Y
 }
 for i in $(seq 1 "$NODES"); do gpu_node "kwok-gpu-$i" "$A100_PRODUCT"; done
@@ -353,6 +357,7 @@ ISTHMUS_KUBE_NODES=$NODES
 ISTHMUS_KUBE_GPUS_PER_NODE=$GPUS_PER_NODE
 ISTHMUS_KUBE_GPU_QUOTA=$GPU_QUOTA
 ISTHMUS_KUBE_STATE_DIR=$STATE
+ISTHMUS_KUBE_CONTAINER_OUTPUT_DIR=$STATE/container-output
 ISTHMUS_KUBE_GPU_TYPE_LABEL=$GPU_TYPE_LABEL
 ISTHMUS_KUBE_GPU_TYPE=$A100_PRODUCT
 ISTHMUS_KUBE_H100_CLUSTER_QUEUE=$H100_CLUSTER_QUEUE

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from gateway.jobs.logs import tail_offset
@@ -40,3 +42,94 @@ def test_pending_job_has_no_output_yet_and_other_accounts_get_404(gw):
     bad = gw.client.get(f"/v1/jobs/{job}/logs", params={"worker": 2}, headers=gw.headers())
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "query.worker"
     assert gw.client.get(f"/v1/jobs/{job}/logs").status_code == 401
+
+
+class _StreamingPool:
+    """A pool that serves output itself (like Kubernetes' pod log API), from a dict."""
+
+    def __init__(self, outputs: dict[int, bytes]):
+        from adapters.base import Backend
+
+        class Pool(Backend):
+            name = "test-stream"
+
+            def submit(self, request): raise NotImplementedError
+            def status(self, backend_job_id): raise NotImplementedError
+            def cancel(self, backend_job_id): raise NotImplementedError
+            def capacity(self): raise NotImplementedError
+            def find_by_gateway_id(self, gateway_job_id, *, request=None): raise NotImplementedError
+
+            def stream_output(self, backend_job_id, worker, *, tail_lines=None, follow=False):
+                from adapters.base import JobNotFound
+                if worker not in outputs:
+                    raise JobNotFound(f"no pod for worker {worker}")
+                data = outputs[worker]
+                return iter([data[i:i + 7] for i in range(0, len(data), 7)])
+
+        self.backend = Pool()
+
+
+def test_keep_output_keeps_the_last_bytes_per_worker_and_never_loses_a_kept_copy(tmp_path):
+    from adapters.base import Feature
+    from gateway.jobs.logs import keep_output, kept_path
+
+    job_id = "0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e"
+    pool = _StreamingPool({0: b"".join(b"line %d\n" % i for i in range(100)), 1: b"w1\n"})
+    assert pool.backend.supports(Feature.OUTPUT_STREAM)
+    assert keep_output(pool.backend, job_id, "ns/job", 2, tmp_path, keep_bytes=16) == 2
+    assert kept_path(tmp_path, job_id, 0).read_bytes() == b"\nline 98\nline 99\n"[-16:]
+    assert kept_path(tmp_path, job_id, 1).read_bytes() == b"w1\n"
+    # Later the pods are gone: what was kept stays.
+    gone = _StreamingPool({})
+    assert keep_output(gone.backend, job_id, "ns/job", 2, tmp_path, keep_bytes=16) == 0
+    assert kept_path(tmp_path, job_id, 1).read_bytes() == b"w1\n"
+    with pytest.raises(ValueError):
+        kept_path(tmp_path, "../etc", 0)
+
+
+def test_a_pool_without_output_files_or_streams_answers_501():
+    from adapters.base import Backend
+    from gateway.jobs.logs import open_output
+    from gateway.kit.errors import GatewayError
+
+    class Plain(Backend):
+        name = "test-plain"
+        def submit(self, request): raise NotImplementedError
+        def status(self, backend_job_id): raise NotImplementedError
+        def cancel(self, backend_job_id): raise NotImplementedError
+        def capacity(self): raise NotImplementedError
+        def find_by_gateway_id(self, gateway_job_id, *, request=None): raise NotImplementedError
+
+    job = SimpleNamespace(id="0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e", workers=1, state="running", backend="plain",
+                          backend_job_id="x")
+    with pytest.raises(GatewayError) as err:
+        open_output({"plain": Plain()}, job, 0, keep_dir="/nonexistent", tail=None, follow=False,
+                    job_final=lambda: True)
+    assert err.value.status == 501
+
+
+def test_a_streaming_pool_serves_live_output_then_the_kept_copy(tmp_path):
+    import anyio
+
+    from gateway.jobs.logs import keep_output, open_output
+    from gateway.kit.errors import Conflict
+
+    job_id = "0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e"
+    pool = _StreamingPool({0: b"hello\nworld\n"})
+    job = SimpleNamespace(id=job_id, workers=2, state="running", backend="kube", backend_job_id="ns/job")
+
+    async def read(stream) -> bytes:
+        return b"".join([c async for c in stream])
+
+    def serve(j, worker=0, tail=None):
+        return anyio.run(read, open_output({"kube": pool.backend}, j, worker, keep_dir=tmp_path, tail=tail,
+                                           follow=False, job_final=lambda: True))
+
+    assert serve(job) == b"hello\nworld\n"
+    with pytest.raises(Conflict, match="no output yet"):
+        serve(job, worker=1)
+    keep_output(pool.backend, job_id, "ns/job", 2, tmp_path, keep_bytes=1024)
+    pool.backend.stream_output = lambda *a, **k: iter([b"not the kept copy\n"])
+    ended = SimpleNamespace(id=job_id, workers=2, state="succeeded", backend="kube", backend_job_id="ns/job")
+    assert serve(ended) == b"hello\nworld\n"
+    assert serve(ended, tail=1) == b"world\n"

@@ -1,0 +1,163 @@
+"""A Kueue job's output, per worker, through the API and the CLI (real control plane + kwok).
+
+kwok runs no containers: the stand-in for a worker's container output is a file this test
+writes under ``$ISTHMUS_KUBE_STATE_DIR/container-output`` (CRI log format) and names in a
+kwok ``Logs`` object for the worker's pod; kwok's kubelet server then serves it to the
+apiserver's ``pods/log`` (stack/kube/kwok.sh, docs/logs.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.dispatch.conftest import (
+    KWOK_RUN_FOR,
+    drive_until,
+    job_state,
+    kube_backend_options,
+    wired_gateway,
+)
+from tests.jobs.live import served
+
+pytestmark = pytest.mark.kubernetes
+FINAL = ("succeeded", "failed", "cancelled")
+ISTHMUS = str(Path(sys.executable).with_name("isthmus"))
+INDEX = "batch.kubernetes.io/job-completion-index"
+CREATED: list[tuple[str, str, Path]] = []  # (namespace, Logs name, output file)
+
+
+@pytest.fixture
+def gw(database_url, dev_key_path, kube, tmp_path):
+    if "sqlite" not in database_url:
+        pytest.skip("one database is enough for a cluster test (output does not touch it)")
+    with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
+                       output_keep_dir=str(tmp_path / "kept"), output_keep_mib=1) as gw:
+        yield gw
+
+
+@pytest.fixture
+def k8s(kube):
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kube["KUBECONFIG"], client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    custom = client.CustomObjectsApi(api)
+    yield client.CoreV1Api(api), custom, client.BatchV1Api(api)
+    for ns, name, path in CREATED:  # the stand-ins go with the test
+        with contextlib.suppress(client.exceptions.ApiException):
+            custom.delete_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", name)
+        path.unlink(missing_ok=True)
+    CREATED.clear()
+    api.close()
+
+
+def container_output_dir(kube) -> Path:
+    return Path(kube.get("ISTHMUS_KUBE_CONTAINER_OUTPUT_DIR")
+                or Path(kube["ISTHMUS_KUBE_STATE_DIR"]) / "container-output")
+
+
+def worker_pods(core, ns: str, job_name: str) -> dict[int, str]:
+    pods = core.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={job_name}").items
+    return {int(p.metadata.labels[INDEX]): p.metadata.name for p in pods}
+
+
+def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -> None:
+    """Write each worker's stand-in output file and point kwok at it (a Logs object per pod)."""
+    core, custom, _ = k8s
+    ns, name = backend_job_id.split("/")
+    pods: dict[int, str] = {}
+    deadline = time.monotonic() + 30
+    while len(pods) < workers:
+        assert time.monotonic() < deadline, f"pods of {backend_job_id}: {pods}"
+        pods = worker_pods(core, ns, name)
+        time.sleep(0.2)
+    out = container_output_dir(kube)
+    out.mkdir(parents=True, exist_ok=True)
+    for worker, pod in pods.items():
+        path = out / f"{pod}.log"
+        path.write_text("".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {line}\n"
+                                for i, line in enumerate(lines(worker))))
+        body = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
+                "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
+        custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", body)
+        CREATED.append((ns, pod, path))
+
+
+def submit(gw, **spec) -> str:
+    body = {"name": "kube-logs", "account": "team-a", "backend": "kubernetes", "workers": 2, "gpus_per_worker": 1,
+            "command": ["python", "train.py"], "image": "registry.example/trainer:1", "time_limit": "10m", **spec}
+    r = gw.client.post("/v1/jobs", json=body, headers=gw.headers("alice", ("team-a",)))
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def lines(worker: int) -> list[str]:
+    return [f"w{worker} start", f"w{worker} step 1", f"w{worker} done"]
+
+
+def pods_gone(k8s, backend_job_id: str) -> bool:
+    ns, name = backend_job_id.split("/")
+    return not worker_pods(k8s[0], ns, name)
+
+
+def test_kueue_job_output_per_worker_live_and_after_its_pods_are_gone(gw, kube, k8s):
+    h = gw.headers("alice", ("team-a",))
+    job = submit(gw, labels={KWOK_RUN_FOR: "12s"})
+    running = drive_until(gw, lambda: job_state(gw, job, "running", *FINAL), timeout_s=90)
+    assert running["state"] == "running", running
+    fake_container_output(kube, k8s, running["backend_job_id"], 2, lines)
+
+    # While it runs: the pod log API, per worker, and its tail.
+    for worker in (0, 1):
+        r = gw.client.get(f"/v1/jobs/{job}/logs", params={"worker": worker}, headers=h)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+        assert r.text.splitlines() == lines(worker)
+    tail = gw.client.get(f"/v1/jobs/{job}/logs", params={"worker": 1, "tail": 1}, headers=h)
+    assert tail.text == "w1 done\n"
+    assert gw.client.get(f"/v1/jobs/{job}/logs", headers=gw.headers("mallory", ("team-b",))).status_code == 404
+
+    # It ends; the gateway keeps the output; then the Job and its pods go.
+    final = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=90)
+    assert final["state"] == "succeeded", final
+    kept = Path(gw.settings.output_keep_dir) / job
+    drive_until(gw, lambda: len(list(kept.glob("worker-*.out"))) == 2, timeout_s=30)
+    ns, name = final["backend_job_id"].split("/")
+    k8s[2].delete_namespaced_job(name, ns, propagation_policy="Background")
+    drive_until(gw, lambda: pods_gone(k8s, final["backend_job_id"]), timeout_s=60)
+
+    for worker in (0, 1):
+        r = gw.client.get(f"/v1/jobs/{job}/logs", params={"worker": worker}, headers=h)
+        assert r.status_code == 200 and r.text.splitlines() == lines(worker), r.text
+    assert gw.client.get(f"/v1/jobs/{job}/logs", params={"worker": 0, "tail": 2},
+                         headers=h).text == "w0 step 1\nw0 done\n"
+    with served(gw.app) as url:
+        env = {**os.environ, "ISTHMUS_URL": url, "ISTHMUS_TOKEN": gw.token("alice", ("team-a",))}
+        cli = subprocess.run([ISTHMUS, "logs", job, "--worker", "1"], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert cli.returncode == 0 and cli.stdout.splitlines() == lines(1), cli.stderr
+        env_other = {**env, "ISTHMUS_TOKEN": gw.token("mallory", ("team-b",))}
+        denied = subprocess.run([ISTHMUS, "logs", job], env=env_other, capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert denied.returncode == 1 and "404" in denied.stderr
+    assert gw.client.get(f"/v1/jobs/{job}/logs", headers=gw.headers("mallory", ("team-b",))).status_code == 404
+
+
+def test_a_cancelled_kueue_job_keeps_its_output(gw, kube, k8s):
+    """Cancelling deletes the pods at once: the gateway keeps their output first."""
+    h = gw.headers("alice", ("team-a",))
+    job = submit(gw, workers=1)  # no run-for label: runs until cancelled
+    running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=90)
+    fake_container_output(kube, k8s, running["backend_job_id"], 1, lines)
+    assert gw.client.post(f"/v1/jobs/{job}/cancel", headers=h).json()["state"] == "cancelling"
+    drive_until(gw, lambda: job_state(gw, job, "cancelled"), timeout_s=60)
+    drive_until(gw, lambda: pods_gone(k8s, running["backend_job_id"]), timeout_s=60)
+    r = gw.client.get(f"/v1/jobs/{job}/logs", headers=h)
+    assert r.status_code == 200 and r.text.splitlines() == lines(0), r.text
