@@ -6,7 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from adapters.base import Capacity, PoolCapacity
-from gateway.routing.service import JobShape, PoolView, check_pinned, held_gpus, ranked, route
+from gateway.routing.service import (
+    JobShape,
+    PoolView,
+    check_pinned,
+    held_gpus,
+    ranked,
+    route,
+)
 
 
 def view(name: str, kind: str, *, nodes: int = 4, idle: int = 4, gpus_per_node: int = 8, gpu_types=("a100",),
