@@ -30,7 +30,7 @@ from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import service as ledger
 from gateway.dispatch import planning
-from gateway.routing.service import JobShape, PoolView, held_gpus, never_fits, route, take
+from gateway.routing.service import JobShape, PoolView, held_gpus, ranked, route, take
 from gateway.scheduling.planner import Candidate, plan
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
@@ -125,7 +125,8 @@ class ClaimMixin:
         # recovery must let the adapter look for an earlier submission.
         return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
 
-    def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int) -> None:
+    def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int,
+                   only: str | None = None) -> None:
         shape = JobShape.of(job)
         verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
                                         time_limit_s=job.time_limit_s, gpu_type=(job.spec or {}).get("gpu_type"),
@@ -152,7 +153,8 @@ class ClaimMixin:
                 if not ok:
                     refusals[name] = why
         decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
-                         queue_depth=self.settings.pool_queue_depth, cost_factor=self.settings.routing_cost_factor)
+                         queue_depth=self.settings.pool_queue_depth, cost_factor=self.settings.routing_cost_factor,
+                         only=only)
         if decision.rejected:
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {decision.reason}")
             return
@@ -190,19 +192,21 @@ class ClaimMixin:
                 candidates.append(planning.candidate(job, (), blocked[job.id]))
                 continue
             requested = job.requested_backend
-            names = sorted(views) if requested == "auto" else [requested] if requested in views else []
+            # The pools route() may use (kind, fit, state), best first by its score: the
+            # planner breaks ties between equally early starts by this order.
+            names = ranked(shape, requested, views, weights=self.weights,
+                           cost_factor=self.settings.routing_cost_factor)
             usable: list[str] = []
             refusals: list[str] = []
             for name in names:
                 view = views[name]
-                if view.capacity is None or never_fits(shape, view):
+                if view.capacity is None:
                     continue
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held_gpus(shape, view))
                 if ok:
                     usable.append(name)
                 else:
                     refusals.append(f"{name}: {why}")
-            usable.sort(key=lambda n: (-self.weights.get(n, 1.0), n))
             usable_of[job.id] = tuple(usable)
             if not usable and refusals:
                 blocked[job.id] = "quota: " + "; ".join(refusals)
@@ -219,8 +223,8 @@ class ClaimMixin:
             if start is not None or job.id in blocked or not usable_of.get(job.id):
                 # Starts now (routed to the planned pool), or the greedy path's own words:
                 # fail what can never run, hold what is over budget or quota.
-                only = {start.pool: views[start.pool]} if start is not None else views
-                self._claim_one(s, job, only, now, position)
+                # The reason still says why not the other pools.
+                self._claim_one(s, job, views, now, position, only=start.pool if start is not None else None)
                 if job.state == JobState.PENDING.value:
                     jobs.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue

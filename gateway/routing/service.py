@@ -124,8 +124,11 @@ def never_fits(shape: JobShape, view: PoolView) -> str | None:
             return backend.unsupported_features[Feature.CONTAINER_IMAGE]
     if view.capacity is None:
         return None  # unknown now; not a reason to refuse forever
-    if shape.gpu_type and view.gpu_types and normalise_gpu_type(shape.gpu_type) not in view.gpu_types:
-        return f"no {shape.gpu_type} GPUs (has {', '.join(sorted(view.gpu_types))})"
+    if shape.gpu_type and normalise_gpu_type(shape.gpu_type) not in view.gpu_types:
+        # A pool whose GPUs have no type (none configured, none reported) cannot honour a
+        # typed request: Slurm refuses gpu:<type> on untyped GRES, no Kubernetes node has the label.
+        has = ", ".join(sorted(view.gpu_types)) or "none of a known type"
+        return f"no {shape.gpu_type} GPUs (has {has})"
     if view.gpus_per_node and shape.gpus_per_worker > view.gpus_per_node:
         return f"a worker asks {shape.gpus_per_worker} GPUs; nodes have {view.gpus_per_node}"
     if view.memory_mib_per_node and shape.memory_mib_per_worker > view.memory_mib_per_node:
@@ -185,12 +188,56 @@ def parse_weights(raw: str) -> dict[str, float]:
         return {}
 
 
+def _excluded(shape: JobShape, name: str, view: PoolView) -> str | None:
+    """The note saying why this pool may not take the job at all (kind, fit, state), or None."""
+    if shape.pool_kind and view.kind != shape.pool_kind:
+        return f"{name}: cannot run this job (a {view.kind} pool; the job asks for {shape.pool_kind})"
+    why_never = never_fits(shape, view)
+    if why_never:
+        return f"{name}: cannot run this job ({why_never})"
+    if view.state != "active":
+        return f"{name}: {view.state} (takes no new jobs)"
+    return None
+
+
+def _score(shape: JobShape, name: str, view: PoolView, weights: Mapping[str, float]) -> float:
+    """A pool's score before the cost term: weight, plus the share left free, minus its queue."""
+    left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
+    return view.weight * weights.get(name, 1.0) + left - 0.05 * view.queue_depth
+
+
+def _by_score(scored: list[tuple[float, float, str]], cost_factor: float) -> list[str]:
+    """(score before cost, cost, name) -> names, best first: the cost term, then ties by name."""
+    if not scored:
+        return []
+    cheapest = min(cost for _, cost, _ in scored)
+    return [name for _, name in sorted(((score - cost_factor * (cost / cheapest - 1.0), name)
+                                         for score, cost, name in scored), key=lambda t: (-t[0], t[1]))]
+
+
+def ranked(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
+           weights: Mapping[str, float] | None = None, cost_factor: float = 1.0) -> list[str]:
+    """The pools this job may use, now or later, best first by :func:`route`'s score.
+
+    The same rules as ``route`` (kind asked for, can ever fit, ``active``), for the
+    reservation planner, which picks the pool where the job starts earliest and breaks ties
+    by this order (so cost and weight count there too).
+    """
+    weights = weights or {}
+    names = [requested] if requested != "auto" else sorted(views)
+    usable = [(_score(shape, n, views[n], weights), views[n].cost, n) for n in names
+              if n in views and _excluded(shape, n, views[n]) is None]
+    return _by_score(usable, cost_factor)
+
+
 def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
           quota_refusals: Mapping[str, str] | None = None, weights: Mapping[str, float] | None = None,
-          queue_depth: int = 0, cost_factor: float = 1.0) -> Decision:
+          queue_depth: int = 0, cost_factor: float = 1.0, only: str | None = None) -> Decision:
     """Pick a pool for one job now (see module docstring).
 
     ``weights`` (the old ``ISTHMUS_ROUTING_WEIGHTS``) multiply each pool's own weight.
+    ``only``: the pool the reservation planner chose; the others are still described in the
+    reason (why not there) but not picked.
     """
     quota_refusals = quota_refusals or {}
     weights = weights or {}
@@ -201,28 +248,20 @@ def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
     fitting: list[tuple[float, float, str]] = []  # (score before cost, cost, name)
     for name in names:
         view = views[name]
-        if shape.pool_kind and view.kind != shape.pool_kind:
-            notes.append(f"{name}: cannot run this job (a {view.kind} pool; the job asks for {shape.pool_kind})")
-            continue
-        why_never = never_fits(shape, view)
-        if why_never:
-            notes.append(f"{name}: cannot run this job ({why_never})")
-            continue
-        if view.state != "active":
-            notes.append(f"{name}: {view.state} (takes no new jobs)")
+        excluded = _excluded(shape, name, view)
+        if excluded:
+            notes.append(excluded)
             continue
         if name in quota_refusals:
             notes.append(f"{name}: quota ({quota_refusals[name]})")
             continue
         notes.append(view.describe())
+        if only is not None and name != only:
+            continue
         if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth):
-            left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
-            fitting.append((view.weight * weights.get(name, 1.0) + left - 0.05 * view.queue_depth, view.cost, name))
+            fitting.append((_score(shape, name, view, weights), view.cost, name))
     if fitting:
-        cheapest = min(cost for _, cost, _ in fitting)
-        scored = sorted(((score - cost_factor * (cost / cheapest - 1.0), name) for score, cost, name in fitting),
-                        key=lambda t: (-t[0], t[1]))
-        chosen = scored[0][1]
+        chosen = _by_score(fitting, cost_factor)[0]
         return Decision(chosen, f"routed to {chosen}; " + "; ".join(notes))
     every_never = all(n.split(":", 1)[1].strip().startswith("cannot run") for n in notes) and notes
     if every_never:

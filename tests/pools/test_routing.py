@@ -6,7 +6,14 @@ from __future__ import annotations
 import dataclasses
 
 from adapters.base import Capacity, PoolCapacity
-from gateway.routing.service import JobShape, PoolView, check_pinned, held_gpus, route
+from gateway.routing.service import (
+    JobShape,
+    PoolView,
+    check_pinned,
+    held_gpus,
+    ranked,
+    route,
+)
 
 
 def view(name: str, kind: str, *, nodes: int = 4, idle: int = 4, gpus_per_node: int = 8, gpu_types=("a100",),
@@ -81,3 +88,29 @@ def test_draining_and_disabled_pools_get_nothing_new():
     assert "slurm-22: draining (takes no new jobs)" in d.reason and "slurm-24: disabled (takes no new jobs)" in d.reason
     pinned = route(shape(), "slurm-22", views)
     assert pinned.pool is None and not pinned.rejected and "slurm-22: draining" in pinned.reason
+
+
+def test_a_typed_job_never_goes_to_a_pool_whose_gpus_have_no_type():
+    """Slurm refuses gpu:h100 on untyped GRES: such a pool cannot run the job (found on the
+    five real pools, where the Slurm clusters report no GPU type)."""
+    views = five(**{name: {"gpu_types": frozenset()} for name in ("slurm-22", "slurm-24", "slurm-26")})
+    d = route(shape(gpu_type="h100"), "auto", views)
+    assert d.pool == "kube-h100", d.reason
+    assert "slurm-22: cannot run this job (no h100 GPUs (has none of a known type))" in d.reason
+    assert route(shape(), "auto", views).pool is not None  # untyped jobs still go anywhere
+
+
+def test_the_planner_order_follows_kind_state_and_cost():
+    """ranked() is route()'s rules for the reservation planner: the pools a job may use, best
+    first (the planner used to try every pool in name order, whatever its kind, state or cost)."""
+    views = five(**{"slurm-24": {"state": "draining"}, "slurm-26": {"cost": 0.5}})
+    assert ranked(shape(pool_kind="slurm"), "auto", views) == ["slurm-26", "slurm-22"]
+    assert ranked(shape(), "auto", views)[0] == "slurm-26"
+    assert ranked(shape(gpu_type="h100"), "auto", views) == ["slurm-26", "kube-h100"]
+    assert ranked(shape(), "slurm-24", views) == []  # pinned to a draining pool: waits
+
+
+def test_the_planners_pool_is_chosen_but_the_reason_names_every_pool():
+    d = route(shape(), "auto", five(), only="slurm-24")
+    assert d.pool == "slurm-24" and d.reason.startswith("routed to slurm-24; ")
+    assert all(name in d.reason for name in ("slurm-22", "slurm-26", "kube-a100", "kube-h100")), d.reason
