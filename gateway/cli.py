@@ -133,7 +133,6 @@ def _pools_at_startup(settings) -> dict:
 @click.option("--once", is_flag=True, help="run one recover/dispatch/reconcile round and exit")
 def worker(once: bool) -> None:
     """Run the dispatcher/reconciler without the HTTP API (any number may run at once)."""
-    import logging
     import signal
 
     from gateway.dispatch.service import Dispatcher

@@ -12,7 +12,7 @@ from gateway.accounts.schemas import (
 )
 from gateway.identity.dependency import get_principal
 from gateway.identity.principal import Principal
-from gateway.kit.params import AccountName, UserName
+from gateway.kit.params import AccountName
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import as_utc
