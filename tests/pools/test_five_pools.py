@@ -6,16 +6,12 @@ GPUs each, no GPU type) and two Kueue ClusterQueues on the one control plane (``
 32 a100 GPUs, ``kube-h100``: 16 h100 GPUs, cost 2), on a fresh Postgres database, driven round
 by round like tests/dispatch. Jobs are short: ``sleep 2`` on Slurm, kwok's fake-run label on
 Kubernetes (an ``auto`` job carries both). Skips without the stack; fails with
-ISTHMUS_REQUIRE_STACK=1. Run it under ``flock /work/cluster.lock``.
-
-Off by default until it has passed once on the real stack (its author could not get the
-cluster lock before the deadline): ``ISTHMUS_FIVE_POOLS=1`` turns it on.
+ISTHMUS_REQUIRE_STACK=1.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 import pytest
@@ -24,9 +20,7 @@ import yaml
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, wired_gateway
 
-pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes, pytest.mark.postgres,
-              pytest.mark.skipif(os.environ.get("ISTHMUS_FIVE_POOLS") != "1",
-                                 reason="not yet run on the real stack; ISTHMUS_FIVE_POOLS=1 turns it on")]
+pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes, pytest.mark.postgres]
 
 FIVE = ("slurm-22", "slurm-24", "slurm-26", "kube-a100", "kube-h100")
 SLURM = FIVE[:3]
