@@ -39,6 +39,7 @@ class PoolConfig:
     weight: float = 1.0
     cost: float = 1.0
     state: str = "active"
+    source: str = ""  # where it was configured (ISTHMUS_POOLS_FILE <path> / ISTHMUS_BACKENDS), for errors
 
     def public(self) -> dict[str, Any]:
         """What may be stored and shown: never the adapter settings (paths to keys, URLs with tokens)."""
@@ -85,7 +86,8 @@ def _pool(source: str, name: Any, kind: Any, options: Any, extra: dict[str, Any]
         name=name, kind=kind, settings=settings_of(kind, options, where=_where(source, name)),
         gpu_types=tuple(sorted({normalise_gpu_type(t) for t in gpu_types})),
         weight=_number(source, name, "weight", extra.get("weight"), default=1.0),
-        cost=_number(source, name, "cost", extra.get("cost"), default=1.0, high=MAX_COST), state=state)
+        cost=_number(source, name, "cost", extra.get("cost"), default=1.0, high=MAX_COST), state=state,
+        source=source)
 
 
 def from_backends_json(config_json: str) -> list[PoolConfig]:
@@ -165,7 +167,8 @@ def build(pools: list[PoolConfig]) -> dict[str, Any]:
     backends = {}
     try:
         for pool in pools:
-            backends[pool.name] = build_backend(pool.kind, pool.settings, where=f"pool {pool.name!r}")
+            backends[pool.name] = build_backend(pool.kind, pool.settings, where=_where(pool.source, pool.name)
+                                                if pool.source else f"pool {pool.name!r}")
     except BackendConfigError:
         for b in backends.values():
             b.close()
