@@ -202,13 +202,8 @@ def _budget_hold(session, spec: JobSpec, settings):
     def hold(chain) -> str | None:
         if any(row.max_gpus is not None or row.has_pool_limits for row in chain):
             _refuse_if_never_admissible(session, spec)  # reads only when a GPU limit is set
-        verdict = ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
-                                           time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
-        if verdict is None:
-            return None
-        if verdict[0] == "never":
-            raise Invalid("body.time_limit", f"this job can never run: {verdict[1]}")
-        return verdict[1]
+        return _held_reason(ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
+                                                     time_limit_s=time_limit_s, gpu_type=spec.gpu_type))
 
     return hold
 
@@ -225,6 +220,11 @@ def _budget_verdict(session, spec, settings) -> str | None:
                                         time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
     except NotFound:
         return None  # an unknown account: create() names the field
+    return _held_reason(verdict)
+
+
+def _held_reason(verdict) -> str | None:
+    """A budget verdict as create() wants it: None, the reason a job is held, or 422 for never."""
     if verdict is None:
         return None
     if verdict[0] == "never":
