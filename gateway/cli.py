@@ -73,6 +73,7 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level=settings.log_level, access_log=False, log_config=None, http="h11",
                 limit_concurrency=settings.max_connections, timeout_keep_alive=5,
+                timeout_worker_healthcheck=settings.worker_healthcheck_s,
                 h11_max_incomplete_event_size=settings.max_header_bytes)
 
 

@@ -118,6 +118,10 @@ class Settings(BaseSettings):
     # the request line + headers may be at most this large (a token is up to 16 KiB).
     max_connections: int = Field(default=1000, ge=1, le=100000)
     max_header_bytes: int = Field(default=32 * 1024, ge=8 * 1024, le=1024 * 1024)
+    # With `--workers N`, uvicorn's supervisor pings each worker process and kills one that
+    # does not answer in time, resetting every connection it holds. uvicorn's 5 s default
+    # killed a healthy worker on a loaded 2-core machine (CI, session 5): 30 s by default.
+    worker_healthcheck_s: int = Field(default=30, ge=1, le=3600)
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # One JSON object per line with request_id / job_id (gateway/kit/logs.py), or plain text.

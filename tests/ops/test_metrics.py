@@ -154,6 +154,11 @@ def test_prometheus_scrapes_what_an_operator_charts(tmp_path, dev_key_path):
             assert charged and float(charged[0]["value"][1]) > 0
             up = query(base, 'up{job="isthmus"}')
             assert up and up[0]["value"][1] == "1"
+        except BaseException:
+            for name in ("gateway.log", "worker.log"):  # shown by pytest with the failure
+                log = tmp_path / name
+                print(f"--- {name} (last 60 lines)", *log.read_text(errors="replace").splitlines()[-60:], sep="\n")
+            raise
         finally:
             for p in reversed(procs):
                 p.terminate()
