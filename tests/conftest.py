@@ -56,6 +56,32 @@ def postgres_database(*, migrated: bool = False) -> Iterator[str]:
         yield url
 
 
+def pytest_collection_modifyitems(config, items):
+    """Cluster tests run on Postgres only, unless marked ``both_databases``.
+
+    A test that needs a real pool (marked ``slurm`` or ``kubernetes``) exercises the pool and
+    the dispatcher; the registry's two dialects are covered by every other test, which runs
+    on both. Running each cluster test twice cost CI about a quarter of its time
+    (docs/testing.md). The end-to-end suites (tests/dispatch/test_slurm_e2e.py,
+    test_kube_e2e.py) keep SQLite, the embedded default, on real pools.
+    ``ISTHMUS_TEST_FULL_MATRIX=1`` runs every cluster test on both.
+    """
+    if os.environ.get("ISTHMUS_TEST_FULL_MATRIX") == "1":
+        return
+    keep, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_sqlite = callspec is not None and callspec.params.get("database_url") == "sqlite"
+        cluster = item.get_closest_marker("slurm") or item.get_closest_marker("kubernetes")
+        if on_sqlite and cluster and not item.get_closest_marker("both_databases"):
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def database_url(request, tmp_path_factory) -> Iterator[str]:
     from gateway.cli import run_migrations

@@ -15,7 +15,7 @@ from tests.dispatch.conftest import (
     wired_gateway,
 )
 
-pytestmark = pytest.mark.kubernetes
+pytestmark = [pytest.mark.kubernetes, pytest.mark.both_databases]
 FINAL = ("succeeded", "failed", "cancelled")
 
 

@@ -17,7 +17,7 @@ from gateway.ledger import service as ledger
 from gateway.ledger.models import LedgerEntry
 from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]
 FINAL = ("succeeded", "failed", "cancelled")
 
 
