@@ -101,6 +101,9 @@ class FairShareOut(BaseModel):
     level_shares: int
     norm_shares: float
     raw_usage_gpu_hours: float
+    # The same decayed usage apportioned over pools by daily usage (gateway/ledger/breakdown.py);
+    # the parts add up to raw_usage_gpu_hours. Filled in the admin fair-share table.
+    raw_usage_gpu_hours_per_pool: dict[str, float] = Field(default_factory=dict)
     norm_usage: float
     effective_usage: float
     factor: float

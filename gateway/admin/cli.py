@@ -266,12 +266,17 @@ def fairshare(url, token, as_json) -> None:
     def render(d: dict) -> str:
         depth = {}
         rows = []
+        # One column per pool with usage: the decayed usage split over pools (sums to RawUsage).
+        pools = sorted({p for f in d["items"] for p in f.get("raw_usage_gpu_hours_per_pool") or {}})
         for f in d["items"]:
             depth[f["account"]] = depth.get(f["parent"], -1) + 1 if f["parent"] else 0
+            per_pool = f.get("raw_usage_gpu_hours_per_pool") or {}
             rows.append({**f, "account": " " * depth[f["account"]] + f["account"],
                          **{k: f"{f[k]:.6f}" for k in ("norm_shares", "effective_usage", "factor")},
-                         "raw_usage_gpu_hours": f"{f['raw_usage_gpu_hours']:.1f}"})
-        return _table(rows, SSHARE_COLUMNS)
+                         "raw_usage_gpu_hours": f"{f['raw_usage_gpu_hours']:.1f}",
+                         **{f"pool:{p}": f"{per_pool.get(p, 0.0):.1f}" for p in pools}})
+        columns = SSHARE_COLUMNS[:4] + [(f"pool:{p}", f"{p}(GPU-h)") for p in pools] + SSHARE_COLUMNS[4:]
+        return _table(rows, columns)
 
     _emit(data, as_json, render)
 

@@ -35,7 +35,7 @@ from gateway.kit.params import AccountName, UserName
 from gateway.kit.db import get_session
 from gateway.kit.errors import Invalid, problem_responses
 from gateway.kit.timeutil import as_utc, utcnow
-from gateway.ledger import repository, service as ledger
+from gateway.ledger import breakdown, repository, service as ledger
 from gateway.ledger.models import GpuBillingWeight
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
@@ -316,8 +316,9 @@ def usage_report_csv(
 
 @router.get("/fairshare", response_model=FairShareTable, operation_id="getFairshareTable",
             summary="Fair-share table (like sshare)",
-            description="Every account with raw and normalised shares, decayed usage, effective usage and the "
-                        "factor F = 2^(-U_E/S), tree order.", responses=problem_responses(401, 403))
+            description="Every account with raw and normalised shares, decayed usage (and its split over "
+                        "pools, `raw_usage_gpu_hours_per_pool`), effective usage and the factor F = 2^(-U_E/S), "
+                        "tree order. Fair share is one factor per account across every pool.", responses=problem_responses(401, 403))
 def fairshare_table(request: Request, session: Session = Depends(get_session, scope="function")) -> FairShareTable:
     now = utcnow()
     fs = ledger.fairshare(session, now=now, half_life_s=_half_life(request))
@@ -329,7 +330,18 @@ def fairshare_table(request: Request, session: Session = Depends(get_session, sc
         n = stack.pop()
         order.append(n)
         stack.extend(reversed(kids.get(n, [])))
-    return FairShareTable(at=now, half_life_s=_half_life(request), items=[fairshare_out(fs[n]) for n in order])
+    # Usage per pool (like sshare's per-cluster rows): the factor's exact decayed usage,
+    # apportioned over pools by the decayed daily buckets (gateway/ledger/breakdown.py).
+    own = {n: fs[n].raw_usage - sum(fs[k].raw_usage for k in kids.get(n, [])) for n in order}
+    parts = breakdown.raw_usage_by_pool(
+        {n: (a.parent_name if a.parent_name in tree else None) for n, a in tree.items()}, own,
+        breakdown.own_pool_weights(session, now=now, half_life_s=_half_life(request)))
+    items = []
+    for n in order:
+        out = fairshare_out(fs[n])
+        out.raw_usage_gpu_hours_per_pool = {p: v / 3600 for p, v in sorted(parts.get(n, {}).items())}
+        items.append(out)
+    return FairShareTable(at=now, half_life_s=_half_life(request), items=items)
 
 
 @router.get("/billing-weights", response_model=list[BillingWeightOut], operation_id="listBillingWeights",

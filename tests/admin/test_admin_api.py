@@ -172,6 +172,12 @@ def test_credits_ledger_pages_usage_csv_and_fairshare(api):
     fs = api.get("/v1/admin/fairshare", headers=api.admin).json()["items"]
     assert [f["account"] for f in fs] == ["org", "team-a", "team-b"]
     assert fs[1]["raw_usage_gpu_hours"] == pytest.approx(6.0, rel=1e-3) and fs[1]["factor"] < fs[2]["factor"]
+    # Like sshare per cluster: the same decayed usage split over pools, parts adding up to it,
+    # for the account and its parent; the credit (no pool) is not job usage.
+    for f in fs[:2]:
+        assert f["raw_usage_gpu_hours_per_pool"] == {"kubernetes": pytest.approx(2.0, rel=1e-3),
+                                                     "slurm": pytest.approx(4.0, rel=1e-3)}, f
+    assert fs[2]["raw_usage_gpu_hours_per_pool"] == {}
 
 
 def test_openapi_declares_problems_and_operation_ids(api):
