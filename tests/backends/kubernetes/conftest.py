@@ -49,6 +49,19 @@ def backend(settings):
     b.close()
 
 
+@pytest.fixture(scope="session")
+def h100(settings, kube_env):
+    """The second pool on the one control plane: ClusterQueue ``isthmus-h100`` over the h100 nodes."""
+    if "ISTHMUS_KUBE_H100_CLUSTER_QUEUE" not in kube_env:
+        pytest.skip("the stack's control plane has no second pool (re-run stack/kube/up.sh)")
+    import dataclasses
+
+    b = KubernetesBackend(dataclasses.replace(settings, cluster_queue=kube_env["ISTHMUS_KUBE_H100_CLUSTER_QUEUE"],
+                                              local_queue=kube_env["ISTHMUS_KUBE_H100_LOCAL_QUEUE"]))
+    yield b
+    b.close()
+
+
 class Kube:
     """Direct kubernetes-client access for assertions the adapter does not expose."""
 

@@ -5,13 +5,11 @@ queued on one pool runs on that pool's nodes."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 
 import pytest
 
 from adapters.base import BackendState
-from adapters.kubernetes import KubernetesBackend
 
 from .conftest import FAKE_RUN_FOR, request
 from .test_gang import wait_state
@@ -19,14 +17,7 @@ from .test_gang import wait_state
 pytestmark = [pytest.mark.kubernetes, pytest.mark.usefixtures("clean")]
 
 
-@pytest.fixture
-def h100(settings, kube_env):
-    if "ISTHMUS_KUBE_H100_CLUSTER_QUEUE" not in kube_env:
-        pytest.skip("the stack's control plane has no second pool (re-run stack/kube/up.sh)")
-    b = KubernetesBackend(dataclasses.replace(settings, cluster_queue=kube_env["ISTHMUS_KUBE_H100_CLUSTER_QUEUE"],
-                                              local_queue=kube_env["ISTHMUS_KUBE_H100_LOCAL_QUEUE"]))
-    yield b
-    b.close()
+# ``h100``: the second pool's backend (tests/backends/kubernetes/conftest.py).
 
 
 def test_each_pool_counts_only_its_own_nodes(backend, h100, kube_env):
