@@ -8,6 +8,7 @@ the clone (only `.venv` is linked in), so the dev key is found the documented wa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_env_file
+from tests.conftest import REPO
 from tests.dispatch.conftest import slurm_env
 from tests.e2e.conftest import free_port, start_gateway
 
@@ -38,13 +39,14 @@ def runnable(block: str, port: int) -> str:
     return "set -euo pipefail\n" + "\n".join(lines).replace("127.0.0.1:8080", f"127.0.0.1:{port}") + "\n"
 
 
-@pytest.fixture(scope="module")
-def readme_gateway(tmp_path_factory):
-    env22 = slurm_env("22.05")
+@contextlib.contextmanager
+def newcomer_gateway(tmp_path_factory, backends_arg: str):
+    """What `make run-<pool>` does (ISTHMUS_BACKENDS from stack/backends_json.py), on a free
+    port, in a fresh home and a directory outside the clone (only `.venv` linked in)."""
     home = tmp_path_factory.mktemp("home")
     work = tmp_path_factory.mktemp("newcomer")
     (work / ".venv").symlink_to(REPO / ".venv")
-    backends = subprocess.run([sys.executable, str(REPO / "stack" / "backends_json.py"), "slurm-22.05"],
+    backends = subprocess.run([sys.executable, str(REPO / "stack" / "backends_json.py"), backends_arg],
                               capture_output=True, text=True, check=True).stdout.strip()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_") and k != "XDG_CONFIG_HOME"}
@@ -52,13 +54,20 @@ def readme_gateway(tmp_path_factory):
                ISTHMUS_DATABASE_URL=f"sqlite:///{work / 'isthmus.db'}")
     proc = start_gateway(env, port, work / "gateway.log")
     try:
-        yield {"env": env, "port": port, "work": work, "home": home, "slurm": env22}
+        yield {"env": env, "port": port, "work": work, "home": home}
     finally:
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def readme_gateway(tmp_path_factory):
+    env22 = slurm_env("22.05")
+    with newcomer_gateway(tmp_path_factory, "slurm-22.05") as gw:
+        yield {**gw, "slurm": env22}
 
 
 def run_block(gw, block: str) -> subprocess.CompletedProcess:

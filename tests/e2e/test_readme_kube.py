@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import free_port, start_gateway
-from tests.e2e.test_readme import readme_blocks, run_block
+from tests.e2e.test_readme import newcomer_gateway, readme_blocks, run_block
 
 pytestmark = pytest.mark.kubernetes
 
@@ -27,24 +24,8 @@ def readme_kube_gateway(tmp_path_factory):
         if os.environ.get("ISTHMUS_REQUIRE_STACK") == "1":
             pytest.fail(".stack/kube/env missing (ISTHMUS_REQUIRE_STACK=1)")
         pytest.skip(".stack/kube/env missing: start stack/kube/up.sh")
-    home = tmp_path_factory.mktemp("home")
-    work = tmp_path_factory.mktemp("newcomer")
-    (work / ".venv").symlink_to(REPO / ".venv")
-    backends = subprocess.run([sys.executable, str(REPO / "stack" / "backends_json.py"), "kube"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_") and k != "XDG_CONFIG_HOME"}
-    env.update(HOME=str(home), ISTHMUS_DEV_MODE="true", ISTHMUS_BACKENDS=backends,
-               ISTHMUS_DATABASE_URL=f"sqlite:///{work / 'isthmus.db'}")
-    proc = start_gateway(env, port, work / "gateway.log")
-    try:
-        yield {"env": env, "port": port, "work": work, "home": home}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with newcomer_gateway(tmp_path_factory, "kube") as gw:
+        yield gw
 
 
 def test_readme_kubernetes_example_runs_a_job_to_success(readme_kube_gateway):
