@@ -35,8 +35,7 @@ CREATED: list[tuple[str, str, Path]] = []  # (namespace, Logs name, output file)
 
 @pytest.fixture
 def gw(database_url, dev_key_path, kube, tmp_path):
-    if "sqlite" not in database_url:
-        pytest.skip("one database is enough for a cluster test (output does not touch it)")
+    # One database is enough (tests/conftest.py: cluster tests run on Postgres).
     with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
                        output_keep_dir=str(tmp_path / "kept"), output_keep_mib=1) as gw:
         yield gw
