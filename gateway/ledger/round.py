@@ -36,7 +36,13 @@ from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
 from gateway.jobs.schemas import normalise_gpu_type
 from gateway.kit.errors import Conflict, Invalid
 from gateway.ledger import service as ledger
-from gateway.ledger.models import AccountBalance, AccountPoolBalance, GpuBillingWeight, LedgerEntry, Reservation
+from gateway.ledger.models import (
+    AccountBalance,
+    AccountPoolBalance,
+    GpuBillingWeight,
+    LedgerEntry,
+    Reservation,
+)
 from gateway.pools.models import Pool
 
 _LIMITS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
