@@ -52,6 +52,12 @@ def accounts_with_pending(session: Session) -> list[str]:
     return list(session.execute(_ACCOUNTS_WITH_PENDING, {"state": JobState.PENDING.value}).scalars())
 
 
+# Accounts probed in fair-share order before the loose index scan is asked which have
+# pending jobs at all: most rounds fill from the first few accounts, and the scan costs one
+# index probe per account with pending work (~20 ms at 1,000 accounts).
+_PROBE_MISSES = 8
+
+
 def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
                   factors: dict[str, float], per_account: int | None = None) -> list[Job]:
     """The next ``limit`` dispatchable pending jobs in fair-share order.
@@ -59,19 +65,38 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
     Accounts by fair-share factor (highest first), within an account by priority then
     age, at most ``per_account`` of one account's. Uses the (state, account_name, priority,
     id) index: one small query per account with pending work, never a scan of every
-    pending job.
+    pending job. Accounts are probed in that order directly; after ``_PROBE_MISSES``
+    accounts with nothing due, only accounts the loose index scan finds with pending jobs are.
     """
     due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
-    accounts = sorted(accounts_with_pending(session), key=lambda a: (-factors.get(a, 0.0), a))
+    with_pending: set[str] | None = None
+    order = sorted(factors, key=lambda a: (-factors[a], a))
     picked: list[Job] = []
-    for account in accounts:
-        if len(picked) >= limit:
-            break
+    misses = 0
+
+    def take(account: str) -> int:
         stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
                 .order_by(Job.priority.desc(), Job.id).limit(min(limit - len(picked), per_account or limit)))
         if lock:
             stmt = stmt.with_for_update(skip_locked=True)
-        picked.extend(session.scalars(stmt))
+        got = list(session.scalars(stmt))
+        picked.extend(got)
+        return len(got)
+
+    for account in order:
+        if len(picked) >= limit:
+            return picked
+        if with_pending is None and misses >= _PROBE_MISSES:
+            with_pending = set(accounts_with_pending(session))
+        if with_pending is not None and account not in with_pending:
+            continue
+        misses += take(account) == 0
+    if len(picked) < limit:
+        # Accounts with pending jobs but no factor (not in the tree passed): last, by name.
+        for account in sorted(set(accounts_with_pending(session)) - set(factors)):
+            if len(picked) >= limit:
+                break
+            take(account)
     return picked
 
 
