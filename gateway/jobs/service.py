@@ -204,8 +204,7 @@ class Claims:
         if conn.dialect.supports_sane_multi_rowcount and done != len(updates):
             raise Conflict(f"{len(updates) - done} of {len(updates)} claimed jobs changed during the dispatch "
                            "round; retry")
-        # RETURNING: one multi-row INSERT ("insertmanyvalues"), not one statement per event.
-        conn.execute(_EVENT_T.insert().returning(_EVENT_T.c.id), events).all()
+        conn.execute(_EVENT_T.insert(), events)
 
 
 def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
