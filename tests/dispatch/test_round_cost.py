@@ -250,3 +250,42 @@ def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
         assert d.dispatch_round() == [job_id]
         assert d.dispatch_round() == []
         assert ledger_state(d)["problems"] == []
+
+
+def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
+    """Concurrent rounds on shared chains: every job claimed and reserved once, totals = entries."""
+    import threading
+
+    from gateway.jobs.models import JobEvent
+
+    if url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): nothing runs at once")
+    with dispatcher(url, scheduling_policy="greedy", dispatch_batch=30) as one, \
+            dispatcher(url, scheduling_policy="greedy", dispatch_batch=30) as two:
+        accounts = setup_accounts(one, 6)  # three of them share the parent "org"
+        ids = {j for a in accounts for j in add_jobs(one, a, 25)}
+        claimed: list[list[str]] = [[], []]
+        errors: list[BaseException] = []
+
+        def run(d, into):
+            try:
+                for _ in range(8):
+                    into.extend(d.dispatch_round())
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(d, c)) for d, c in ((one, claimed[0]), (two, claimed[1]))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        assert not set(claimed[0]) & set(claimed[1])
+        assert sorted(claimed[0] + claimed[1]) == sorted(ids)
+        state = ledger_state(one, ("org",))
+        assert state["problems"] == []
+        assert state["dispatching"] == state["reserved"] == ids
+        assert state["balances"]["org"] == 8 * 25 * 3
+        with transaction(one.sessions) as s:
+            claims = s.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "dispatching")).all()
+        assert sorted(claims) == sorted(ids)  # one claim event per job
