@@ -24,6 +24,7 @@ from gateway.jobs import repository
 from gateway.jobs.models import IdempotencyKey, Job, JobEvent
 from gateway.jobs.schemas import JobSpec, parse_duration_s
 from gateway.jobs.states import JobState, can_transition
+from gateway.kit import bulk
 from gateway.kit.errors import Conflict, Forbidden, Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import new_id, utcnow
 
@@ -189,7 +190,7 @@ class Claims:
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)
         for c, v in values.items():  # the loaded object shows the claim; nothing left for the ORM to flush
             set_committed_value(job, c, v)
-        self._updates.append({"c_id": job.id, "c_from": current.value, **{f"c_{c}": v for c, v in values.items()}})
+        self._updates.append({"id": job.id, "from_state": current.value, **values})
         self._events.append(dict(job_id=job.id, at=now, actor=actor, kind="state", reason=reason, data=data,
                                  from_state=current.value, to_state=JobState.DISPATCHING.value))
         log.info("%s -> %s: %s", current.value, JobState.DISPATCHING.value, reason,
@@ -200,11 +201,15 @@ class Claims:
         if not updates:
             return
         conn = self.session.connection()
-        done = conn.execute(_CLAIM_UPDATE, updates).rowcount
-        if conn.dialect.supports_sane_multi_rowcount and done != len(updates):
+        if conn.dialect.name == "postgresql":
+            done = bulk.update_rows(conn, _JOB_T, key="id", guard="state", rows=updates)
+        else:
+            done = conn.execute(_CLAIM_UPDATE, [{"c_id": u["id"], "c_from": u["from_state"],
+                                                 **{f"c_{c}": u[c] for c in _CLAIM_COLS}} for u in updates]).rowcount
+        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(updates):
             raise Conflict(f"{len(updates) - done} of {len(updates)} claimed jobs changed during the dispatch "
                            "round; retry")
-        conn.execute(_EVENT_T.insert(), events)
+        bulk.insert_rows(conn, _EVENT_T, events)
 
 
 def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, aliased
 from gateway.accounts import service as accounts
 from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
 from gateway.jobs.schemas import normalise_gpu_type
+from gateway.kit import bulk
 from gateway.kit.errors import Conflict, Invalid
 from gateway.ledger import service as ledger
 from gateway.ledger.models import (
@@ -218,12 +219,10 @@ class RoundLedger:
                 if it.row["gpus"]:
                     pool_deltas[(n, it.pool)] = pool_deltas.get((n, it.pool), 0) + it.row["gpus"]
         reservation_t = Reservation.__table__
-        if new_rows:
-            conn.execute(reservation_t.insert(), new_rows)
+        bulk.insert_rows(conn, reservation_t, new_rows)
         for row in again:  # released earlier (e.g. a submission the backend refused): reserve again
             conn.execute(reservation_t.update().where(reservation_t.c.job_id == row["job_id"]), row)
-        if entries:
-            conn.execute(LedgerEntry.__table__.insert(), entries)
+        bulk.insert_rows(conn, LedgerEntry.__table__, entries)
         if deltas:
             conn.execute(_ADD_DELTAS, [{"b_name": n, "b_now": self.now, **{f"d_{c}": v for c, v in zip(_DELTA_COLS, d)}}
                                        for n, d in deltas.items()])

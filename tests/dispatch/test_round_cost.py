@@ -287,5 +287,6 @@ def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
         assert state["dispatching"] == state["reserved"] == ids
         assert state["balances"]["org"] == 8 * 25 * 3
         with transaction(one.sessions) as s:
-            claims = s.scalars(select(JobEvent.job_id).where(JobEvent.to_state == "dispatching")).all()
-        assert sorted(claims) == sorted(ids)  # one claim event per job
+            claims = s.execute(select(JobEvent.job_id, JobEvent.data).where(JobEvent.to_state == "dispatching")).all()
+        assert sorted(j for j, _ in claims) == sorted(ids)  # one claim event per job
+        assert all(isinstance(data, dict) and data["pool"] for _, data in claims)
