@@ -29,6 +29,7 @@ from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import service as ledger
+from gateway.ledger.round import RoundLedger
 from gateway.dispatch import planning
 from gateway.routing.service import JobShape, PoolView, held_gpus, ranked, route, take
 from gateway.scheduling.planner import Candidate, plan
@@ -51,6 +52,12 @@ def accounts_with_pending(session: Session) -> list[str]:
     return list(session.execute(_ACCOUNTS_WITH_PENDING, {"state": JobState.PENDING.value}).scalars())
 
 
+# Accounts probed in fair-share order before the loose index scan is asked which have
+# pending jobs at all: most rounds fill from the first few accounts, and the scan costs one
+# index probe per account with pending work (~20 ms at 1,000 accounts).
+_PROBE_MISSES = 8
+
+
 def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
                   factors: dict[str, float], per_account: int | None = None) -> list[Job]:
     """The next ``limit`` dispatchable pending jobs in fair-share order.
@@ -58,20 +65,47 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
     Accounts by fair-share factor (highest first), within an account by priority then
     age, at most ``per_account`` of one account's. Uses the (state, account_name, priority,
     id) index: one small query per account with pending work, never a scan of every
-    pending job.
+    pending job. Accounts are probed in that order directly; after ``_PROBE_MISSES``
+    accounts with nothing due, only accounts the loose index scan finds with pending jobs are.
     """
     due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
-    accounts = sorted(accounts_with_pending(session), key=lambda a: (-factors.get(a, 0.0), a))
+    with_pending: set[str] | None = None
+    order = sorted(factors, key=lambda a: (-factors[a], a))
     picked: list[Job] = []
-    for account in accounts:
-        if len(picked) >= limit:
-            break
+    misses = 0
+
+    def take(account: str) -> int:
         stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
                 .order_by(Job.priority.desc(), Job.id).limit(min(limit - len(picked), per_account or limit)))
         if lock:
             stmt = stmt.with_for_update(skip_locked=True)
-        picked.extend(session.scalars(stmt))
+        got = list(session.scalars(stmt))
+        picked.extend(got)
+        return len(got)
+
+    for account in order:
+        if len(picked) >= limit:
+            return picked
+        if with_pending is None and misses >= _PROBE_MISSES:
+            with_pending = set(accounts_with_pending(session))
+        if with_pending is not None and account not in with_pending:
+            continue
+        misses += take(account) == 0
+    if len(picked) < limit:
+        # Accounts with pending jobs but no factor (not in the tree passed): last, by name.
+        for account in sorted(set(accounts_with_pending(session)) - set(factors)):
+            if len(picked) >= limit:
+                break
+            take(account)
     return picked
+
+
+@dataclasses.dataclass(frozen=True)
+class _Round:
+    """What one claim round writes together at its end: the ledger's side and the jobs' side."""
+
+    ledger: RoundLedger
+    claims: jobs.Claims
 
 
 class ClaimMixin:
@@ -86,21 +120,27 @@ class ClaimMixin:
             now = self.clock()
             claimed: list[str] = []
             prepared: dict[str, tuple[str, SubmitRequest]] = {}
-            self._limited = {}  # account -> a limit is set in its chain (this round)
             try:
                 with transaction(self.sessions) as s:
                     factors = {name: fs.factor for name, fs in ledger.fairshare(s, now=now).items()}
                     # With a backend queue allowed (pool_queue_depth), the backend's own
                     # scheduler orders what waits there: the old pick hands jobs to it.
-                    if self.settings.scheduling_policy == "reservation" and not self.settings.pool_queue_depth:
-                        picked = pending_order(s, now=now, limit=self.settings.scheduling_window, lock=is_pg,
-                                               factors=factors, per_account=self.settings.scheduling_per_account)
-                        self._plan_round(s, picked, views, now)
+                    planned = self.settings.scheduling_policy == "reservation" and not self.settings.pool_queue_depth
+                    picked = pending_order(s, now=now, lock=is_pg, factors=factors,
+                                           limit=self.settings.scheduling_window if planned
+                                           else self.settings.dispatch_batch,
+                                           per_account=self.settings.scheduling_per_account if planned else None)
+                    # The ledger read once for the round's accounts; reservations of chains
+                    # without limits written together at the end (gateway/ledger/round.py).
+                    rnd = _Round(RoundLedger(s, accounts_=(job.account_name for job in picked), now=now),
+                                 jobs.Claims(s))
+                    if planned:
+                        self._plan_round(s, picked, views, now, rnd)
                     else:
-                        picked = pending_order(s, now=now, limit=self.settings.dispatch_batch, lock=is_pg,
-                                               factors=factors)
                         for position, job in enumerate(picked, start=1):
-                            self._claim_one(s, job, views, now, position)
+                            self._claim_one(s, job, views, now, position, rnd)
+                    rnd.claims.flush()
+                    rnd.ledger.flush()
                     for job in picked:
                         if job.state == JobState.DISPATCHING.value:
                             claimed.append(job.id)
@@ -126,11 +166,10 @@ class ClaimMixin:
         return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int,
-                   only: str | None = None) -> None:
+                   rnd: _Round, only: str | None = None) -> None:
+        rl = rnd.ledger
         shape = JobShape.of(job)
-        verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
-                                        time_limit_s=job.time_limit_s, gpu_type=(job.spec or {}).get("gpu_type"),
-                                        now=now)
+        verdict = rl.budget_verdict(job=job, now=now)
         if verdict is not None and verdict[0] == "never":
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
             return
@@ -142,11 +181,9 @@ class ClaimMixin:
         held = {name: held_gpus(shape, view) for name, view in views.items()}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
-        # Asked pool by pool only when a limit is set in the account's chain (once per account
-        # and round: with many pools, the check per pool is most of a round's queries).
-        limited = self._limited.get(job.account_name)
-        if limited is None and job.requested_backend == "auto" and len(views) > 1:
-            limited = self._limited[job.account_name] = ledger.chain_has_limits(s, job.account_name)
+        # Asked pool by pool only when a limit is set in the account's chain (read once per
+        # round: with many pools, the check per pool was most of a round's queries).
+        limited = rl.limited(job.account_name)
         if job.requested_backend == "auto" and len(views) > 1 and limited:
             for name in views:
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
@@ -161,31 +198,34 @@ class ClaimMixin:
         if decision.pool is None:
             self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
             return
-        try:  # reserve() writes nothing when it refuses: no savepoint needed
-            ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
-        except QuotaExceeded as exc:
-            self._note_waiting(s, job, f"quota: {exc.detail}")
-            return
-        jobs.claim(s, job, pool=decision.pool, held_gpus=held[decision.pool], reason=decision.reason,
-                   lease_until=now + timedelta(seconds=self.settings.dispatch_lease_s), actor=ACTOR,
-                   data={"pool": decision.pool, "fairshare_position": position})
+        if limited:
+            try:  # reserve() writes nothing when it refuses: no savepoint needed
+                ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
+            except QuotaExceeded as exc:
+                self._note_waiting(s, job, f"quota: {exc.detail}")
+                return
+        else:  # nothing in the chain can refuse it: written with the round's others
+            rl.defer_reserve(job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
+        rnd.claims.claim(job, pool=decision.pool, held_gpus=held[decision.pool], reason=decision.reason,
+                         lease_until=now + timedelta(seconds=self.settings.dispatch_lease_s), actor=ACTOR,
+                         data={"pool": decision.pool, "fairshare_position": position})
         take(shape, views[decision.pool])
 
-    def _plan_round(self, s: Session, picked: list[Job], views: dict[str, PoolView], now: datetime) -> None:
+    def _plan_round(self, s: Session, picked: list[Job], views: dict[str, PoolView], now: datetime,
+                    rnd: _Round) -> None:
         """Claim what the plan starts now; note a planned start (estimate) on the rest.
 
         Conservative backfill over every pool (gateway/dispatch/planning.py,
         gateway/scheduling/planner.py): the top ``reservation_depth`` jobs that cannot
         start now hold a reservation no lower job may delay.
         """
+        rl = rnd.ledger
         candidates: list[Candidate] = []
         blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
         usable_of: dict[str, tuple[str, ...]] = {}
         for job in picked:
             shape = JobShape.of(job)
-            verdict = ledger.budget_verdict(s, account=job.account_name, total_gpus=job.total_gpus,
-                                            time_limit_s=job.time_limit_s,
-                                            gpu_type=(job.spec or {}).get("gpu_type"), now=now)
+            verdict = rl.budget_verdict(job=job, now=now)
             if verdict is not None:
                 # "never" fails it below (the greedy path's words); else held this period.
                 blocked[job.id] = f"held: {verdict[1]}"
@@ -198,9 +238,13 @@ class ClaimMixin:
                            cost_factor=self.settings.routing_cost_factor)
             usable: list[str] = []
             refusals: list[str] = []
+            limited = rl.limited(job.account_name)
             for name in names:
                 view = views[name]
                 if view.capacity is None:
+                    continue
+                if not limited and rl.known_pool(name):  # nothing in the chain can refuse it
+                    usable.append(name)
                     continue
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held_gpus(shape, view))
                 if ok:
@@ -224,7 +268,7 @@ class ClaimMixin:
                 # Starts now (routed to the planned pool), or the greedy path's own words:
                 # fail what can never run, hold what is over budget or quota.
                 # The reason still says why not the other pools.
-                self._claim_one(s, job, views, now, position, only=start.pool if start is not None else None)
+                self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None)
                 if job.state == JobState.PENDING.value:
                     jobs.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue

@@ -38,7 +38,6 @@ class Dispatcher(CapacityMixin, ClaimMixin, SubmitMixin, RecoveryMixin, Reconcil
         self._views: dict[str, PoolView] = {}
         self._views_at = 0.0
         self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
-        self._limited: dict[str, bool] = {}  # account -> a limit is set in its chain (per dispatch round)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._reconcile_wake = threading.Event()

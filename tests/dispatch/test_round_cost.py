@@ -1,0 +1,292 @@
+"""What one dispatch round costs in SQL statements, and that batching it changed no rule.
+
+A round reads the ledger once per round and writes its claims and reservations together
+(gateway/ledger/round.py, jobs.Claims): its statement count depends on the number of
+accounts it looks at, never on the number of jobs. Counted on the round's own engine, so
+the count is the same on a loaded machine. The pools are in-process stand-ins with a fixed
+capacity (no cluster is needed to count statements; the same round runs against the real
+clusters in test_slurm_e2e.py, test_kube_e2e.py and tests/pools).
+
+Both dialects: SQLite and the stack's Postgres, each test on an empty migrated database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import uuid
+
+import pytest
+from sqlalchemy import event, select, text
+
+from adapters.base import Capacity, Feature, PoolCapacity
+from gateway.kit.db import make_engine, make_sessionmaker, transaction
+from tests.conftest import postgres_database
+from tests.ledger.dbfixtures import add_account, sqlite_template  # noqa: F401 - a fixture
+
+POOLS = [("slurm-a", "slurm", "a100", 1.0), ("slurm-b", "slurm", "h100", 2.0),
+         ("kube-a", "kubernetes", "a100", 1.0), ("kube-b", "kubernetes", "h100", 1.5)]
+
+
+class StandInPool:
+    """A fake pool: a fixed capacity snapshot, and nothing else (submission is stubbed)."""
+
+    unsupported_features: dict = {}
+
+    def __init__(self, kind: str, gpu_type: str, nodes: int = 64):
+        self.name = kind
+        self.cap = Capacity(backend=kind, pools=(PoolCapacity(
+            pool="p", total_nodes=nodes, idle_nodes=nodes, total_gpus=8 * nodes, free_gpus=8 * nodes,
+            gpus_per_node=8, gpu_types=(gpu_type,)),))
+
+    def capacity(self) -> Capacity:
+        return self.cap
+
+    def supports(self, feature: Feature) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def pg_database():
+    with postgres_database(migrated=True) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request, tmp_path, sqlite_template):  # noqa: F811
+    if request.param == "sqlite":
+        path = tmp_path / f"round-{uuid.uuid4().hex[:8]}.db"
+        shutil.copy(sqlite_template, path)
+        return f"sqlite:///{path}"
+    url = request.getfixturevalue("pg_database")
+    from gateway.models import metadata
+
+    eng = make_engine(url)
+    with eng.begin() as conn:
+        conn.execute(text("TRUNCATE " + ", ".join(t.name for t in metadata.sorted_tables) + " CASCADE"))
+    eng.dispose()
+    return url
+
+
+@contextlib.contextmanager
+def dispatcher(url: str, **settings):
+    from gateway.dispatch.service import Dispatcher
+    from gateway.kit.settings import Settings
+    from gateway.pools.config import PoolConfig
+    from gateway.pools.service import reconcile
+
+    engine = make_engine(url, pool_size=4)
+    sessions = make_sessionmaker(engine)
+    with transaction(sessions) as s:
+        reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in POOLS])
+    d = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t) for n, k, t, _ in POOLS},
+                   settings=Settings(database_url=url, capacity_ttl_s=0, routing_weights="{}", **settings))
+    d._submit_all = lambda *a, **kw: None  # the backend side is not what is counted here
+    d.engine = engine
+    try:
+        yield d
+    finally:
+        engine.dispose()
+
+
+def add_jobs(d, account: str, n: int, *, gpus: int = 8, time_limit_s: int = 3600) -> list[str]:
+    from gateway.jobs.models import Job
+    from gateway.kit.timeutil import new_id, utcnow
+
+    ids = []
+    with transaction(d.sessions) as s:
+        for i in range(n):
+            job = Job(id=new_id(), name="j", account_name=account, submitted_by="dev:alice", username="alice",
+                      requested_backend="auto", backend=None, state="pending", state_reason="",
+                      spec={"command": ["true"], "gpu_type": ("a100", "h100", None)[i % 3]},
+                      workers=1, gpus_per_worker=gpus, total_gpus=gpus, time_limit_s=time_limit_s, priority=0,
+                      routing_reason="", dispatch_attempts=0, created_at=utcnow(), updated_at=utcnow())
+            s.add(job)
+            ids.append(job.id)
+    return ids
+
+
+def counted_round(d) -> tuple[list[str], list[str]]:
+    seen: list[str] = []
+
+    def note(conn, cursor, statement, parameters, context, executemany):
+        seen.append(" ".join(statement.split())[:100])
+
+    event.listen(d.engine, "before_cursor_execute", note)
+    try:
+        claimed = d.dispatch_round()
+    finally:
+        event.remove(d.engine, "before_cursor_execute", note)
+    return claimed, seen
+
+
+def setup_accounts(d, n: int, prefix: str = "") -> list[str]:
+    """``n`` accounts without limits, half of them under a parent (chains of one and two)."""
+    with transaction(d.sessions) as s:
+        add_account(s, f"{prefix}org")
+        names = [f"{prefix}team-{i}" for i in range(n)]
+        for i, name in enumerate(names):
+            add_account(s, name, parent=f"{prefix}org" if i % 2 else None)
+    return names
+
+
+def ledger_state(d, accounts=()) -> dict:
+    from gateway.jobs.models import Job
+    from gateway.ledger import service as ledger
+    from gateway.ledger.models import Reservation
+
+    with transaction(d.sessions) as s:
+        return {"problems": ledger.verify(s),
+                "dispatching": set(s.scalars(select(Job.id).where(Job.state == "dispatching"))),
+                "reserved": set(s.scalars(select(Reservation.job_id).where(Reservation.status == "reserved"))),
+                "balances": {a: ledger.get_balance(s, a).reserved_gpus for a in accounts}}
+
+
+def test_a_greedy_round_costs_the_same_statements_for_20_or_100_jobs(url):
+    """100 claims from 10 accounts without limits: a few statements per account, none per job."""
+    counts = {}
+    with dispatcher(url, scheduling_policy="greedy", dispatch_batch=100) as d:
+        before: set[str] = set()
+        for per_account in (2, 10):
+            p = f"p{per_account}-"
+            for a in setup_accounts(d, 10, prefix=p):
+                add_jobs(d, a, per_account)
+            # A full batch both times (an underfilled round also asks which accounts have jobs).
+            d.settings = d.settings.model_copy(update={"dispatch_batch": 10 * per_account})
+            claimed, seen = counted_round(d)
+            assert len(claimed) == 10 * per_account, seen
+            counts[per_account] = seen
+            state = ledger_state(d, (f"{p}org", f"{p}team-0", f"{p}team-1"))
+            assert state["problems"] == []
+            assert state["dispatching"] - before == state["reserved"] - before == set(claimed)
+            before |= set(claimed)
+            assert state["balances"][f"{p}team-0"] == 8 * per_account
+            assert state["balances"][f"{p}org"] == 8 * per_account * 5  # its five children's
+    import difflib
+    assert len(counts[10]) == len(counts[2]), "\n".join(difflib.unified_diff(counts[2], counts[10], lineterm=""))
+    # Pick: one loose index scan + one query per account; ledger read once; claims and
+    # ledger writes one statement each. 740 before batching (7 per job).
+    assert len(counts[10]) <= 35, counts[10]
+
+
+def test_a_reservation_round_asks_no_admission_check_per_pool_without_limits(url):
+    # Every job of the window starts (a waiting job's first reason is an event of its own,
+    # which SQLite inserts one by one).
+    with dispatcher(url, scheduling_policy="reservation", dispatch_batch=128, scheduling_window=128,
+                    scheduling_per_account=16) as d:
+        accounts = setup_accounts(d, 8)
+        for a in accounts:
+            add_jobs(d, a, 16)
+        claimed, seen = counted_round(d)
+        assert len(claimed) == 128
+        assert len(seen) <= 40, "\n".join(seen)  # 7,686 before: admission_check for every (job, pool) pair
+        state = ledger_state(d)
+        assert state["problems"] == []
+        assert state["dispatching"] == state["reserved"] == set(claimed)
+
+
+def test_limits_still_refuse_and_hold_with_the_ledgers_words(url):
+    """Accounts with a limit in their chain take the per-job rules: same refusals, same reasons."""
+    from gateway.jobs.models import Job
+
+    with dispatcher(url, scheduling_policy="greedy", dispatch_batch=100) as d:
+        with transaction(d.sessions) as s:
+            add_account(s, "capped", max_gpus=16)  # room for two 8-GPU gangs
+            add_account(s, "org", max_gpus=24)
+            add_account(s, "under-org", parent="org")  # no limit of its own; its parent's applies
+            add_account(s, "budget", budget_gpu_seconds=8 * 3600)  # one 8-GPU hour a month
+            add_account(s, "free")
+        capped = add_jobs(d, "capped", 4)
+        under = add_jobs(d, "under-org", 4)
+        budget = add_jobs(d, "budget", 1, gpus=16)  # needs two hours: never fits the budget
+        free = add_jobs(d, "free", 4)
+        d.dispatch_round()
+        with transaction(d.sessions) as s:
+            jobs = {j.id: j for j in s.scalars(select(Job))}
+            state = {i: jobs[i].state for i in jobs}
+            assert [state[i] for i in free] == ["dispatching"] * 4
+            assert sorted(state[i] for i in capped) == ["dispatching", "dispatching", "pending", "pending"]
+            assert sorted(state[i] for i in under) == ["dispatching"] * 3 + ["pending"]
+            waiting = [jobs[i] for i in capped if state[i] == "pending"]
+            assert all("capped: 16 of 16 concurrent GPUs in use, job needs 8" in j.state_reason
+                       for j in waiting), [j.state_reason for j in waiting]
+            [held] = [jobs[i] for i in under if state[i] == "pending"]
+            assert "org: 24 of 24 concurrent GPUs in use, job needs 8" in held.state_reason
+            assert state[budget[0]] == "failed"
+            assert "budget's monthly GPU-hour budget is 8.0 GPU-hours" in jobs[budget[0]].state_reason
+        assert ledger_state(d)["problems"] == []
+
+
+def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
+    """The batch is written under the chains' locks only if nothing it relied on changed."""
+    from gateway.accounts.models import Account, AccountQuota
+    from gateway.jobs.models import Job
+    from gateway.kit.timeutil import utcnow
+    from gateway.ledger import service as ledger
+    from gateway.ledger.round import RoundLedger
+
+    with dispatcher(url, scheduling_policy="greedy") as d:
+        with transaction(d.sessions) as s:
+            add_account(s, "org")
+            add_account(s, "team", parent="org")
+            add_account(s, "other")
+        [job_id] = add_jobs(d, "team", 1)
+        for change in ("limit", "move"):
+            with pytest.raises(ledger.ChainChanged), transaction(d.sessions) as s:
+                job = s.get(Job, job_id)
+                rl = RoundLedger(s, accounts_=["team"], now=utcnow())
+                assert not rl.limited("team")
+                rl.defer_reserve(job=job, pool="slurm-a", actor="test", now=utcnow())
+                if change == "limit":
+                    s.add(AccountQuota(account_name="org", max_gpus=4))
+                else:
+                    s.get(Account, "team").parent_name = "other"
+                s.flush()
+                rl.flush()
+        # And a dispatch round, meeting nothing of the kind, reserves it once.
+        assert d.dispatch_round() == [job_id]
+        assert d.dispatch_round() == []
+        assert ledger_state(d)["problems"] == []
+
+
+def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
+    """Concurrent rounds on shared chains: every job claimed and reserved once, totals = entries."""
+    import threading
+
+    from gateway.jobs.models import JobEvent
+
+    if url.startswith("sqlite"):
+        pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): nothing runs at once")
+    with dispatcher(url, scheduling_policy="greedy", dispatch_batch=30) as one, \
+            dispatcher(url, scheduling_policy="greedy", dispatch_batch=30) as two:
+        accounts = setup_accounts(one, 6)  # three of them share the parent "org"
+        ids = {j for a in accounts for j in add_jobs(one, a, 25)}
+        claimed: list[list[str]] = [[], []]
+        errors: list[BaseException] = []
+
+        def run(d, into):
+            try:
+                for _ in range(8):
+                    into.extend(d.dispatch_round())
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(d, c)) for d, c in ((one, claimed[0]), (two, claimed[1]))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        assert not set(claimed[0]) & set(claimed[1])
+        assert sorted(claimed[0] + claimed[1]) == sorted(ids)
+        state = ledger_state(one, ("org",))
+        assert state["problems"] == []
+        assert state["dispatching"] == state["reserved"] == ids
+        assert state["balances"]["org"] == 8 * 25 * 3
+        with transaction(one.sessions) as s:
+            claims = s.execute(select(JobEvent.job_id, JobEvent.data).where(JobEvent.to_state == "dispatching")).all()
+        assert sorted(j for j, _ in claims) == sorted(ids)  # one claim event per job
+        assert all(isinstance(data, dict) and data["pool"] for _, data in claims)
