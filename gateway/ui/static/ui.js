@@ -18,6 +18,13 @@
   var outBusy = false;
   function loadOutput() {
     if (!out || outBusy) return Promise.resolve();
+    var st = document.getElementById("state");
+    var state = st ? st.textContent : "";
+    if (state === "pending" || state === "blocked") {  // not on a pool yet: nothing to ask for
+      outText.hidden = true;
+      outStatus.textContent = "no output yet: the job is " + state;
+      return Promise.resolve();
+    }
     outBusy = true;
     var base = out.getAttribute("data-output-url");
     var tail = out.getAttribute("data-tail");
