@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
 import warnings
 from datetime import timedelta
@@ -32,7 +33,7 @@ from gateway.jobs import repository as jobs_repo, service as jobs
 from gateway.jobs.models import Job
 from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
-from gateway.kit.errors import Forbidden, GatewayError
+from gateway.kit.errors import Forbidden, GatewayError, Invalid
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository as ledger_repo, service as ledger
 from gateway.pools import service as pools
@@ -241,6 +242,31 @@ def output(request: Request, job_id: str,
 
 # The output is whatever the job printed: never let a browser sniff it into HTML.
 _TEXT_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+@router.get("/events", name="ui_events")
+async def events_stream(request: Request, after: Annotated[int | None, Query(ge=0, le=2**62)] = None) -> Response:
+    """The caller's job events as server-sent events: GET /v1/events/stream through the session.
+
+    The job page listens and re-renders on its job's events (ui.js), instead of waiting for
+    its timer. The same hub, tenancy, resume (``Last-Event-ID``, which EventSource sends on
+    reconnect, or ``after``) and bounds as the API's stream (docs/logs.md); a reconnect
+    checks the session's token again.
+    """
+    import anyio
+
+    from gateway.jobs import events
+
+    principal = await anyio.to_thread.run_sync(principal_of, request)  # may fetch the provider's keys
+    last = request.headers.get("last-event-id")
+    if last is not None:
+        if not re.fullmatch(r"[0-9]{1,19}", last):
+            raise Invalid("header.Last-Event-ID", "must be an event id sent by this stream")
+        after = int(last)
+    body = events.sse(events.get_hub(request.app), principal, after_id=after,
+                      max_stream_s=request.app.state.settings.events_max_stream_s)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 @router.post("/jobs/{job_id}/cancel", name="ui_cancel")

@@ -223,3 +223,37 @@ def test_the_job_page_reads_output_through_the_session_only_for_the_jobs_account
     ui.cookies.set(COOKIE, session_cookie(bob), path="/ui")
     r = ui.get(f"/ui/jobs/{job['id']}/output")
     assert r.status_code == 404 and "visible to you" in r.text and "no output yet" not in r.text
+
+
+def _sse_data(url: str, cookie: str, *, n: int, headers: dict | None = None) -> list[dict]:
+    """The first ``n`` events' data of a /ui/events stream (read over real HTTP: it stays open)."""
+    import httpx
+
+    out: list[dict] = []
+    with httpx.stream("GET", url + "/ui/events", params={"after": 0}, cookies={COOKIE: cookie},
+                      headers=headers or {}, timeout=httpx.Timeout(10, read=10)) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+            if len(out) >= n:
+                break
+    return out
+
+
+def test_the_sessions_event_stream_carries_only_the_callers_jobs(ui):
+    from tests.jobs.live import served
+
+    alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
+    theirs = submit(ui, bob, name="theirs", account="team-b")
+    mine = submit(ui, alice, name="mine")
+    ui.post(f"/v1/jobs/{mine['id']}/cancel", headers={"Authorization": f"Bearer {alice}"})
+    assert ui.get("/ui/events", follow_redirects=False).status_code == 303  # no session: log in
+    with served(ui.app) as url:
+        data = _sse_data(url, session_cookie(alice), n=2)
+        assert [(d["job_id"], d["to_state"]) for d in data] == [(mine["id"], "pending"), (mine["id"], "cancelled")]
+        # bob's job came first: had the stream carried it, it would be among the first two.
+        assert theirs["id"] not in {d["job_id"] for d in data}
+    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    bad = ui.get("/ui/events", headers={"Last-Event-ID": "x"})
+    assert bad.status_code == 422 and "header.Last-Event-ID" in bad.text

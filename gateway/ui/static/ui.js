@@ -1,8 +1,8 @@
 // Isthmus dashboard: keeps a job page live by re-reading its server-rendered fragment, and
 // shows the chosen worker's output. The fragment is HTML the gateway escaped; it replaces
 // the section as a whole. Output is set with textContent only: whatever a job printed
-// stays text. `window.isthmusRefreshJob` can be called on each event of an event stream
-// instead of on the timer.
+// stays text. The job's events (server-sent) trigger a refresh; a 2-second timer is the
+// fallback.
 (function () {
   "use strict";
   var live = document.getElementById("live");
@@ -51,11 +51,13 @@
   }
   if (worker) worker.addEventListener("change", loadOutput);
 
+  var latest = 0;  // an event and the timer can overlap: only the newest answer is shown
   function refresh() {
+    var mine = ++latest;
     return fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
-        if (html === null) return;
+        if (html === null || mine !== latest) return;
         var doc = new DOMParser().parseFromString(html, "text/html");
         live.replaceChildren.apply(live, Array.prototype.slice.call(doc.body.childNodes));
         var s = document.getElementById("state");
@@ -65,8 +67,25 @@
   }
   window.isthmusRefreshJob = refresh;
   loadOutput();
+
+  // The job's events (server-sent, /ui/events) re-render the page as they happen; the
+  // timer stays as the fallback (no EventSource, a proxy that buffers, a lost stream).
+  var jobId = live.getAttribute("data-job-id");
+  var stream = null;
+  if (window.EventSource && live.getAttribute("data-final") !== "true") {
+    stream = new EventSource(live.getAttribute("data-events-url"));
+    stream.addEventListener("job", function (m) {
+      var ev = null;
+      try { ev = JSON.parse(m.data); } catch (e) { return; }
+      if (ev && ev.job_id === jobId) refresh();
+    });
+  }
   var timer = setInterval(function () {
-    if (live.getAttribute("data-final") === "true") { clearInterval(timer); return; }
+    if (live.getAttribute("data-final") === "true") {
+      clearInterval(timer);
+      if (stream) stream.close();
+      return;
+    }
     refresh();
   }, 2000);
 })();
