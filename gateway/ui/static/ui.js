@@ -15,9 +15,10 @@
   var outStatus = document.getElementById("output-status");
   var outRaw = document.getElementById("output-raw");
   var worker = document.getElementById("worker");
-  var outBusy = false;
+  var outBusy = false, outAgain = false;
   function loadOutput() {
-    if (!out || outBusy) return Promise.resolve();
+    if (!out) return Promise.resolve();
+    if (outBusy) { outAgain = true; return Promise.resolve(); }  // read again once this read is done
     var st = document.getElementById("state");
     var state = st ? st.textContent : "";
     if (state === "pending" || state === "blocked") {  // not on a pool yet: nothing to ask for
@@ -47,7 +48,10 @@
         }
       })
       .catch(function () { outStatus.textContent = "could not read the output; retrying"; })
-      .then(function () { outBusy = false; });
+      .then(function () {
+        outBusy = false;
+        if (outAgain) { outAgain = false; return loadOutput(); }
+      });
   }
   if (worker) worker.addEventListener("change", loadOutput);
 
