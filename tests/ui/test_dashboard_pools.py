@@ -13,6 +13,7 @@ refreshes the screenshots of My jobs, a job, Accounts and Pools from this test.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -37,7 +38,13 @@ from tests.identity.conftest import issuer_configs, oidc_env, provider  # noqa: 
 from tests.jobs.live import served
 from tests.ui.conftest import api, log_in, shot, submit
 
-pytestmark = [pytest.mark.oidc, pytest.mark.slurm, pytest.mark.kubernetes]
+pytestmark = [
+    pytest.mark.oidc, pytest.mark.slurm, pytest.mark.kubernetes,
+    # Written in session 5 while the stack was held by CI and never yet run against it: off
+    # unless asked for, so it cannot break CI before it has passed once (docs/ui.md).
+    pytest.mark.skipif(os.environ.get("ISTHMUS_UI_POOLS_TEST") != "1",
+                       reason="not yet run on the stack: opt in with ISTHMUS_UI_POOLS_TEST=1"),
+]
 
 HOSTILE = "<script>window.__pwned=3</script>"
 # Each Slurm worker (srun task) prints its rank, a hostile line, and steps for ~10 s.
