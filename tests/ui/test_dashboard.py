@@ -4,7 +4,8 @@ Jobs are submitted through the API with real Keycloak tokens; the browser logs i
 Keycloak's own login page (authorization code + PKCE, authlib's Starlette client). No pool
 is configured here, so jobs stay pending; test_dashboard_pools.py runs them on the real
 Slurm and Kueue pools. Set ISTHMUS_UI_SCREENSHOTS=docs/ui to refresh the screenshots shown
-in the README (the admin page here, the others there).
+in the README; test_dashboard_pools.py, when it runs (after this file), makes My jobs, a
+job, Accounts and Pools again with real pools and output.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboar
         assert other["id"] not in rows and other["id"] not in driver.page_source  # tenancy
         # Hostile names render as text, and no script of theirs ran.
         assert rows[hostile["id"]].find_element(By.CLASS_NAME, "name").text == "hostile"
+        shot(driver, "jobs")
 
         driver.get(f"{dashboard}/ui/jobs/{hostile['id']}")
         spec = driver.find_element(By.ID, "spec").text
@@ -82,6 +84,7 @@ def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboar
                             cookies={"isthmus_ui": cookie["value"]})
         assert forged.status_code == 403
         driver.get(f"{dashboard}/ui/jobs/{hostile['id']}")
+        shot(driver, "job")
         driver.find_element(By.ID, "cancel").click()
         WebDriverWait(driver, 20).until(lambda d: d.find_element(By.ID, "state").text == "cancelled")
         assert api(dashboard, alice).get(f"/v1/jobs/{hostile['id']}").json()["state"] == "cancelled"
@@ -90,6 +93,7 @@ def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboar
         for page in ("accounts", "pools"):
             driver.get(f"{dashboard}/ui/{page}")
             WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
+            shot(driver, page)
         driver.get(f"{dashboard}/ui/accounts")
         assert driver.find_elements(By.ID, "account-team-a") and not driver.find_elements(By.ID, "account-team-b")
         assert driver.find_elements(By.CSS_SELECTOR, "#account-team-a svg.plot polyline")
