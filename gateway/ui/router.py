@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import secrets
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.accounts import service as accounts
 from gateway.identity.authn import InvalidToken
@@ -30,8 +33,8 @@ from gateway.jobs import repository as jobs_repo, service as jobs
 from gateway.jobs.models import Job
 from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
-from gateway.kit.errors import Forbidden
-from gateway.kit.timeutil import utcnow
+from gateway.kit.errors import Forbidden, GatewayError, Invalid
+from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository as ledger_repo, service as ledger
 from gateway.pools import service as pools
 from gateway.ui import plots
@@ -47,6 +50,35 @@ WAITING = ("pending", "dispatching", "queued", "requeued")
 def job_pool(job: Job) -> str:
     """The pool a job runs on (or asked for): one place for the pools rework to re-point."""
     return job.backend or job.requested_backend
+
+
+def estimate_of(job: Job) -> dict[str, Any] | None:
+    """A pending job's estimated start (docs/dispatch.md, "Estimates"), as the page shows it.
+
+    Only while pending, as in the API: once dispatched the estimate no longer applies. With
+    no start, ``reason`` says why there is none; a job no dispatch round has looked at yet
+    has neither.
+    """
+    if job.state != JobState.PENDING.value:
+        return None
+    start = as_utc(job.estimated_start)
+    if start is None:
+        return {"at": None, "reason": job.estimate_reason or "not estimated yet: no dispatch round has seen it"}
+    return {"at": start.strftime("%Y-%m-%d %H:%M:%S UTC"), "iso": start.isoformat(timespec="seconds"),
+            "in": _from_now(start), "pool": job.estimated_pool or "", "reason": job.estimate_reason or ""}
+
+
+def _from_now(at) -> str:
+    seconds = int((at - utcnow()).total_seconds())
+    if seconds <= 0:
+        return "due now"
+    if seconds < 90:
+        return f"in {seconds} s"
+    if seconds < 90 * 60:
+        return f"in {round(seconds / 60)} min"
+    if seconds < 48 * 3600:
+        return f"in {seconds / 3600:.1f} h"
+    return f"in {seconds / 86400:.1f} days"
 
 
 class LoginRequired(Exception):
@@ -113,7 +145,7 @@ async def callback(request: Request):
         token = await client.authorize_access_token(request)
         request.app.state.authenticator.authenticate(token["access_token"])
     except (OAuthError, InvalidToken) as exc:
-        return render(request, "error.html", {"message": f"login failed: {exc}"}, status=401)
+        return error_page(request, status=401, title="Login failed", detail=str(exc))
     nxt = request.session.pop("next", "/ui/")
     request.session.clear()
     request.session.update(access_token=token["access_token"], csrf=secrets.token_urlsafe(32))
@@ -151,7 +183,8 @@ def jobs_page(request: Request, state: str = "", account: str = "", pool: str = 
         rows = jobs_repo.list_readable(session, principal, states=[state] if state else (),
                                        account=account or None, backend=pool or None, limit=200)
         items = [{"id": j.id, "name": j.name, "account": j.account_name, "user": j.username, "state": j.state,
-                  "why": j.state_reason or "", "pool": job_pool(j) or "", "created_at": j.created_at}
+                  "why": j.state_reason or "", "estimate": estimate_of(j), "pool": job_pool(j) or "",
+                  "created_at": j.created_at}
                  for j in rows]
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
@@ -168,10 +201,72 @@ def job_page(request: Request, job_id: str, partial: str = ""):
     with transaction(request.app.state.sessionmaker) as session:
         job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
         events = jobs_repo.list_events(session, job.id)
-        ctx = {"job": job, "pool": job_pool(job) or "", "final": job.job_state.final,
+        ctx = {"job": job, "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
                "events": [{"at": e.at, "kind": e.kind, "actor": e.actor, "from": e.from_state,
                            "to": e.to_state, "reason": e.reason} for e in events]}
         return render(request, "job_live.html" if partial == "live" else "job.html", ctx, principal=principal)
+
+
+@router.get("/jobs/{job_id}/output", name="ui_output")
+def output(request: Request, job_id: str,
+           worker: Annotated[int, Query(ge=0, le=100_000)] = 0,
+           tail: Annotated[int | None, Query(ge=1, le=1_000_000)] = None) -> Response:
+    """One worker's output as text, for the job page (the session's twin of GET /v1/jobs/{id}/logs).
+
+    The same tenancy and the same reader as the API (gateway/jobs/logs.py: chunks, bounded
+    memory). A job with no output to show answers the reason as plain text with the API's
+    status (409 not yet, 404 not yours, 501 no readable output, 503 pool unreachable): the
+    page shows it in place of the output.
+    """
+    from gateway.jobs import logs
+
+    principal = principal_of(request)
+    sessions = request.app.state.sessionmaker
+    try:
+        with transaction(sessions) as session:
+            job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
+        # Read outside the transaction (a pod log read is a network call); the loaded job
+        # stays readable (expire_on_commit=False).
+
+        def job_final() -> bool:
+            with sessions() as s:
+                return s.get(Job, job.id).state in logs.FINAL_STATES
+
+        body = logs.open_output(getattr(request.app.state, "backends", None) or {}, job, worker,
+                                keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=False,
+                                job_final=job_final)
+    except GatewayError as exc:
+        return PlainTextResponse(exc.detail or exc.title, status_code=exc.status, headers=_TEXT_HEADERS)
+    return StreamingResponse(body, media_type="text/plain; charset=utf-8", headers=_TEXT_HEADERS)
+
+
+# The output is whatever the job printed: never let a browser sniff it into HTML.
+_TEXT_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+@router.get("/events", name="ui_events")
+async def events_stream(request: Request, after: Annotated[int | None, Query(ge=0, le=2**62)] = None) -> Response:
+    """The caller's job events as server-sent events: GET /v1/events/stream through the session.
+
+    The job page listens and re-renders on its job's events (ui.js), instead of waiting for
+    its timer. The same hub, tenancy, resume (``Last-Event-ID``, which EventSource sends on
+    reconnect, or ``after``) and bounds as the API's stream (docs/logs.md); a reconnect
+    checks the session's token again.
+    """
+    import anyio
+
+    from gateway.jobs import events
+
+    principal = await anyio.to_thread.run_sync(principal_of, request)  # may fetch the provider's keys
+    last = request.headers.get("last-event-id")
+    if last is not None:
+        if not re.fullmatch(r"[0-9]{1,19}", last):
+            raise Invalid("header.Last-Event-ID", "must be an event id sent by this stream")
+        after = int(last)
+    body = events.sse(events.get_hub(request.app), principal, after_id=after,
+                      max_stream_s=request.app.state.settings.events_max_stream_s)
+    return StreamingResponse(body, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 @router.post("/jobs/{job_id}/cancel", name="ui_cancel")
@@ -295,6 +390,7 @@ def install(app: FastAPI) -> None:
     app.add_middleware(UiSessionMiddleware, secret=secret)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     app.include_router(router)
+    _html_error_pages(app)
 
     @app.exception_handler(LoginRequired)
     async def _login_required(request: Request, exc: LoginRequired) -> Response:
@@ -302,3 +398,49 @@ def install(app: FastAPI) -> None:
         if request.method != "GET":
             nxt = "/ui/"
         return RedirectResponse(str(request.url_for("ui_login").include_query_params(next=nxt)), status_code=303)
+
+
+def under_ui(path: str) -> bool:
+    return path == "/ui" or path.startswith("/ui/")
+
+
+def _html_error_pages(app: FastAPI) -> None:
+    """Errors under /ui as HTML pages in the dashboard's style; everywhere else problem+json.
+
+    Each API handler (gateway/kit/errors.py) still decides the status, title, detail and
+    headers (and logs a 500): under /ui its problem is rendered as a page instead of sent as
+    JSON, so the two can never disagree. Needs the API's handlers installed first.
+    """
+    for exc_class in (GatewayError, RequestValidationError, StarletteHTTPException, Exception):
+        api_handler = app.exception_handlers.get(exc_class)
+        if api_handler is None:
+            raise RuntimeError(f"install the API's error handlers before the dashboard's ({exc_class.__name__})")
+        app.add_exception_handler(exc_class, _page_or_problem(api_handler))
+
+
+def _page_or_problem(api_handler):
+    async def handler(request: Request, exc: Exception) -> Response:
+        problem = await api_handler(request, exc)
+        if not under_ui(request.url.path):
+            return problem
+        body = json.loads(problem.body)
+        headers = {k: v for k, v in problem.headers.items()
+                   if k.lower() not in ("content-type", "content-length")}
+        return error_page(request, status=problem.status_code, title=body.get("title") or "Error",
+                          detail=body.get("detail") or "", errors=body.get("errors") or [], headers=headers)
+    return handler
+
+
+def error_page(request: Request, *, status: int, title: str, detail: str, errors: list[dict] | None = None,
+               headers: dict[str, str] | None = None) -> HTMLResponse:
+    """The dashboard's page for a failed request: the problem the API would send, as HTML."""
+    principal = None
+    if "session" in request.scope:  # a 500 is rendered outside the session middleware
+        try:
+            principal = principal_of(request)
+        except Exception:  # noqa: BLE001 - the error page must render whoever asks
+            principal = None
+    ctx = {"principal": principal, "csrf": csrf_token(request) if principal else "", "nav": "",
+           "status": status, "title": title, "detail": "" if detail == title else detail, "errors": errors or []}
+    return templates.TemplateResponse(request, "error.html", ctx, status_code=status,
+                                      headers={**(headers or {}), "Cache-Control": "no-store"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,62 @@ def kube():
 # kwok runs no containers: these labels pick its stages (stack/kube/kwok-stages.yaml).
 KWOK_RUN_FOR = "isthmus.io/fake-run-for"
 KWOK_EXIT_CODE = "isthmus.io/fake-exit-code"
+
+
+# ------------------------------------------------------------------ container output on kwok
+# kwok runs no containers: the stand-in for a worker's container output is a file a test
+# writes (CRI log format) and names in a kwok ``Logs`` object for the worker's pod; kwok's
+# kubelet server then serves it to the apiserver's ``pods/log`` (stack/kube/kwok.sh,
+# docs/logs.md). Shared by tests/dispatch/test_kube_logs.py and tests/ui.
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+CREATED: list[tuple[str, str, Path]] = []  # (namespace, Logs name, output file)
+
+
+@pytest.fixture
+def k8s(kube):
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=kube["KUBECONFIG"], client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    custom = client.CustomObjectsApi(api)
+    yield client.CoreV1Api(api), custom, client.BatchV1Api(api)
+    for ns, name, path in CREATED:  # the stand-ins go with the test
+        with contextlib.suppress(client.exceptions.ApiException):
+            custom.delete_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", name)
+        path.unlink(missing_ok=True)
+    CREATED.clear()
+    api.close()
+
+
+def container_output_dir(kube) -> Path:
+    return Path(kube.get("ISTHMUS_KUBE_CONTAINER_OUTPUT_DIR")
+                or Path(kube["ISTHMUS_KUBE_STATE_DIR"]) / "container-output")
+
+
+def worker_pods(core, ns: str, job_name: str) -> dict[int, str]:
+    pods = core.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={job_name}").items
+    return {int(p.metadata.labels[INDEX]): p.metadata.name for p in pods}
+
+
+def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -> None:
+    """Write each worker's stand-in output file and point kwok at it (a Logs object per pod)."""
+    core, custom, _ = k8s
+    ns, name = backend_job_id.split("/")
+    pods: dict[int, str] = {}
+    deadline = time.monotonic() + 30
+    while len(pods) < workers:
+        assert time.monotonic() < deadline, f"pods of {backend_job_id}: {pods}"
+        pods = worker_pods(core, ns, name)
+        time.sleep(0.2)
+    out = container_output_dir(kube)
+    out.mkdir(parents=True, exist_ok=True)
+    for worker, pod in pods.items():
+        path = out / f"{pod}.log"
+        path.write_text("".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {line}\n"
+                                for i, line in enumerate(lines(worker))))
+        body = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
+                "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
+        custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", body)
+        CREATED.append((ns, pod, path))

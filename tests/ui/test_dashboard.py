@@ -1,15 +1,16 @@
 """The /ui dashboard in a real headless Chromium, logged in on the real Keycloak (#18, 2).
 
 Jobs are submitted through the API with real Keycloak tokens; the browser logs in through
-Keycloak's own login page (authorization code + PKCE, authlib's Starlette client). Set
-ISTHMUS_UI_SCREENSHOTS=docs/ui to refresh the screenshots shown in the README.
+Keycloak's own login page (authorization code + PKCE, authlib's Starlette client). No pool
+is configured here, so jobs stay pending; test_dashboard_pools.py runs them on the real
+Slurm and Kueue pools. Set ISTHMUS_UI_SCREENSHOTS=docs/ui to refresh the screenshots shown
+in the README; test_dashboard_pools.py, when it runs (after this file), makes My jobs, a
+job, Accounts and Pools again with real pools and output.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,13 +20,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 from gateway.app import create_app
 from gateway.kit.settings import Settings
 from tests.browser import new_browser, off_loopback, requested_urls, serving
-from tests.identity.conftest import JOB, _migrate_and_seed, issuer_configs, oidc_env, provider  # noqa: F401
+from tests.identity.conftest import _migrate_and_seed, issuer_configs, oidc_env, provider  # noqa: F401
+from tests.ui.conftest import api, log_in, shot, submit
 
 pytestmark = pytest.mark.oidc
 
 HOSTILE_NAME = "<script>window.__pwned=1</script>"
 HOSTILE_ENV = "<img src=x onerror=window.__pwned=2>"
-SHOTS = os.environ.get("ISTHMUS_UI_SCREENSHOTS")
 
 
 @pytest.fixture(scope="module")
@@ -38,33 +39,6 @@ def dashboard(oidc_env, tmp_path_factory):
                               ui_client_id=oidc_env["OIDC_CLIENT_ID"], ui_session_secret="test-only-" + "x" * 32))
     with serving(app) as base:
         yield base
-
-
-def api(base: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-
-
-def submit(base: str, token: str, **over) -> dict:
-    r = api(base, token).post("/v1/jobs", json={**JOB, **over})
-    assert r.status_code == 202, r.text
-    return r.json()
-
-
-def log_in(driver, base: str, user: str, env: dict, path: str = "/ui/") -> None:
-    driver.get(base + path)
-    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "username"))
-    assert driver.current_url.startswith(env["OIDC_ISSUER"])  # Keycloak's own page
-    driver.find_element(By.ID, "username").send_keys(user)
-    driver.find_element(By.ID, "password").send_keys(user + env["OIDC_PASSWORD_SUFFIX"])
-    driver.find_element(By.ID, "kc-login").click()
-    WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/ui/") and d.find_elements(By.ID, "who"))
-    assert driver.find_element(By.ID, "who").text == user
-
-
-def shot(driver, name: str) -> None:
-    if SHOTS:
-        Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
 
 
 def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboard, provider, oidc_env):

@@ -118,3 +118,142 @@ def test_outside_dev_mode_a_ui_issuer_needs_a_session_secret(tmp_path):
                             oidc_issuers=json.dumps([{"issuer": "https://sso.example/realms/x",
                                                       "jwks_uri": "https://sso.example/certs"}]),
                             ui_oidc_issuer="https://sso.example/realms/x"))
+
+
+def _set_estimate(ui, job_id: str, *, start, pool, reason) -> None:
+    from gateway.jobs import service as jobs
+    from gateway.jobs.models import Job
+    from gateway.kit.db import transaction
+
+    with transaction(ui.app.state.sessionmaker) as session:
+        jobs.note_estimate(session.get(Job, job_id), start=start, pool=pool, reason=reason)
+
+
+def test_a_pending_job_shows_why_it_waits_and_its_estimated_start_or_why_there_is_none(ui):
+    from datetime import timedelta
+
+    from gateway.kit.timeutil import utcnow
+
+    alice = ui.mint("alice", ["team-a"])
+    planned, held, unseen = (submit(ui, alice, name=n) for n in ("planned", "held", "unseen"))
+    start = (utcnow() + timedelta(minutes=12)).replace(microsecond=0)
+    _set_estimate(ui, planned["id"], start=start, pool="slurm",
+                  reason=f"reserved on slurm: planned start {start.isoformat()}")
+    _set_estimate(ui, held["id"], start=None, pool=None, reason="held: team-a is at its GPU quota")
+    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+
+    page = ui.get("/ui/").text
+    rows = {j["id"]: page[page.index(f'data-job-id="{j["id"]}"'):].split("</tr>")[0]
+            for j in (planned, held, unseen)}
+    at = start.strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert at in rows[planned["id"]] and "on slurm" in rows[planned["id"]]
+    assert "in 12 min" in rows[planned["id"]] or "in 11 min" in rows[planned["id"]]
+    assert "none: held: team-a is at its GPU quota" in rows[held["id"]]
+    assert "not estimated yet" in rows[unseen["id"]]
+
+    job = ui.get(f"/ui/jobs/{planned['id']}").text
+    estimate = job[job.index('id="estimate"'):].split("</p>")[0]
+    assert at in estimate and "<b>slurm</b>" in estimate and "reserved on slurm: planned start" in estimate
+    held_page = ui.get(f"/ui/jobs/{held['id']}").text
+    assert "none." in held_page and "held: team-a is at its GPU quota" in held_page
+    # Once the job has left pending, the estimate no longer applies and is not shown (as in the API).
+    ui.post(f"/v1/jobs/{planned['id']}/cancel", headers={"Authorization": f"Bearer {alice}"})
+    assert 'id="estimate"' not in ui.get(f"/ui/jobs/{planned['id']}").text
+
+
+def test_errors_under_ui_are_html_pages_and_the_api_keeps_problem_json(ui):
+    alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
+    theirs = submit(ui, bob, name="theirs", account="team-b")
+    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    for path, status, words in ((f"/ui/jobs/{theirs['id']}", 404, "Not found"),
+                                ("/ui/no-such-page", 404, "Not Found"),
+                                ("/ui/admin", 403, "the admin page needs the admin role"),
+                                ("/ui/admin?days=many", 422, "query.days")):
+        r = ui.get(path)
+        assert r.status_code == status, (path, r.text)
+        assert r.headers["content-type"].startswith("text/html"), path
+        assert f'data-status="{status}"' in r.text and words in r.text, path
+        assert '<link rel="stylesheet" href="/ui/static/ui.css">' in r.text and 'id="who"' in r.text, path
+        assert "theirs" not in r.text and "team-b" not in r.text  # nothing of bob's job
+    # Not logged in: still a page, offering to log in (a GET of a page sends the browser to log in first).
+    ui.cookies.clear()
+    r = ui.get("/ui/static/missing.css")
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html") and "/ui/login" in r.text
+    r = ui.post("/ui/jobs/x/cancel", data={"csrf": "x"}, follow_redirects=False)
+    assert r.status_code == 303  # to the login, then back to /ui/
+    # The API's errors stay RFC 9457 problem+json.
+    headers = {"Authorization": f"Bearer {alice}"}
+    for path in (f"/v1/jobs/{theirs['id']}", "/v1/no-such-route"):
+        r = ui.get(path, headers=headers)
+        assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json", path
+
+
+def test_an_unexpected_error_under_ui_is_an_html_page_that_leaks_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path}/gw.db"
+    run_migrations(url)
+    app = create_app(Settings(database_url=url, dev_mode=True, dev_key_path=tmp_path / "k.pem",
+                              ui_session_secret=SECRET))
+
+    def boom():
+        raise RuntimeError("secret internals: password=hunter2")
+
+    app.add_api_route("/ui/boom", boom)
+    app.add_api_route("/v1/boom", boom)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        page = client.get("/ui/boom")
+        assert page.status_code == 500 and page.headers["content-type"].startswith("text/html")
+        assert 'data-status="500"' in page.text and "has been logged" in page.text and "hunter2" not in page.text
+        api = client.get("/v1/boom")
+        assert api.status_code == 500 and api.headers["content-type"] == "application/problem+json"
+        assert "hunter2" not in api.text
+
+
+def test_the_job_page_reads_output_through_the_session_only_for_the_jobs_account(ui, tmp_path):
+    alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
+    job = submit(ui, alice, name="out")
+    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    page = ui.get(f"/ui/jobs/{job['id']}").text
+    assert f'data-output-url="/ui/jobs/{job["id"]}/output"' in page
+    # Pending and not routed: the reason, as text, with the API's status.
+    r = ui.get(f"/ui/jobs/{job['id']}/output")
+    assert r.status_code == 409 and r.headers["content-type"].startswith("text/plain")
+    assert "no output yet" in r.text and r.headers["x-content-type-options"] == "nosniff"
+    assert ui.get(f"/ui/jobs/{job['id']}/output", params={"worker": -1}).status_code == 422
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, session_cookie(bob), path="/ui")
+    r = ui.get(f"/ui/jobs/{job['id']}/output")
+    assert r.status_code == 404 and "visible to you" in r.text and "no output yet" not in r.text
+
+
+def _sse_data(url: str, cookie: str, *, n: int, headers: dict | None = None) -> list[dict]:
+    """The first ``n`` events' data of a /ui/events stream (read over real HTTP: it stays open)."""
+    import httpx
+
+    out: list[dict] = []
+    with httpx.stream("GET", url + "/ui/events", params={"after": 0}, cookies={COOKIE: cookie},
+                      headers=headers or {}, timeout=httpx.Timeout(10, read=10)) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+            if len(out) >= n:
+                break
+    return out
+
+
+def test_the_sessions_event_stream_carries_only_the_callers_jobs(ui):
+    from tests.jobs.live import served
+
+    alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
+    theirs = submit(ui, bob, name="theirs", account="team-b")
+    mine = submit(ui, alice, name="mine")
+    ui.post(f"/v1/jobs/{mine['id']}/cancel", headers={"Authorization": f"Bearer {alice}"})
+    assert ui.get("/ui/events", follow_redirects=False).status_code == 303  # no session: log in
+    with served(ui.app) as url:
+        data = _sse_data(url, session_cookie(alice), n=2)
+        assert [(d["job_id"], d["to_state"]) for d in data] == [(mine["id"], "pending"), (mine["id"], "cancelled")]
+        # bob's job came first: had the stream carried it, it would be among the first two.
+        assert theirs["id"] not in {d["job_id"] for d in data}
+    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    bad = ui.get("/ui/events", headers={"Last-Event-ID": "x"})
+    assert bad.status_code == 422 and "header.Last-Event-ID" in bad.text

@@ -1,0 +1,41 @@
+"""Helpers shared by the browser tests of the dashboard (test_dashboard.py, test_dashboard_pools.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.identity.conftest import JOB
+
+SHOTS = os.environ.get("ISTHMUS_UI_SCREENSHOTS")
+
+
+def api(base: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def submit(base: str, token: str, **over) -> dict:
+    r = api(base, token).post("/v1/jobs", json={**JOB, **over})
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def log_in(driver, base: str, user: str, env: dict, path: str = "/ui/") -> None:
+    driver.get(base + path)
+    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "username"))
+    assert driver.current_url.startswith(env["OIDC_ISSUER"])  # Keycloak's own page
+    driver.find_element(By.ID, "username").send_keys(user)
+    driver.find_element(By.ID, "password").send_keys(user + env["OIDC_PASSWORD_SUFFIX"])
+    driver.find_element(By.ID, "kc-login").click()
+    WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/ui/") and d.find_elements(By.ID, "who"))
+    assert driver.find_element(By.ID, "who").text == user
+
+
+def shot(driver, name: str) -> None:
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SHOTS) / f"{name}.png"))
