@@ -92,18 +92,28 @@ def starvation(gw, pool: str) -> None:
     estimate = at(waiting["estimated_start"])
     assert f"reserved on {pool}" in waiting["state_reason"], waiting["state_reason"]
 
+    story: list[str] = []  # what the gang and the stream looked like, for a failure's message
+
     def gang_started():
         top_up()
         job = get(gw, gang)
+        states = [get(gw, j)["state"] for j in stream]
+        line = (f"{time.monotonic() - submitted:5.1f}s gang={job['state']} "
+                f"stream={ {s: states.count(s) for s in sorted(set(states))} } reason={job['state_reason']!r}")
+        if not story or story[-1].split(" ", 1)[1] != line.split(" ", 1)[1]:
+            story.append(line)
         return job if job["started_at"] or job["state"] in ("running", *FINAL) else None
 
-    started = drive_until(gw, gang_started, timeout_s=100, interval_s=0.5)
+    try:
+        started = drive_until(gw, gang_started, timeout_s=100, interval_s=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n" + "\n".join(story)) from None
     waited = time.monotonic() - submitted
     # The stream never stopped: team-b still had jobs waiting when the gang started ...
     assert sum(get(gw, j)["state"] == "pending" for j in stream) >= 1
     # ... and the gang started once the jobs running at its submission ended (<= 14 s each,
     # plus the rounds), never waiting for the stream to dry up (a greedy pick: > 150 s).
-    assert waited < 50, waited
+    assert waited < 50, (waited, "\n".join(story))
     # The estimate is never earlier than the real start (backend times are whole seconds).
     assert (at(started["started_at"]) - estimate).total_seconds() < 1, (started["started_at"], estimate)
     done = drive_until(gw, lambda: job_state(gw, gang, *FINAL), timeout_s=60)
