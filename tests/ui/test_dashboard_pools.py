@@ -13,7 +13,6 @@ refreshes the screenshots of My jobs, a job, Accounts and Pools from this test.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import httpx
@@ -40,10 +39,6 @@ from tests.ui.conftest import api, log_in, shot, submit
 
 pytestmark = [
     pytest.mark.oidc, pytest.mark.slurm, pytest.mark.kubernetes,
-    # Written in session 5 while the stack was held by CI and never yet run against it: off
-    # unless asked for, so it cannot break CI before it has passed once (docs/ui.md).
-    pytest.mark.skipif(os.environ.get("ISTHMUS_UI_POOLS_TEST") != "1",
-                       reason="not yet run on the stack: opt in with ISTHMUS_UI_POOLS_TEST=1"),
 ]
 
 HOSTILE = "<script>window.__pwned=3</script>"
