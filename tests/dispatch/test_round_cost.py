@@ -290,3 +290,39 @@ def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
             claims = s.execute(select(JobEvent.job_id, JobEvent.data).where(JobEvent.to_state == "dispatching")).all()
         assert sorted(j for j, _ in claims) == sorted(ids)  # one claim event per job
         assert all(isinstance(data, dict) and data["pool"] for _, data in claims)
+
+
+def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
+    """planning.releases (computed by Postgres there, in Python on SQLite): each gang's units and expected end."""
+    from datetime import datetime, timedelta, timezone
+
+    from gateway.dispatch import planning
+    from gateway.jobs.models import Job
+    from gateway.routing.service import PoolView
+
+    with dispatcher(url) as d:
+        setup_accounts(d, 1)
+        ids = add_jobs(d, "team-0", 8, gpus=12)
+        now = datetime(2026, 11, 2, 12, 0, 0, 654321, tzinfo=timezone.utc)
+        t0 = datetime(2026, 11, 2, 11, 59, 58, 123457, tzinfo=timezone.utc)  # odd microseconds: exact floats
+        # (state, pool, started_at, updated_at, held_gpus, time limit)
+        gangs = [("running", "slurm-a", t0, t0, 16, 7), ("running", "kube-a", None, t0, 0, 3600),
+                 ("starting", "kube-a", t0 - timedelta(hours=2), t0, 12, 60),  # past its end: "soon"
+                 ("dispatching", "kube-b", None, t0 + timedelta(microseconds=1), None, 1800),
+                 ("queued", "slurm-b", None, t0, 16, 900), ("cancelling", "kube-a", t0, t0, 12, 3600),
+                 ("running", "gone-pool", t0, t0, 12, 60), ("pending", None, None, t0, None, 60)]
+        with transaction(d.sessions) as s:
+            for job_id, (state, pool, started, updated, held, limit) in zip(ids, gangs):
+                s.execute(Job.__table__.update().where(Job.id == job_id).values(
+                    state=state, backend=pool, started_at=started, updated_at=updated, held_gpus=held,
+                    time_limit_s=limit, workers=2))
+        views = {v.name: v for v in d.views(fresh=True).values()}
+        with transaction(d.sessions) as s:
+            rels, held = planning.releases(s, views, now=now)
+        soon = now.timestamp() + 1.0
+        want = [("slurm-a", 2, t0.timestamp() + 7),  # whole nodes on a node-exclusive pool
+                ("kube-a", 12, now.timestamp() + 3600),  # no start known: from now; held 0 -> its GPUs
+                ("kube-a", 12, soon), ("kube-b", 12, (t0 + timedelta(microseconds=1)).timestamp() + 1800),
+                ("slurm-b", 2, t0.timestamp() + 900), ("kube-a", 12, soon)]
+        assert sorted((r.pool, r.units, r.at) for r in rels) == sorted(want)
+        assert held == {"slurm-a": 2, "kube-a": 36, "kube-b": 12, "slurm-b": 2}
