@@ -17,9 +17,10 @@ import dataclasses
 import time
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import or_, select, text
+from sqlalchemy import Integer, String, bindparam, func, or_, select, text, true
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from adapters.base import SubmitRequest
 from gateway.dispatch.common import ACTOR, _is_deadlock, log, submit_request
@@ -58,6 +59,27 @@ def accounts_with_pending(session: Session) -> list[str]:
 _PROBE_MISSES = 8
 
 
+def _pick_batch(lock: bool):
+    """Postgres: the first ``lims[i]`` due pending jobs of each account ``names[i]``, in that order, one statement.
+
+    ``unnest(names, lims) WITH ORDINALITY`` joined LATERAL to the per-account query (the same
+    index probe, ``FOR UPDATE SKIP LOCKED`` inside it): a round's pick was one query per account.
+    """
+    acc = (func.unnest(bindparam("names", type_=ARRAY(String)), bindparam("lims", type_=ARRAY(Integer)))
+           .table_valued("name", "lim", with_ordinality="ord").render_derived(name="pick_account"))
+    due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= bindparam("now"))
+    per = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == acc.c.name, due)
+           .order_by(Job.priority.desc(), Job.id).limit(acc.c.lim))
+    if lock:
+        per = per.with_for_update(skip_locked=True)
+    per = per.lateral("picked")
+    return (select(aliased(Job, per)).select_from(acc).join(per, true())
+            .order_by(acc.c.ord, per.c.priority.desc(), per.c.id))
+
+
+_PICK_BATCH = {lock: _pick_batch(lock) for lock in (False, True)}
+
+
 def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
                   factors: dict[str, float], per_account: int | None = None) -> list[Job]:
     """The next ``limit`` dispatchable pending jobs in fair-share order.
@@ -67,36 +89,54 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
     id) index: one small query per account with pending work, never a scan of every
     pending job. Accounts are probed in that order directly; after ``_PROBE_MISSES``
     accounts with nothing due, only accounts the loose index scan finds with pending jobs are.
+
+    Each account is asked for ``min(per_account, limit - jobs picked before it)``. On
+    Postgres the accounts whose ask cannot depend on what the ones before them return
+    (while a full ``per_account`` still fits) are asked in one statement: the same asks, the
+    same rows locked, the same order, in a statement per batch instead of per account.
     """
     due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
-    with_pending: set[str] | None = None
-    order = sorted(factors, key=lambda a: (-factors[a], a))
+    per = per_account or limit
+    batched = session.get_bind().dialect.name == "postgresql"
     picked: list[Job] = []
-    misses = 0
+    state = {"misses": 0, "with_pending": None}
 
-    def take(account: str) -> int:
-        stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
-                .order_by(Job.priority.desc(), Job.id).limit(min(limit - len(picked), per_account or limit)))
-        if lock:
-            stmt = stmt.with_for_update(skip_locked=True)
-        got = list(session.scalars(stmt))
+    def take(asks: list[tuple[str, int]]) -> None:
+        if batched and len(asks) > 1:
+            got = list(session.scalars(_PICK_BATCH[lock], {"names": [a for a, _ in asks], "lims": [n for _, n in asks],
+                                                           "now": now}))
+        else:
+            stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == asks[0][0], due)
+                    .order_by(Job.priority.desc(), Job.id).limit(asks[0][1]))
+            if lock:
+                stmt = stmt.with_for_update(skip_locked=True)
+            got = list(session.scalars(stmt))
         picked.extend(got)
-        return len(got)
+        have = {job.account_name for job in got}
+        state["misses"] += sum(a not in have for a, _ in asks)
 
-    for account in order:
-        if len(picked) >= limit:
-            return picked
-        if with_pending is None and misses >= _PROBE_MISSES:
-            with_pending = set(accounts_with_pending(session))
-        if with_pending is not None and account not in with_pending:
-            continue
-        misses += take(account) == 0
+    def fill(accounts: list[str], probing: bool) -> None:
+        i = 0
+        while i < len(accounts) and len(picked) < limit:
+            if probing and state["with_pending"] is None and state["misses"] >= _PROBE_MISSES:
+                state["with_pending"] = set(accounts_with_pending(session))
+            with_pending = state["with_pending"] if probing else None
+            room = limit - len(picked)
+            asks: list[tuple[str, int]] = []
+            while i < len(accounts) and (not asks or (batched and room >= per)):
+                account = accounts[i]
+                i += 1
+                if with_pending is not None and account not in with_pending:
+                    continue
+                asks.append((account, min(per, room)))
+                room -= asks[-1][1]
+            if asks:
+                take(asks)
+
+    fill(sorted(factors, key=lambda a: (-factors[a], a)), probing=True)
     if len(picked) < limit:
         # Accounts with pending jobs but no factor (not in the tree passed): last, by name.
-        for account in sorted(set(accounts_with_pending(session)) - set(factors)):
-            if len(picked) >= limit:
-                break
-            take(account)
+        fill(sorted(set(accounts_with_pending(session)) - set(factors)), probing=False)
     return picked
 
 

@@ -326,3 +326,40 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
                 ("slurm-b", 2, t0.timestamp() + 900), ("kube-a", 12, soon)]
         assert sorted((r.pool, r.units, r.at) for r in rels) == sorted(want)
         assert held == {"slurm-a": 2, "kube-a": 36, "kube-b": 12, "slurm-b": 2}
+
+
+@pytest.mark.parametrize("limit,per_account", [(60, 8), (37, 5), (500, None)])
+def test_the_pick_takes_each_accounts_share_in_fair_share_order_and_locks_only_those(url, limit, per_account):
+    """pending_order (one statement per batch of accounts on Postgres): the rule, and no row locked but those picked."""
+    from datetime import timedelta
+
+    from gateway.dispatch.claim import pending_order
+    from gateway.jobs.models import Job
+    from gateway.kit.timeutil import utcnow
+
+    pg = url.startswith("postgresql")
+    with dispatcher(url) as d:
+        names = setup_accounts(d, 24)
+        counts = {a: (i * 7) % 13 if i % 3 else 0 for i, a in enumerate(names)}  # many empty: the probe misses
+        jobs = {a: add_jobs(d, a, n) for a, n in counts.items() if n}
+        now = utcnow()
+        with transaction(d.sessions) as s:
+            for i, job_id in enumerate(j for ids in jobs.values() for j in ids):
+                s.execute(Job.__table__.update().where(Job.id == job_id).values(
+                    priority=i % 4, next_attempt_at=now + timedelta(hours=1) if i % 5 == 0 else None))
+        factors = {a: 1.0 / (1 + i) for i, a in enumerate(names[:-2])}  # the last two have none: picked last
+        with transaction(d.sessions) as s:
+            rows = s.execute(select(Job.id, Job.account_name, Job.priority, Job.next_attempt_at)).all()
+        due = {a: sorted((r for r in rows if r.account_name == a and r.next_attempt_at is None),
+                         key=lambda r: (-r.priority, r.id)) for a in names}
+        want: list[str] = []
+        for a in sorted(factors, key=lambda a: (-factors[a], a)) + sorted(names[-2:]):
+            want += [r.id for r in due[a][:min(per_account or limit, limit - len(want))]]
+        assert len(want) == min(limit, sum(len(v) for v in due.values()))
+        with transaction(d.sessions) as s:
+            picked = pending_order(s, now=now, limit=limit, lock=pg, factors=factors, per_account=per_account)
+            assert [j.id for j in picked] == want
+            if pg:  # a second dispatcher meanwhile gets every other due job: nothing else is locked
+                with transaction(d.sessions) as other:
+                    rest = pending_order(other, now=now, limit=10_000, lock=True, factors=factors)
+                    assert sorted(j.id for j in rest) == sorted({r.id for v in due.values() for r in v} - set(want))
