@@ -206,9 +206,9 @@ class ClaimMixin:
         return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int,
-                   rnd: _Round, only: str | None = None) -> None:
+                   rnd: _Round, only: str | None = None, shape: JobShape | None = None) -> None:
         rl = rnd.ledger
-        shape = JobShape.of(job)
+        shape = shape or JobShape.of(job)
         verdict = rl.budget_verdict(job=job, now=now)
         if verdict is not None and verdict[0] == "never":
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
@@ -263,8 +263,9 @@ class ClaimMixin:
         candidates: list[Candidate] = []
         blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
         usable_of: dict[str, tuple[str, ...]] = {}
+        shapes: dict[str, JobShape] = {}
         for job in picked:
-            shape = JobShape.of(job)
+            shape = shapes[job.id] = JobShape.of(job)
             verdict = rl.budget_verdict(job=job, now=now)
             if verdict is not None:
                 # "never" fails it below (the greedy path's words); else held this period.
@@ -308,12 +309,13 @@ class ClaimMixin:
                 # Starts now (routed to the planned pool), or the greedy path's own words:
                 # fail what can never run, hold what is over budget or quota.
                 # The reason still says why not the other pools.
-                self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None)
+                self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None,
+                                shape=shapes[job.id])
                 if job.state == JobState.PENDING.value:
                     jobs.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue
             held = reserved.get(job.id)
-            decision = route(JobShape.of(job), job.requested_backend, views, weights=self.weights,
+            decision = route(shapes[job.id], job.requested_backend, views, weights=self.weights,
                              queue_depth=self.settings.pool_queue_depth)
             if held is not None:
                 at = datetime.fromtimestamp(held.start, tz=timezone.utc)

@@ -95,7 +95,7 @@ def _gang_rows(session: Session, t_now: float):
     """
     stmt = select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
                   Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES))
-    for pool, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt):
+    for pool, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
         if state in _ENDING_STATES:
             base = None  # gone once the backend confirms the cancel
         else:
@@ -120,7 +120,7 @@ FROM job WHERE state IN ({", ".join(f"'{s}'" for s in _GANG_STATES)})
 
 
 def _gang_rows_pg(session: Session, t_now: float):
-    return session.execute(_GANG_ROWS_PG, {"t_now": t_now})
+    return session.execute(_GANG_ROWS_PG, {"t_now": t_now}).all()  # one fetch, not one per row
 
 
 def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:

@@ -43,6 +43,10 @@ class PoolView:
     state: str = "active"  # active | draining | disabled (the pool table)
     weight: float = 1.0  # routing weight (> 0)
     cost: float = 1.0  # billing weight per GPU-second, the cost term of routing
+    # (shape, name) -> _excluded()'s note: it reads only what a round never changes (take()
+    # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
+    # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
+    _excluded_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.kind:
@@ -190,6 +194,15 @@ def parse_weights(raw: str) -> dict[str, float]:
 
 def _excluded(shape: JobShape, name: str, view: PoolView) -> str | None:
     """The note saying why this pool may not take the job at all (kind, fit, state), or None."""
+    key = (shape, name)
+    try:
+        return view._excluded_memo[key]
+    except KeyError:
+        note = view._excluded_memo[key] = _excluded_now(shape, name, view)
+        return note
+
+
+def _excluded_now(shape: JobShape, name: str, view: PoolView) -> str | None:
     if shape.pool_kind and view.kind != shape.pool_kind:
         return f"{name}: cannot run this job (a {view.kind} pool; the job asks for {shape.pool_kind})"
     why_never = never_fits(shape, view)
