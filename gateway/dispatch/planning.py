@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy import select, text
+from sqlalchemy import Float, bindparam, case, cast, extract, func, null, select
 from sqlalchemy.orm import Session
 
 from gateway.jobs.models import Job
@@ -108,15 +108,17 @@ def _gang_rows(session: Session, t_now: float):
 # Python (thousands of gangs: bench/bench_dispatch_round.py). EXTRACT(EPOCH ...) is the exact
 # number of microseconds / 10**6 and its float8 the correctly rounded value, which is what
 # datetime.timestamp() returns (tests/dispatch/test_round_cost.py checks them to the microsecond).
-_GANG_ROWS_PG = text(f"""
-SELECT backend, workers, COALESCE(NULLIF(held_gpus, 0), total_gpus),
-       CASE WHEN state IN ({", ".join(f"'{s}'" for s in sorted(_ENDING_STATES))}) THEN NULL
-            WHEN state IN ({", ".join(f"'{s}'" for s in sorted(_HOLDING_STATES))})
-            THEN COALESCE(CAST(EXTRACT(EPOCH FROM started_at) AS float8), :t_now)
-            ELSE COALESCE(CAST(EXTRACT(EPOCH FROM updated_at) AS float8), :t_now) END,
-       time_limit_s
-FROM job WHERE state IN ({", ".join(f"'{s}'" for s in _GANG_STATES)})
-""")
+def _epoch(column):
+    return func.coalesce(cast(extract("epoch", column), Float), bindparam("t_now", type_=Float))
+
+
+_GANG_ROWS_PG = (
+    select(Job.backend, Job.workers, func.coalesce(func.nullif(Job.held_gpus, 0), Job.total_gpus),
+           case((Job.state.in_(sorted(_ENDING_STATES)), null()),
+                (Job.state.in_(sorted(_HOLDING_STATES)), _epoch(Job.started_at)), else_=_epoch(Job.updated_at)),
+           Job.time_limit_s)
+    .where(Job.state.in_(_GANG_STATES))
+)
 
 
 def _gang_rows_pg(session: Session, t_now: float):

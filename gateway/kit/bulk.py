@@ -23,7 +23,7 @@ import json
 import uuid
 from typing import Any
 
-from sqlalchemy import Table, text
+from sqlalchemy import String, Table, text
 from sqlalchemy.engine import Connection
 
 
@@ -86,3 +86,21 @@ def update_rows(conn: Connection, table: Table, *, key: str, guard: str, rows: l
         return 0
     columns = tuple(c for c in rows[0] if c not in (key, f"from_{guard}"))
     return conn.execute(_update_sql(table, key, guard, columns, conn.dialect), {"rows": _document(rows)}).rowcount
+
+
+def document(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as the JSON document :func:`recordset` reads (one bound parameter)."""
+    return _document(rows)
+
+
+def recordset(table: Table, columns: tuple[str, ...], *, param: str = "rows", name: str = "r"):
+    """Postgres: ``json_to_recordset(CAST(:param AS json)) AS name(col type, ...)``, typed as ``table``'s columns.
+
+    A FROM clause for SQLAlchemy statements (they keep the ORM's autoflush when built on an
+    entity); bind :func:`document` of the rows to ``param``.
+    """
+    from sqlalchemy import bindparam, cast, column, func
+    from sqlalchemy.dialects.postgresql import JSON as PG_JSON
+
+    return (func.json_to_recordset(cast(bindparam(param, type_=String()), PG_JSON))
+            .table_valued(*(column(c, table.c[c].type) for c in columns)).render_derived(name=name, with_types=True))
