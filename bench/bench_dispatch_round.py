@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_dispatch_round.py [--jobs 100000] [--rounds 15] [--pools 10]
 
 Postgres (bench/common.py: the test stack's server, a fresh database per run). The pools are
-in-process stand-ins with a fixed capacity snapshot (half Slurm-kind, half Kubernetes-kind,
+in-process stand-ins (adapters/standin.py) with a fixed capacity snapshot (half Slurm-kind, half Kubernetes-kind,
 different costs and GPU types), so the figure is the gateway's own work in a round: the
 fair-share order, the claim (SELECT ... FOR UPDATE SKIP LOCKED), routing over every pool
 with its admission check, and the ledger reservation. Submitting to a backend is left out
@@ -23,31 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.base import Capacity, Feature, PoolCapacity  # noqa: E402
+from adapters.standin import StandInPool  # noqa: E402
 from bench.common import fresh_database, machine, write_section  # noqa: E402
 
 ACCOUNTS = 50
-
-
-class StandIn:
-    """A pool with a fixed, large capacity; never called for anything but capacity here."""
-
-    unsupported_features: dict = {}
-
-    def __init__(self, kind: str, gpu_type: str):
-        self.name = kind
-        self.cap = Capacity(backend=kind, pools=(PoolCapacity(
-            pool="p", total_nodes=2000, idle_nodes=2000, total_gpus=16000, free_gpus=16000, gpus_per_node=8,
-            gpu_types=(gpu_type,)),))
-
-    def capacity(self) -> Capacity:
-        return self.cap
-
-    def supports(self, feature: Feature) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def _seed(url: str, jobs: int) -> None:
@@ -104,7 +83,7 @@ def _rounds(url: str, pools: int, rounds: int) -> list[float]:
         s.execute(delete(Pool))
         reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in spec])
     settings = Settings(database_url=url, dispatch_batch=100, capacity_ttl_s=0, routing_weights="{}")
-    dispatcher = Dispatcher(sessions=sessions, backends={n: StandIn(k, t) for n, k, t, _ in spec}, settings=settings)
+    dispatcher = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t, nodes=2000) for n, k, t, _ in spec}, settings=settings)
     dispatcher._submit_all = lambda *a, **kw: None  # the backend side is not measured here
     from sqlalchemy import event
 

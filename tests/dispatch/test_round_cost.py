@@ -4,7 +4,7 @@ A round reads the ledger once per round and writes its claims and reservations t
 (gateway/ledger/round.py, jobs.Claims): its statement count depends on the number of
 accounts it looks at, never on the number of jobs. Counted on the round's own engine, so
 the count is the same on a loaded machine. The pools are in-process stand-ins with a fixed
-capacity (no cluster is needed to count statements; the same round runs against the real
+capacity (adapters/standin.py; no cluster is needed to count statements; the same round runs against the real
 clusters in test_slurm_e2e.py, test_kube_e2e.py and tests/pools).
 
 Both dialects: SQLite and the stack's Postgres, each test on an empty migrated database.
@@ -19,34 +19,13 @@ import uuid
 import pytest
 from sqlalchemy import event, select, text
 
-from adapters.base import Capacity, Feature, PoolCapacity
+from adapters.standin import StandInPool
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from tests.conftest import postgres_database
 from tests.ledger.dbfixtures import add_account, sqlite_template  # noqa: F401 - a fixture
 
 POOLS = [("slurm-a", "slurm", "a100", 1.0), ("slurm-b", "slurm", "h100", 2.0),
          ("kube-a", "kubernetes", "a100", 1.0), ("kube-b", "kubernetes", "h100", 1.5)]
-
-
-class StandInPool:
-    """A fake pool: a fixed capacity snapshot, and nothing else (submission is stubbed)."""
-
-    unsupported_features: dict = {}
-
-    def __init__(self, kind: str, gpu_type: str, nodes: int = 64):
-        self.name = kind
-        self.cap = Capacity(backend=kind, pools=(PoolCapacity(
-            pool="p", total_nodes=nodes, idle_nodes=nodes, total_gpus=8 * nodes, free_gpus=8 * nodes,
-            gpus_per_node=8, gpu_types=(gpu_type,)),))
-
-    def capacity(self) -> Capacity:
-        return self.cap
-
-    def supports(self, feature: Feature) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -298,7 +277,6 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
 
     from gateway.dispatch import planning
     from gateway.jobs.models import Job
-    from gateway.routing.service import PoolView
 
     with dispatcher(url) as d:
         setup_accounts(d, 1)
