@@ -103,6 +103,16 @@ class JobShape:
     cpus_per_worker: int = 0
     pool_kind: str | None = None  # only pools of this kind
 
+    def __hash__(self) -> int:
+        # Kept once computed: a round looks a shape up once per pool (PoolView._excluded_memo).
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = self.__dict__["_hash"] = hash((self.workers, self.gpus_per_worker, self.total_gpus, self.image,
+                                               self.gpu_type, self.memory_mib_per_worker, self.cpus_per_worker,
+                                               self.pool_kind))
+            return h
+
     @classmethod
     def of(cls, job) -> "JobShape":
         spec = job.spec
