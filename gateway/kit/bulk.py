@@ -40,10 +40,10 @@ def _document(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, default=_default, allow_nan=False, separators=(",", ":"))
 
 
-def _record_columns(table: Table, names: tuple[str, ...], dialect, of: tuple[str, ...] | None = None) -> str:
-    """``"a" type, "b" type, ...``: the record's columns, typed as ``of``'s table columns (default: ``names``)."""
+def _record_columns(table: Table, names: tuple[str, ...], dialect) -> str:
+    """``"a" type, "b" type, ...``: the record's columns, typed as ``table``'s."""
     quote = dialect.identifier_preparer.quote
-    return ", ".join(f"{quote(n)} {table.c[c].type.compile(dialect=dialect)}" for n, c in zip(names, of or names))
+    return ", ".join(f"{quote(n)} {table.c[n].type.compile(dialect=dialect)}" for n in names)
 
 
 @functools.lru_cache(maxsize=64)
@@ -63,29 +63,6 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]]) -> N
         conn.execute(table.insert(), rows)
         return
     conn.execute(_insert_sql(table, tuple(rows[0]), conn.dialect), {"rows": _document(rows)})
-
-
-@functools.lru_cache(maxsize=16)
-def _update_sql(table: Table, key: str, guard: str, columns: tuple[str, ...], dialect) -> Any:
-    quote = dialect.identifier_preparer.quote
-    t = quote(table.name)
-    names = (key, f"from_{guard}", *columns)
-    record = _record_columns(table, names, dialect, of=(key, guard, *columns))
-    sets = ", ".join(f"{quote(c)} = r.{quote(c)}" for c in columns)
-    return text(f"UPDATE {t} SET {sets} FROM json_to_recordset(CAST(:rows AS json)) AS r({record}) "
-                f"WHERE {t}.{quote(key)} = r.{quote(key)} AND {t}.{quote(guard)} = r.{quote(f'from_{guard}')}")
-
-
-def update_rows(conn: Connection, table: Table, *, key: str, guard: str, rows: list[dict[str, Any]]) -> int:
-    """Postgres: update each row by ``key``, only while ``guard`` still has the value in ``"from_" + guard``.
-
-    ``rows``: dicts with ``key``, ``"from_" + guard`` and the columns to set (the same in
-    every row). One statement; returns the number of rows updated.
-    """
-    if not rows:
-        return 0
-    columns = tuple(c for c in rows[0] if c not in (key, f"from_{guard}"))
-    return conn.execute(_update_sql(table, key, guard, columns, conn.dialect), {"rows": _document(rows)}).rowcount
 
 
 def document(rows: list[dict[str, Any]]) -> str:

@@ -341,3 +341,26 @@ def test_the_pick_takes_each_accounts_share_in_fair_share_order_and_locks_only_t
                 with transaction(d.sessions) as other:
                     rest = pending_order(other, now=now, limit=10_000, lock=True, factors=factors)
                     assert sorted(j.id for j in rest) == sorted({r.id for v in due.values() for r in v} - set(want))
+
+
+def test_a_rounds_claims_and_their_events_are_written_whole_and_in_fair_share_order(url):
+    """jobs.Claims.flush (one statement on Postgres): every field of the claim, one event each, in the round's order."""
+    from gateway.jobs.models import Job, JobEvent
+
+    with dispatcher(url, scheduling_policy="greedy", dispatch_batch=12) as d:
+        for a in setup_accounts(d, 3):
+            add_jobs(d, a, 4)
+        claimed = d.dispatch_round()
+        assert len(claimed) == 12
+        with transaction(d.sessions) as s:
+            jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(claimed)))}
+            events = list(s.scalars(select(JobEvent).where(JobEvent.to_state == "dispatching").order_by(JobEvent.id)))
+        assert [e.job_id for e in events] == claimed  # the claim order: fair-share position 1, 2, ...
+        assert [e.data["fairshare_position"] for e in events] == list(range(1, 13))
+        for e in events:
+            job = jobs[e.job_id]
+            assert (e.kind, e.from_state, e.actor) == ("state", "pending", "system:dispatcher")
+            assert e.reason == job.state_reason == job.routing_reason and e.reason.startswith(f"routed to {job.backend}")
+            assert e.data["pool"] == job.backend and job.held_gpus == 8 and job.dispatch_attempts == 1
+            assert job.state == "dispatching" and job.next_attempt_at is not None and job.estimated_start is None
+            assert abs((job.updated_at.replace(tzinfo=None) - e.at.replace(tzinfo=None)).total_seconds()) < 1e-6

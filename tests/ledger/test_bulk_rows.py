@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import pytest
 from sqlalchemy import select
 
 from gateway.kit import bulk
 from gateway.kit.db import transaction
-from tests.ledger.dbfixtures import add_account, add_job
 
 
 def _as_utc(v):
@@ -40,26 +38,3 @@ def test_inserted_rows_read_back_as_given(factory):
         g["at"] = _as_utc(g["at"])
     assert got == rows
     assert isinstance(got[1]["billing_weight"], float)
-
-
-def test_update_rows_only_where_the_guard_still_holds(factory):
-    from gateway.jobs.models import Job
-
-    if not factory.kw["bind"].dialect.name == "postgresql":
-        pytest.skip("update_rows is the Postgres path (SQLite: an executemany UPDATE in jobs.Claims)")
-    with transaction(factory) as s:
-        add_account(s, "a")
-        one, two = add_job(s, "a").id, add_job(s, "a").id
-        s.get(Job, two).state_reason = "x"
-    later = datetime(2026, 11, 2, 13, 0, tzinfo=timezone.utc)
-    reason = "routed to p; q: cannot run this job (no h100 GPUs (has a100)); 'quoted' \"too\""
-    with transaction(factory) as s:
-        n = bulk.update_rows(s.connection(), Job.__table__, key="id", guard="state", rows=[
-            dict(id=one, from_state="pending", state_reason=reason, next_attempt_at=later, held_gpus=None),
-            dict(id=two, from_state="queued", state_reason=reason, next_attempt_at=later, held_gpus=16),
-        ])
-    assert n == 1
-    with transaction(factory) as s:
-        a, b = s.get(Job, one), s.get(Job, two)
-        assert (a.state_reason, _as_utc(a.next_attempt_at), a.held_gpus) == (reason, later, None)
-        assert (b.state_reason, b.next_attempt_at, b.held_gpus) == ("x", None, None)
