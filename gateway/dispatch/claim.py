@@ -214,7 +214,7 @@ class ClaimMixin:
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
             return
         if verdict is not None:  # not this period: held with the reason, never "waiting for capacity"
-            self._note_waiting(s, job, f"held: {verdict[1]}")
+            self._note_waiting(rnd, job, f"held: {verdict[1]}")
             return
         refusals: dict[str, str] = {}
         # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
@@ -236,13 +236,13 @@ class ClaimMixin:
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {decision.reason}")
             return
         if decision.pool is None:
-            self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
+            self._note_waiting(rnd, job, f"{decision.reason} (fair-share position {position})")
             return
         if limited:
             try:  # reserve() writes nothing when it refuses: no savepoint needed
                 ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
             except QuotaExceeded as exc:
-                self._note_waiting(s, job, f"quota: {exc.detail}")
+                self._note_waiting(rnd, job, f"quota: {exc.detail}")
                 return
         else:  # nothing in the chain can refuse it: written with the round's others
             rl.defer_reserve(job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
@@ -312,7 +312,7 @@ class ClaimMixin:
                 self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None,
                                 shape=shapes[job.id])
                 if job.state == JobState.PENDING.value:
-                    jobs.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
+                    rnd.claims.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue
             held = reserved.get(job.id)
             decision = route(shapes[job.id], job.requested_backend, views, weights=self.weights,
@@ -322,17 +322,17 @@ class ClaimMixin:
                 why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
                        f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
                        "time limits")
-                jobs.note_estimate(job, start=at, pool=held.pool, reason=why)
-                self._note_waiting(s, job, f"waiting for capacity: {why} (fair-share position {position})")
+                rnd.claims.note_estimate(job, start=at, pool=held.pool, reason=why)
+                self._note_waiting(rnd, job, f"waiting for capacity: {why} (fair-share position {position})")
                 continue
             no_estimate = result.unplanned.get(job.id) or (
                 f"behind the {self.settings.reservation_depth} jobs that hold reservations; no estimate yet")
-            jobs.note_estimate(job, start=None, pool=None, reason=no_estimate)
+            rnd.claims.note_estimate(job, start=None, pool=None, reason=no_estimate)
             if decision.pool is not None:  # it fits now, but only on capacity a higher job has reserved
                 why = f"waiting for capacity: held back, starting now would delay a higher job's reservation; {no_estimate}"
             else:
                 why = decision.reason
-            self._note_waiting(s, job, f"{why} (fair-share position {position})")
+            self._note_waiting(rnd, job, f"{why} (fair-share position {position})")
 
-    def _note_waiting(self, s: Session, job: Job, reason: str) -> None:
-        jobs.note_waiting(s, job, reason=reason, actor=ACTOR)
+    def _note_waiting(self, rnd: _Round, job: Job, reason: str) -> None:
+        rnd.claims.note_waiting(job, reason=reason, actor=ACTOR)

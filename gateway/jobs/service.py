@@ -187,6 +187,34 @@ events AS (
 SELECT count(*) FROM claimed""")
 
 
+_NOTE_COLS = ("state_reason", "estimated_start", "estimated_pool", "estimate_reason", "updated_at")
+_NOTE_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("n_id"), _JOB_T.c.state == JobState.PENDING.value)
+                .values({c: bindparam(f"n_{c}", type_=_JOB_T.c[c].type) for c in _NOTE_COLS}))
+
+
+@functools.lru_cache(maxsize=4)
+def _notes_sql(dialect) -> Any:
+    """Postgres: the noted pending jobs and their ``waiting`` events (in the order noted) in one statement."""
+    from sqlalchemy import text
+
+    def typed(table, names):
+        return ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
+
+    return text(f"""
+WITH noted AS (
+    UPDATE job SET {", ".join(f"{c} = r.{c}" for c in _NOTE_COLS)}
+    FROM json_to_recordset(CAST(:rows AS json)) AS r({typed(_JOB_T, ("id", *_NOTE_COLS))})
+    WHERE job.id = r.id AND job.state = '{JobState.PENDING.value}'
+    RETURNING job.id),
+events AS (
+    INSERT INTO job_event (job_id, at, actor, kind, reason)
+    SELECT e.job_id, e.at, e.actor, e.kind, e.reason
+    FROM json_to_recordset(CAST(:events AS json)) AS e({typed(_EVENT_T, ("job_id", "at", "actor", "kind", "reason"))},
+                                                      ord integer)
+    ORDER BY e.ord)
+SELECT count(*) FROM noted""")
+
+
 class Claims:
     """:func:`claim` for the many jobs of one dispatch round, written by :meth:`flush` together.
 
@@ -200,6 +228,42 @@ class Claims:
     def __init__(self, session: Session):
         self.session = session
         self._claims: list[dict[str, Any]] = []
+        self._noted: dict[str, Job] = {}  # pending jobs whose reason or estimate moved
+        self._waiting_events: list[dict[str, Any]] = []
+
+    def _batchable(self, job: Job) -> bool:
+        from sqlalchemy import inspect
+
+        # Changed through the ORM earlier in this transaction, or no longer pending: the ORM writes it.
+        return job.state == JobState.PENDING.value and (job.id in self._noted or not inspect(job).modified)
+
+    def note_waiting(self, job: Job, *, reason: str, actor: str) -> None:
+        """:func:`note_waiting` of a pending job, written by :meth:`flush` (the same event, the same rule)."""
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        if not self._batchable(job):
+            note_waiting(self.session, job, reason=reason, actor=actor)
+            return
+        if job.state_reason == reason:
+            return
+        if job.state_reason.split(_WAIT_TAIL)[0] != reason.split(_WAIT_TAIL)[0]:
+            self._waiting_events.append(dict(job_id=job.id, at=utcnow(), actor=actor, kind="waiting", reason=reason,
+                                             ord=len(self._waiting_events)))
+        set_committed_value(job, "state_reason", reason)
+        self._noted[job.id] = job
+
+    def note_estimate(self, job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
+        """:func:`note_estimate` of a pending job, written by :meth:`flush`."""
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        if not self._batchable(job):
+            note_estimate(job, start=start, pool=pool, reason=reason)
+            return
+        if not _estimate_moved(job, start=start, pool=pool, reason=reason):
+            return
+        for c, v in (("estimated_start", start), ("estimated_pool", pool), ("estimate_reason", reason)):
+            set_committed_value(job, c, v)
+        self._noted[job.id] = job
 
     def claim(self, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime, actor: str,
               data: dict[str, Any] | None = None) -> None:
@@ -228,6 +292,33 @@ class Claims:
                  extra={"job_id": job.id, "account": job.account_name, "pool": pool, "actor": actor})
 
     def flush(self) -> None:
+        self._flush_claims()
+        self._flush_notes()
+
+    def _flush_notes(self) -> None:
+        """The noted pending jobs (reason, estimate, ``updated_at`` as the ORM's onupdate sets it) and their events."""
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        noted, events, self._noted, self._waiting_events = self._noted, self._waiting_events, {}, []
+        if not noted:
+            return
+        now = utcnow()
+        rows = []
+        for job in noted.values():
+            set_committed_value(job, "updated_at", now)
+            rows.append(dict(id=job.id, state_reason=job.state_reason, estimated_start=job.estimated_start,
+                             estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now))
+        conn = self.session.connection()
+        if conn.dialect.name == "postgresql":
+            done = conn.execute(_notes_sql(conn.dialect), {"rows": bulk.document(rows),
+                                                           "events": bulk.document(events)}).scalar_one()
+        else:
+            done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items()} for r in rows]).rowcount
+            bulk.insert_rows(conn, _EVENT_T, [{k: v for k, v in e.items() if k != "ord"} for e in events])
+        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(rows):
+            raise Conflict(f"{len(rows) - done} of {len(rows)} waiting jobs changed during the dispatch round; retry")
+
+    def _flush_claims(self) -> None:
         claims, self._claims = self._claims, []
         if not claims:
             return
@@ -256,16 +347,20 @@ def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason:
     Written only when it moves (by more than a few seconds), so a round does not rewrite
     every waiting row.
     """
+    if not _estimate_moved(job, start=start, pool=pool, reason=reason):
+        return
+    job.estimated_start = start
+    job.estimated_pool = pool
+    job.estimate_reason = reason
+
+
+def _estimate_moved(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> bool:
     old = job.estimated_start
     if old is not None and old.tzinfo is None:
         old = old.replace(tzinfo=timezone.utc)
     same_start = (old is None and start is None) or (
         old is not None and start is not None and abs((old - start).total_seconds()) < 5)
-    if same_start and job.estimated_pool == pool and job.estimate_reason == reason:
-        return
-    job.estimated_start = start
-    job.estimated_pool = pool
-    job.estimate_reason = reason
+    return not (same_start and job.estimated_pool == pool and job.estimate_reason == reason)
 
 
 def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str) -> None:

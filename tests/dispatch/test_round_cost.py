@@ -364,3 +364,46 @@ def test_a_rounds_claims_and_their_events_are_written_whole_and_in_fair_share_or
             assert e.data["pool"] == job.backend and job.held_gpus == 8 and job.dispatch_attempts == 1
             assert job.state == "dispatching" and job.next_attempt_at is not None and job.estimated_start is None
             assert abs((job.updated_at.replace(tzinfo=None) - e.at.replace(tzinfo=None)).total_seconds()) < 1e-6
+
+
+def test_the_jobs_a_round_holds_back_get_their_reason_estimate_and_one_event(url):
+    """Waiting notes (jobs.Claims.note_waiting / note_estimate, written with the claims): reason, estimate,
+    one ``waiting`` event when the reason changes, none when only the fair-share position moves."""
+    from gateway.jobs.models import Job, JobEvent
+
+    with dispatcher(url, scheduling_policy="reservation", dispatch_batch=12, scheduling_window=20,
+                    scheduling_per_account=10) as d:
+        for a in setup_accounts(d, 3):
+            add_jobs(d, a, 10)
+
+        def waiting():
+            with transaction(d.sessions) as s:
+                jobs = {j.id: j for j in s.scalars(select(Job).where(Job.state == "pending",
+                                                                      Job.state_reason != ""))}
+                events = s.execute(select(JobEvent.job_id, JobEvent.reason).where(JobEvent.kind == "waiting")
+                                   .order_by(JobEvent.id)).all()
+            return jobs, events
+
+        first = d.dispatch_round()
+        assert len(first) == 12
+        held, events = waiting()
+        assert len(held) == 8
+        for i, job in enumerate(sorted(held.values(), key=lambda j: j.state_reason[-4:])):
+            assert job.state_reason.startswith("waiting for capacity: held back, starting now would delay a higher "
+                                               "job's reservation; behind the 8 jobs that hold reservations")
+            assert job.state_reason.endswith(f"(fair-share position {13 + i})")
+            assert job.estimated_start is None and job.estimate_reason == (
+                "behind the 8 jobs that hold reservations; no estimate yet")
+            assert job.updated_at > job.created_at
+        assert sorted(j for j, _ in events) == sorted(held) and all(r == held[j].state_reason for j, r in events)
+        # A round starting only two: the others wait again at a new place: their reason follows, no new event.
+        d.settings = d.settings.model_copy(update={"dispatch_batch": 2})
+        second = d.dispatch_round()
+        assert len(second) == 2 and not set(second) & set(first)
+        again, events_after = waiting()
+        assert events_after[:len(events)] == events
+        assert set(again) & set(held)  # some wait in both rounds
+        for j in set(again) & set(held):
+            assert again[j].state_reason != held[j].state_reason  # the position moved
+            assert [e for e in events_after if e[0] == j] == [e for e in events if e[0] == j]
+        assert ledger_state(d)["problems"] == []
