@@ -200,11 +200,13 @@ def _notes_sql(dialect) -> Any:
     def typed(table, names):
         return ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
 
+    # The guard compares with the record's from_state, not a constant: with state = 'pending'
+    # (100,000 rows) a planner whose statistics lag chose to scan them all and hash-join.
     return text(f"""
 WITH noted AS (
     UPDATE job SET {", ".join(f"{c} = r.{c}" for c in _NOTE_COLS)}
-    FROM json_to_recordset(CAST(:rows AS json)) AS r({typed(_JOB_T, ("id", *_NOTE_COLS))})
-    WHERE job.id = r.id AND job.state = '{JobState.PENDING.value}'
+    FROM json_to_recordset(CAST(:rows AS json)) AS r({typed(_JOB_T, ("id", *_NOTE_COLS))}, from_state VARCHAR(16))
+    WHERE job.id = r.id AND job.state = r.from_state
     RETURNING job.id),
 events AS (
     INSERT INTO job_event (job_id, at, actor, kind, reason)
@@ -307,13 +309,15 @@ class Claims:
         for job in noted.values():
             set_committed_value(job, "updated_at", now)
             rows.append(dict(id=job.id, state_reason=job.state_reason, estimated_start=job.estimated_start,
-                             estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now))
+                             estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now,
+                             from_state=JobState.PENDING.value))
         conn = self.session.connection()
         if conn.dialect.name == "postgresql":
             done = conn.execute(_notes_sql(conn.dialect), {"rows": bulk.document(rows),
                                                            "events": bulk.document(events)}).scalar_one()
         else:
-            done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items()} for r in rows]).rowcount
+            done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items() if k != "from_state"}
+                                               for r in rows]).rowcount
             bulk.insert_rows(conn, _EVENT_T, [{k: v for k, v in e.items() if k != "ord"} for e in events])
         if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(rows):
             raise Conflict(f"{len(rows) - done} of {len(rows)} waiting jobs changed during the dispatch round; retry")
