@@ -47,6 +47,7 @@ class PoolView:
     # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
     # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
     _excluded_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    _described: tuple = dataclasses.field(default=(None, ""), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.kind:
@@ -81,6 +82,13 @@ class PoolView:
         return self.kind == "slurm"
 
     def describe(self) -> str:
+        # Asked for every pool of every job a round routes; it changes only when take() does.
+        key = (self.free_gpus, self.idle_nodes)
+        if self._described[0] != key:
+            self._described = (key, self._describe())
+        return self._described[1]
+
+    def _describe(self) -> str:
         if self.capacity is None:
             return f"{self.name}: unavailable ({self.error})"
         details = "; ".join(p.detail for p in self.capacity.pools if p.detail)
