@@ -146,9 +146,12 @@ def test_a_greedy_round_costs_the_same_statements_for_20_or_100_jobs(url):
             assert state["balances"][f"{p}org"] == 8 * per_account * 5  # its five children's
     import difflib
     assert len(counts[10]) == len(counts[2]), "\n".join(difflib.unified_diff(counts[2], counts[10], lineterm=""))
-    # Pick: one loose index scan + one query per account; ledger read once; claims and
-    # ledger writes one statement each. 740 before batching (7 per job).
-    assert len(counts[10]) <= 35, counts[10]
+    # Pick: one loose index scan + one query per account (no per-account cap: each account's
+    # share depends on the one before); ledger read once; claims and ledger writes one
+    # statement each (Postgres: the claims' UPDATE and events together, the balances in one
+    # UPDATE). 740 before batching (7 per job); 35 allowed before session 6, when the counts
+    # were 26 (Postgres) and 28 (SQLite).
+    assert len(counts[10]) <= (25 if url.startswith("postgresql") else 28), counts[10]
 
 
 def test_a_reservation_round_asks_no_admission_check_per_pool_without_limits(url):
@@ -161,7 +164,10 @@ def test_a_reservation_round_asks_no_admission_check_per_pool_without_limits(url
             add_jobs(d, a, 16)
         claimed, seen = counted_round(d)
         assert len(claimed) == 128
-        assert len(seen) <= 40, "\n".join(seen)  # 7,686 before: admission_check for every (job, pool) pair
+        # 7,686 before: admission_check for every (job, pool) pair. 40 allowed before session 6 (25 on
+        # Postgres, 27 on SQLite); Postgres now picks the 8 accounts in one statement and writes the
+        # claims with their events in one (SQLite: a query per account, executemany writes).
+        assert len(seen) <= (17 if url.startswith("postgresql") else 27), "\n".join(seen)
         state = ledger_state(d)
         assert state["problems"] == []
         assert state["dispatching"] == state["reserved"] == set(claimed)
