@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, func, insert, select, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from adapters.standin import StandInPool  # noqa: E402
 from bench.common import REPO, machine, median, pct, stack_postgres_url, write_section  # noqa: E402
 
 PG = stack_postgres_url()
@@ -99,27 +100,6 @@ Target: pick <= 50 ms ({'met' if median(pick_ms) <= 50 else 'NOT met'}).
     write_section("dispatch-pick", body)
 
 
-class _FullPool:
-    """A stand-in pool: 64 nodes x 8 GPUs, all busy (capacity only; submission is stubbed)."""
-
-    unsupported_features: dict = {}
-
-    def __init__(self, name: str, kind: str):
-        from adapters.base import Capacity, PoolCapacity
-
-        self.name = kind
-        self.cap = Capacity(backend=kind, pools=(PoolCapacity(name, 64, 0, 512, 0, 8),))
-
-    def capacity(self):
-        return self.cap
-
-    def supports(self, feature) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
 def plan_round(args) -> None:
     """One scheduling round with reservations over 10 pools: the real ``Dispatcher.dispatch_round()``."""
     from gateway.accounts.models import Account
@@ -178,8 +158,9 @@ def plan_round(args) -> None:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("VACUUM ANALYZE"))  # as autovacuum leaves a steady database (index-only scans)
         settings = Settings(database_url=url, scheduling_policy="reservation", capacity_ttl_s=0, routing_weights="{}")
-        dispatcher = Dispatcher(sessions=sessions, backends={n: _FullPool(n, k) for n, k in kinds.items()},
-                                settings=settings)
+        # In-process stand-ins, 64 nodes x 8 GPUs, all busy (capacity only; submission is stubbed).
+        dispatcher = Dispatcher(sessions=sessions, settings=settings, backends={
+            n: StandInPool(k, nodes=64, idle=0, partition=n) for n, k in kinds.items()})
         dispatcher._submit_all = lambda *a, **kw: None  # nothing starts: every pool is full
         counted: list[int] = []
         from sqlalchemy import event

@@ -17,9 +17,10 @@ import dataclasses
 import time
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import or_, select, text
+from sqlalchemy import Integer, String, bindparam, func, or_, select, text, true
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from adapters.base import SubmitRequest
 from gateway.dispatch.common import ACTOR, _is_deadlock, log, submit_request
@@ -58,6 +59,27 @@ def accounts_with_pending(session: Session) -> list[str]:
 _PROBE_MISSES = 8
 
 
+def _pick_batch(lock: bool):
+    """Postgres: the first ``lims[i]`` due pending jobs of each account ``names[i]``, in that order, one statement.
+
+    ``unnest(names, lims) WITH ORDINALITY`` joined LATERAL to the per-account query (the same
+    index probe, ``FOR UPDATE SKIP LOCKED`` inside it): a round's pick was one query per account.
+    """
+    acc = (func.unnest(bindparam("names", type_=ARRAY(String)), bindparam("lims", type_=ARRAY(Integer)))
+           .table_valued("name", "lim", with_ordinality="ord").render_derived(name="pick_account"))
+    due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= bindparam("now"))
+    per = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == acc.c.name, due)
+           .order_by(Job.priority.desc(), Job.id).limit(acc.c.lim))
+    if lock:
+        per = per.with_for_update(skip_locked=True)
+    per = per.lateral("picked")
+    return (select(aliased(Job, per)).select_from(acc).join(per, true())
+            .order_by(acc.c.ord, per.c.priority.desc(), per.c.id))
+
+
+_PICK_BATCH = {lock: _pick_batch(lock) for lock in (False, True)}
+
+
 def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
                   factors: dict[str, float], per_account: int | None = None) -> list[Job]:
     """The next ``limit`` dispatchable pending jobs in fair-share order.
@@ -67,36 +89,54 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
     id) index: one small query per account with pending work, never a scan of every
     pending job. Accounts are probed in that order directly; after ``_PROBE_MISSES``
     accounts with nothing due, only accounts the loose index scan finds with pending jobs are.
+
+    Each account is asked for ``min(per_account, limit - jobs picked before it)``. On
+    Postgres the accounts whose ask cannot depend on what the ones before them return
+    (while a full ``per_account`` still fits) are asked in one statement: the same asks, the
+    same rows locked, the same order, in a statement per batch instead of per account.
     """
     due = or_(Job.next_attempt_at.is_(None), Job.next_attempt_at <= now)
-    with_pending: set[str] | None = None
-    order = sorted(factors, key=lambda a: (-factors[a], a))
+    per = per_account or limit
+    batched = session.get_bind().dialect.name == "postgresql"
     picked: list[Job] = []
-    misses = 0
+    state = {"misses": 0, "with_pending": None}
 
-    def take(account: str) -> int:
-        stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == account, due)
-                .order_by(Job.priority.desc(), Job.id).limit(min(limit - len(picked), per_account or limit)))
-        if lock:
-            stmt = stmt.with_for_update(skip_locked=True)
-        got = list(session.scalars(stmt))
+    def take(asks: list[tuple[str, int]]) -> None:
+        if batched and len(asks) > 1:
+            got = list(session.scalars(_PICK_BATCH[lock], {"names": [a for a, _ in asks], "lims": [n for _, n in asks],
+                                                           "now": now}))
+        else:
+            stmt = (select(Job).where(Job.state == JobState.PENDING.value, Job.account_name == asks[0][0], due)
+                    .order_by(Job.priority.desc(), Job.id).limit(asks[0][1]))
+            if lock:
+                stmt = stmt.with_for_update(skip_locked=True)
+            got = list(session.scalars(stmt))
         picked.extend(got)
-        return len(got)
+        have = {job.account_name for job in got}
+        state["misses"] += sum(a not in have for a, _ in asks)
 
-    for account in order:
-        if len(picked) >= limit:
-            return picked
-        if with_pending is None and misses >= _PROBE_MISSES:
-            with_pending = set(accounts_with_pending(session))
-        if with_pending is not None and account not in with_pending:
-            continue
-        misses += take(account) == 0
+    def fill(accounts: list[str], probing: bool) -> None:
+        i = 0
+        while i < len(accounts) and len(picked) < limit:
+            if probing and state["with_pending"] is None and state["misses"] >= _PROBE_MISSES:
+                state["with_pending"] = set(accounts_with_pending(session))
+            with_pending = state["with_pending"] if probing else None
+            room = limit - len(picked)
+            asks: list[tuple[str, int]] = []
+            while i < len(accounts) and (not asks or (batched and room >= per)):
+                account = accounts[i]
+                i += 1
+                if with_pending is not None and account not in with_pending:
+                    continue
+                asks.append((account, min(per, room)))
+                room -= asks[-1][1]
+            if asks:
+                take(asks)
+
+    fill(sorted(factors, key=lambda a: (-factors[a], a)), probing=True)
     if len(picked) < limit:
         # Accounts with pending jobs but no factor (not in the tree passed): last, by name.
-        for account in sorted(set(accounts_with_pending(session)) - set(factors)):
-            if len(picked) >= limit:
-                break
-            take(account)
+        fill(sorted(set(accounts_with_pending(session)) - set(factors)), probing=False)
     return picked
 
 
@@ -166,15 +206,15 @@ class ClaimMixin:
         return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int,
-                   rnd: _Round, only: str | None = None) -> None:
+                   rnd: _Round, only: str | None = None, shape: JobShape | None = None) -> None:
         rl = rnd.ledger
-        shape = JobShape.of(job)
+        shape = shape or JobShape.of(job)
         verdict = rl.budget_verdict(job=job, now=now)
         if verdict is not None and verdict[0] == "never":
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
             return
         if verdict is not None:  # not this period: held with the reason, never "waiting for capacity"
-            self._note_waiting(s, job, f"held: {verdict[1]}")
+            self._note_waiting(rnd, job, f"held: {verdict[1]}")
             return
         refusals: dict[str, str] = {}
         # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
@@ -196,13 +236,13 @@ class ClaimMixin:
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {decision.reason}")
             return
         if decision.pool is None:
-            self._note_waiting(s, job, f"{decision.reason} (fair-share position {position})")
+            self._note_waiting(rnd, job, f"{decision.reason} (fair-share position {position})")
             return
         if limited:
             try:  # reserve() writes nothing when it refuses: no savepoint needed
                 ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
             except QuotaExceeded as exc:
-                self._note_waiting(s, job, f"quota: {exc.detail}")
+                self._note_waiting(rnd, job, f"quota: {exc.detail}")
                 return
         else:  # nothing in the chain can refuse it: written with the round's others
             rl.defer_reserve(job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
@@ -223,8 +263,9 @@ class ClaimMixin:
         candidates: list[Candidate] = []
         blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
         usable_of: dict[str, tuple[str, ...]] = {}
+        shapes: dict[str, JobShape] = {}
         for job in picked:
-            shape = JobShape.of(job)
+            shape = shapes[job.id] = JobShape.of(job)
             verdict = rl.budget_verdict(job=job, now=now)
             if verdict is not None:
                 # "never" fails it below (the greedy path's words); else held this period.
@@ -268,29 +309,30 @@ class ClaimMixin:
                 # Starts now (routed to the planned pool), or the greedy path's own words:
                 # fail what can never run, hold what is over budget or quota.
                 # The reason still says why not the other pools.
-                self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None)
+                self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None,
+                                shape=shapes[job.id])
                 if job.state == JobState.PENDING.value:
-                    jobs.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
+                    rnd.claims.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue
             held = reserved.get(job.id)
-            decision = route(JobShape.of(job), job.requested_backend, views, weights=self.weights,
+            decision = route(shapes[job.id], job.requested_backend, views, weights=self.weights,
                              queue_depth=self.settings.pool_queue_depth)
             if held is not None:
                 at = datetime.fromtimestamp(held.start, tz=timezone.utc)
                 why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
                        f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
                        "time limits")
-                jobs.note_estimate(job, start=at, pool=held.pool, reason=why)
-                self._note_waiting(s, job, f"waiting for capacity: {why} (fair-share position {position})")
+                rnd.claims.note_estimate(job, start=at, pool=held.pool, reason=why)
+                self._note_waiting(rnd, job, f"waiting for capacity: {why} (fair-share position {position})")
                 continue
             no_estimate = result.unplanned.get(job.id) or (
                 f"behind the {self.settings.reservation_depth} jobs that hold reservations; no estimate yet")
-            jobs.note_estimate(job, start=None, pool=None, reason=no_estimate)
+            rnd.claims.note_estimate(job, start=None, pool=None, reason=no_estimate)
             if decision.pool is not None:  # it fits now, but only on capacity a higher job has reserved
                 why = f"waiting for capacity: held back, starting now would delay a higher job's reservation; {no_estimate}"
             else:
                 why = decision.reason
-            self._note_waiting(s, job, f"{why} (fair-share position {position})")
+            self._note_waiting(rnd, job, f"{why} (fair-share position {position})")
 
-    def _note_waiting(self, s: Session, job: Job, reason: str) -> None:
-        jobs.note_waiting(s, job, reason=reason, actor=ACTOR)
+    def _note_waiting(self, rnd: _Round, job: Job, reason: str) -> None:
+        rnd.claims.note_waiting(job, reason=reason, actor=ACTOR)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import Float, bindparam, case, cast, extract, func, null, select
 from sqlalchemy.orm import Session
 
 from gateway.jobs.models import Job
@@ -53,12 +53,6 @@ def pool_models(views: Mapping[str, PoolView]) -> list[PoolModel]:
     return out
 
 
-def units_of(view: PoolView, *, workers: int, total_gpus: int, held_gpus: int | None = None) -> int:
-    if view.node_exclusive:
-        return workers
-    return held_gpus or total_gpus
-
-
 def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> tuple[list[Release], dict[str, int]]:
     """(Releases of every gang the registry has on a pool, units the registry's gangs hold per pool).
 
@@ -68,33 +62,67 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
     the last, a whole-pool gang would find no room while a cancel is confirmed, and a
     lower job would take the node.
     """
-    states = [s.value for s in HOLDING + IN_FLIGHT + ENDING]
-    rows = session.execute(select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus,
-                                  Job.started_at, Job.updated_at, Job.time_limit_s).where(Job.state.in_(states))).all()
     t_now = now.timestamp()
     # A gang past its expected end still holds its units until the backend says otherwise
     # (the snapshot is the truth for now): it frees them "soon", never "now".
     soon = t_now + 1.0
+    exclusive = {name: view.node_exclusive for name, view in views.items() if view.capacity is not None}
     out: list[Release] = []
     held: dict[str, int] = {}
-    for pool, state, workers, total, gpus_held, started, updated, limit in rows:
-        view = views.get(pool or "")
-        if view is None or view.capacity is None:
+    rows = _gang_rows_pg if session.get_bind().dialect.name == "postgresql" else _gang_rows
+    for pool, workers, gpus, base, limit in rows(session, t_now):
+        node_exclusive = exclusive.get(pool)
+        if node_exclusive is None:  # not a pool of this round, or no snapshot
             continue
-        units = units_of(view, workers=workers, total_gpus=total, held_gpus=gpus_held)
+        units = workers if node_exclusive else gpus  # whole nodes, else the GPUs it holds
         held[pool] = held.get(pool, 0) + units
-        if state == JobState.CANCELLING.value:
-            at = soon  # gone once the backend confirms the cancel
-        elif state in (JobState.STARTING.value, JobState.RUNNING.value):
-            at = max(soon, (as_utc(started).timestamp() if started is not None else t_now) + limit)
-        else:
-            # From its last change (the claim, the submission), not from now: an end that
-            # moved with every round would let one job after another backfill in front of
-            # a reservation for ever.
-            base = as_utc(updated).timestamp() if updated is not None else t_now
-            at = max(soon, base + limit)
-        out.append(Release(pool, units, at))
+        out.append(Release(pool, units, soon if base is None else max(soon, base + limit)))
     return out, held
+
+
+_GANG_STATES = [s.value for s in HOLDING + IN_FLIGHT + ENDING]
+_HOLDING_STATES = frozenset(s.value for s in HOLDING)
+_ENDING_STATES = frozenset(s.value for s in ENDING)
+
+
+def _gang_rows(session: Session, t_now: float):
+    """(pool, workers, GPUs held, base, time limit) of every gang on a pool; ``base`` None: ends soon.
+
+    ``base``, in seconds since the epoch: a gang that holds its units, its start; one in
+    flight, its last change (the claim, the submission), not now: an end that moved with
+    every round would let one job after another backfill in front of a reservation for ever.
+    Unknown: now.
+    """
+    stmt = select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
+                  Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES))
+    for pool, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
+        if state in _ENDING_STATES:
+            base = None  # gone once the backend confirms the cancel
+        else:
+            at = started if state in _HOLDING_STATES else updated
+            base = as_utc(at).timestamp() if at is not None else t_now
+        yield pool, workers, gpus_held or total, base, limit
+
+
+# The same rows computed by Postgres, so a round does not build two datetimes per gang in
+# Python (thousands of gangs: bench/bench_dispatch_round.py). EXTRACT(EPOCH ...) is the exact
+# number of microseconds / 10**6 and its float8 the correctly rounded value, which is what
+# datetime.timestamp() returns (tests/dispatch/test_round_cost.py checks them to the microsecond).
+def _epoch(column):
+    return func.coalesce(cast(extract("epoch", column), Float), bindparam("t_now", type_=Float))
+
+
+_GANG_ROWS_PG = (
+    select(Job.backend, Job.workers, func.coalesce(func.nullif(Job.held_gpus, 0), Job.total_gpus),
+           case((Job.state.in_(sorted(_ENDING_STATES)), null()),
+                (Job.state.in_(sorted(_HOLDING_STATES)), _epoch(Job.started_at)), else_=_epoch(Job.updated_at)),
+           Job.time_limit_s)
+    .where(Job.state.in_(_GANG_STATES))
+)
+
+
+def _gang_rows_pg(session: Session, t_now: float):
+    return session.execute(_GANG_ROWS_PG, {"t_now": t_now}).all()  # one fetch, not one per row
 
 
 def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:

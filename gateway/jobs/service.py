@@ -7,6 +7,7 @@ transaction, so the history is complete.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -156,19 +157,115 @@ _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.
                  .values({c: bindparam(f"c_{c}", type_=_JOB_T.c[c].type) for c in _CLAIM_COLS}))
 
 
+# Postgres: the claims and their events in ONE statement over one JSON document (the routing
+# reason, ~500 characters with 10 pools, is sent once for routing_reason, state_reason and the
+# event). The events follow the claims' order (``ord``), as their ids did.
+_CLAIM_RECORD = (("id", _JOB_T, "id"), ("from_state", _JOB_T, "state"), ("backend", _JOB_T, "backend"),
+                 ("held_gpus", _JOB_T, "held_gpus"), ("reason", _JOB_T, "state_reason"),
+                 ("next_attempt_at", _JOB_T, "next_attempt_at"), ("dispatch_attempts", _JOB_T, "dispatch_attempts"),
+                 ("at", _EVENT_T, "at"), ("actor", _EVENT_T, "actor"), ("data", _EVENT_T, "data"))
+
+
+@functools.lru_cache(maxsize=4)
+def _claims_sql(dialect) -> Any:
+    from sqlalchemy import text
+
+    record = ", ".join(f"{name} {table.c[col].type.compile(dialect=dialect)}" for name, table, col in _CLAIM_RECORD)
+    to = JobState.DISPATCHING.value
+    return text(f"""
+WITH r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r({record}, ord integer)),
+claimed AS (
+    UPDATE job SET backend = r.backend, held_gpus = r.held_gpus, routing_reason = r.reason,
+        next_attempt_at = r.next_attempt_at, dispatch_attempts = r.dispatch_attempts, estimated_start = NULL,
+        estimated_pool = NULL, estimate_reason = NULL, state = '{to}', state_reason = r.reason, updated_at = r.at
+    FROM r WHERE job.id = r.id AND job.state = r.from_state
+    RETURNING job.id),
+events AS (
+    INSERT INTO job_event (job_id, at, actor, kind, from_state, to_state, reason, data)
+    SELECT r.id, r.at, r.actor, 'state', r.from_state, '{to}', r.reason, r.data
+    FROM r JOIN claimed ON claimed.id = r.id ORDER BY r.ord)
+SELECT count(*) FROM claimed""")
+
+
+_NOTE_COLS = ("state_reason", "estimated_start", "estimated_pool", "estimate_reason", "updated_at")
+_NOTE_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("n_id"), _JOB_T.c.state == JobState.PENDING.value)
+                .values({c: bindparam(f"n_{c}", type_=_JOB_T.c[c].type) for c in _NOTE_COLS}))
+
+
+@functools.lru_cache(maxsize=4)
+def _notes_sql(dialect) -> Any:
+    """Postgres: the noted pending jobs and their ``waiting`` events (in the order noted) in one statement."""
+    from sqlalchemy import text
+
+    def typed(table, names):
+        return ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
+
+    # The guard compares with the record's from_state, not a constant: with state = 'pending'
+    # (100,000 rows) a planner whose statistics lag chose to scan them all and hash-join.
+    return text(f"""
+WITH noted AS (
+    UPDATE job SET {", ".join(f"{c} = r.{c}" for c in _NOTE_COLS)}
+    FROM json_to_recordset(CAST(:rows AS json)) AS r({typed(_JOB_T, ("id", *_NOTE_COLS))}, from_state VARCHAR(16))
+    WHERE job.id = r.id AND job.state = r.from_state
+    RETURNING job.id),
+events AS (
+    INSERT INTO job_event (job_id, at, actor, kind, reason)
+    SELECT e.job_id, e.at, e.actor, e.kind, e.reason
+    FROM json_to_recordset(CAST(:events AS json)) AS e({typed(_EVENT_T, ("job_id", "at", "actor", "kind", "reason"))},
+                                                      ord integer)
+    ORDER BY e.ord)
+SELECT count(*) FROM noted""")
+
+
 class Claims:
-    """:func:`claim` for the many jobs of one dispatch round, written by :meth:`flush` in two statements.
+    """:func:`claim` for the many jobs of one dispatch round, written by :meth:`flush` together.
 
     The same fields, event and log line as :func:`claim`; the transition is checked when
     the claim is made, as the model's validator does. Through the ORM, every claimed job
     cost an UPDATE and an event INSERT of its own, and their unit-of-work bookkeeping was
-    most of a round's time (bench/bench_dispatch_round.py).
+    most of a round's time (bench/bench_dispatch_round.py). Postgres: one statement;
+    SQLite: an executemany UPDATE and the events' INSERT.
     """
 
     def __init__(self, session: Session):
         self.session = session
-        self._updates: list[dict[str, Any]] = []
-        self._events: list[dict[str, Any]] = []
+        self._claims: list[dict[str, Any]] = []
+        self._noted: dict[str, Job] = {}  # pending jobs whose reason or estimate moved
+        self._waiting_events: list[dict[str, Any]] = []
+
+    def _batchable(self, job: Job) -> bool:
+        from sqlalchemy import inspect
+
+        # Changed through the ORM earlier in this transaction, or no longer pending: the ORM writes it.
+        return job.state == JobState.PENDING.value and (job.id in self._noted or not inspect(job).modified)
+
+    def note_waiting(self, job: Job, *, reason: str, actor: str) -> None:
+        """:func:`note_waiting` of a pending job, written by :meth:`flush` (the same event, the same rule)."""
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        if not self._batchable(job):
+            note_waiting(self.session, job, reason=reason, actor=actor)
+            return
+        if job.state_reason == reason:
+            return
+        if job.state_reason.split(_WAIT_TAIL)[0] != reason.split(_WAIT_TAIL)[0]:
+            self._waiting_events.append(dict(job_id=job.id, at=utcnow(), actor=actor, kind="waiting", reason=reason,
+                                             ord=len(self._waiting_events)))
+        set_committed_value(job, "state_reason", reason)
+        self._noted[job.id] = job
+
+    def note_estimate(self, job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
+        """:func:`note_estimate` of a pending job, written by :meth:`flush`."""
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        if not self._batchable(job):
+            note_estimate(job, start=start, pool=pool, reason=reason)
+            return
+        if not _estimate_moved(job, start=start, pool=pool, reason=reason):
+            return
+        for c, v in (("estimated_start", start), ("estimated_pool", pool), ("estimate_reason", reason)):
+            set_committed_value(job, c, v)
+        self._noted[job.id] = job
 
     def claim(self, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime, actor: str,
               data: dict[str, Any] | None = None) -> None:
@@ -190,26 +287,62 @@ class Claims:
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)
         for c, v in values.items():  # the loaded object shows the claim; nothing left for the ORM to flush
             set_committed_value(job, c, v)
-        self._updates.append({"id": job.id, "from_state": current.value, **values})
-        self._events.append(dict(job_id=job.id, at=now, actor=actor, kind="state", reason=reason, data=data,
-                                 from_state=current.value, to_state=JobState.DISPATCHING.value))
+        self._claims.append(dict(id=job.id, from_state=current.value, backend=pool, held_gpus=held_gpus, reason=reason,
+                                 next_attempt_at=lease_until, dispatch_attempts=values["dispatch_attempts"], at=now,
+                                 actor=actor, data=data, ord=len(self._claims)))
         log.info("%s -> %s: %s", current.value, JobState.DISPATCHING.value, reason,
                  extra={"job_id": job.id, "account": job.account_name, "pool": pool, "actor": actor})
 
     def flush(self) -> None:
-        updates, events, self._updates, self._events = self._updates, self._events, [], []
-        if not updates:
+        self._flush_claims()
+        self._flush_notes()
+
+    def _flush_notes(self) -> None:
+        """The noted pending jobs (reason, estimate, ``updated_at`` as the ORM's onupdate sets it) and their events."""
+        from sqlalchemy.orm.attributes import set_committed_value
+
+        noted, events, self._noted, self._waiting_events = self._noted, self._waiting_events, {}, []
+        if not noted:
+            return
+        now = utcnow()
+        rows = []
+        for job in noted.values():
+            set_committed_value(job, "updated_at", now)
+            rows.append(dict(id=job.id, state_reason=job.state_reason, estimated_start=job.estimated_start,
+                             estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now,
+                             from_state=JobState.PENDING.value))
+        conn = self.session.connection()
+        if conn.dialect.name == "postgresql":
+            done = conn.execute(_notes_sql(conn.dialect), {"rows": bulk.document(rows),
+                                                           "events": bulk.document(events)}).scalar_one()
+        else:
+            done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items() if k != "from_state"}
+                                               for r in rows]).rowcount
+            bulk.insert_rows(conn, _EVENT_T, [{k: v for k, v in e.items() if k != "ord"} for e in events])
+        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(rows):
+            raise Conflict(f"{len(rows) - done} of {len(rows)} waiting jobs changed during the dispatch round; retry")
+
+    def _flush_claims(self) -> None:
+        claims, self._claims = self._claims, []
+        if not claims:
             return
         conn = self.session.connection()
         if conn.dialect.name == "postgresql":
-            done = bulk.update_rows(conn, _JOB_T, key="id", guard="state", rows=updates)
+            done = conn.execute(_claims_sql(conn.dialect), {"rows": bulk.document(claims)}).scalar_one()
         else:
-            done = conn.execute(_CLAIM_UPDATE, [{"c_id": u["id"], "c_from": u["from_state"],
-                                                 **{f"c_{c}": u[c] for c in _CLAIM_COLS}} for u in updates]).rowcount
-        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(updates):
-            raise Conflict(f"{len(updates) - done} of {len(updates)} claimed jobs changed during the dispatch "
+            done = conn.execute(_CLAIM_UPDATE, [
+                {"c_id": c["id"], "c_from": c["from_state"], "c_backend": c["backend"], "c_held_gpus": c["held_gpus"],
+                 "c_routing_reason": c["reason"], "c_next_attempt_at": c["next_attempt_at"],
+                 "c_dispatch_attempts": c["dispatch_attempts"], "c_estimated_start": None, "c_estimated_pool": None,
+                 "c_estimate_reason": None, "c_state": JobState.DISPATCHING.value, "c_state_reason": c["reason"],
+                 "c_updated_at": c["at"]} for c in claims]).rowcount
+        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(claims):
+            raise Conflict(f"{len(claims) - done} of {len(claims)} claimed jobs changed during the dispatch "
                            "round; retry")
-        bulk.insert_rows(conn, _EVENT_T, events)
+        if conn.dialect.name != "postgresql":
+            bulk.insert_rows(conn, _EVENT_T, [
+                dict(job_id=c["id"], at=c["at"], actor=c["actor"], kind="state", reason=c["reason"], data=c["data"],
+                     from_state=c["from_state"], to_state=JobState.DISPATCHING.value) for c in claims])
 
 
 def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
@@ -218,16 +351,20 @@ def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason:
     Written only when it moves (by more than a few seconds), so a round does not rewrite
     every waiting row.
     """
+    if not _estimate_moved(job, start=start, pool=pool, reason=reason):
+        return
+    job.estimated_start = start
+    job.estimated_pool = pool
+    job.estimate_reason = reason
+
+
+def _estimate_moved(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> bool:
     old = job.estimated_start
     if old is not None and old.tzinfo is None:
         old = old.replace(tzinfo=timezone.utc)
     same_start = (old is None and start is None) or (
         old is not None and start is not None and abs((old - start).total_seconds()) < 5)
-    if same_start and job.estimated_pool == pool and job.estimate_reason == reason:
-        return
-    job.estimated_start = start
-    job.estimated_pool = pool
-    job.estimate_reason = reason
+    return not (same_start and job.estimated_pool == pool and job.estimate_reason == reason)
 
 
 def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str) -> None:

@@ -28,7 +28,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, case, exists, select
+from sqlalchemy import String, bindparam, case, exists, func, select
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
 from gateway.accounts import service as accounts
@@ -66,6 +67,20 @@ _ADD_DELTAS = (
     _BALANCE_T.update().where(_BALANCE_T.c.account_name == bindparam("b_name"))
     .values(**{c: _BALANCE_T.c[c] + bindparam(f"d_{c}") for c in _DELTA_COLS}, updated_at=bindparam("b_now"))
 )
+
+
+def _add_deltas_pg():
+    """Postgres: :data:`_ADD_DELTAS` for every account of the round in one statement (not one per account)."""
+    rec = bulk.recordset(_BALANCE_T, ("account_name", *_DELTA_COLS))
+    return (_BALANCE_T.update().where(_BALANCE_T.c.account_name == rec.c.account_name)
+            .values(**{c: _BALANCE_T.c[c] + rec.c[c] for c in _DELTA_COLS}, updated_at=bindparam("b_now")))
+
+
+_ADD_DELTAS_PG = _add_deltas_pg()
+# The reservations a round's jobs already have: ``= ANY(array)`` on Postgres, one parameter
+# whatever the batch size (an expanding IN binds, and renders, one per job).
+_HAVE_PG = select(Reservation.job_id, Reservation.status, Reservation.pool).where(
+    Reservation.job_id == func.any(bindparam("ids", type_=ARRAY(String))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +211,9 @@ class RoundLedger:
         order = sorted(depth, key=lambda n: (depth[n], n))  # root-first for every chain
         self._lock(order)
         ids = [it.job.id for it in items]
-        have = {j: (st, p) for j, st, p in session.execute(
-            select(Reservation.job_id, Reservation.status, Reservation.pool).where(Reservation.job_id.in_(ids)))}
+        pg = conn.dialect.name == "postgresql"
+        have = {j: (st, p) for j, st, p in (session.execute(_HAVE_PG, {"ids": ids}) if pg else session.execute(
+            select(Reservation.job_id, Reservation.status, Reservation.pool).where(Reservation.job_id.in_(ids))))}
         new_rows, again, entries = [], [], []
         deltas: dict[str, list[int]] = {}
         pool_deltas: dict[tuple[str, str], int] = {}
@@ -223,7 +239,10 @@ class RoundLedger:
         for row in again:  # released earlier (e.g. a submission the backend refused): reserve again
             conn.execute(reservation_t.update().where(reservation_t.c.job_id == row["job_id"]), row)
         bulk.insert_rows(conn, LedgerEntry.__table__, entries)
-        if deltas:
+        if deltas and pg:
+            conn.execute(_ADD_DELTAS_PG, {"b_now": self.now, "rows": bulk.document(
+                [{"account_name": n, **dict(zip(_DELTA_COLS, d))} for n, d in deltas.items()])})
+        elif deltas:
             conn.execute(_ADD_DELTAS, [{"b_name": n, "b_now": self.now, **{f"d_{c}": v for c, v in zip(_DELTA_COLS, d)}}
                                        for n, d in deltas.items()])
         if pool_deltas:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, object_session
 from gateway.accounts import service as accounts
 from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
 from gateway.jobs.schemas import normalise_gpu_type
+from gateway.kit import bulk
 from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger.models import (
@@ -438,15 +439,34 @@ def add_pool_deltas(session: Session, deltas: dict[tuple[str, str], int]) -> Non
     deltas = {k: d for k, d in deltas.items() if d}
     if not deltas:
         return
+    rows = [{"account_name": n, "pool": p, "reserved_gpus": d} for (n, p), d in deltas.items()]
     if session.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    stmt = insert(AccountPoolBalance).values([{"account_name": n, "pool": p, "reserved_gpus": d}
-                                              for (n, p), d in deltas.items()])
+        # One JSON document, one cached statement: SQLAlchemy compiles a multi-VALUES insert
+        # anew every time ("no key"), and a dispatch round upserts a row per chain account and pool.
+        if session.autoflush:  # as the ORM statement it replaces did
+            session.flush()
+        session.connection().execute(_ADD_POOL_DELTAS_PG, {"rows": bulk.document(rows)})
+        return
+    from sqlalchemy.dialects.sqlite import insert
+
+    stmt = insert(AccountPoolBalance).values(rows)
     session.execute(stmt.on_conflict_do_update(
         index_elements=["account_name", "pool"],
         set_={"reserved_gpus": AccountPoolBalance.reserved_gpus + stmt.excluded.reserved_gpus}))
+
+
+def _add_pool_deltas_pg():
+    from sqlalchemy.dialects.postgresql import insert
+
+    table = AccountPoolBalance.__table__
+    cols = ("account_name", "pool", "reserved_gpus")
+    rec = bulk.recordset(table, cols)
+    stmt = insert(table).from_select(list(cols), select(*(rec.c[c] for c in cols)))
+    return stmt.on_conflict_do_update(index_elements=["account_name", "pool"],
+                                      set_={"reserved_gpus": table.c.reserved_gpus + stmt.excluded.reserved_gpus})
+
+
+_ADD_POOL_DELTAS_PG = _add_pool_deltas_pg()
 
 
 def _entry(session: Session, **kw: Any) -> LedgerEntry:

@@ -43,6 +43,11 @@ class PoolView:
     state: str = "active"  # active | draining | disabled (the pool table)
     weight: float = 1.0  # routing weight (> 0)
     cost: float = 1.0  # billing weight per GPU-second, the cost term of routing
+    # (shape, name) -> _excluded()'s note: it reads only what a round never changes (take()
+    # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
+    # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
+    _excluded_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    _described: tuple = dataclasses.field(default=(None, ""), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.kind:
@@ -77,6 +82,13 @@ class PoolView:
         return self.kind == "slurm"
 
     def describe(self) -> str:
+        # Asked for every pool of every job a round routes; it changes only when take() does.
+        key = (self.free_gpus, self.idle_nodes)
+        if self._described[0] != key:
+            self._described = (key, self._describe())
+        return self._described[1]
+
+    def _describe(self) -> str:
         if self.capacity is None:
             return f"{self.name}: unavailable ({self.error})"
         details = "; ".join(p.detail for p in self.capacity.pools if p.detail)
@@ -98,6 +110,16 @@ class JobShape:
     memory_mib_per_worker: int = 0
     cpus_per_worker: int = 0
     pool_kind: str | None = None  # only pools of this kind
+
+    def __hash__(self) -> int:
+        # Kept once computed: a round looks a shape up once per pool (PoolView._excluded_memo).
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = self.__dict__["_hash"] = hash((self.workers, self.gpus_per_worker, self.total_gpus, self.image,
+                                               self.gpu_type, self.memory_mib_per_worker, self.cpus_per_worker,
+                                               self.pool_kind))
+            return h
 
     @classmethod
     def of(cls, job) -> "JobShape":
@@ -190,6 +212,15 @@ def parse_weights(raw: str) -> dict[str, float]:
 
 def _excluded(shape: JobShape, name: str, view: PoolView) -> str | None:
     """The note saying why this pool may not take the job at all (kind, fit, state), or None."""
+    key = (shape, name)
+    try:
+        return view._excluded_memo[key]
+    except KeyError:
+        note = view._excluded_memo[key] = _excluded_now(shape, name, view)
+        return note
+
+
+def _excluded_now(shape: JobShape, name: str, view: PoolView) -> str | None:
     if shape.pool_kind and view.kind != shape.pool_kind:
         return f"{name}: cannot run this job (a {view.kind} pool; the job asks for {shape.pool_kind})"
     why_never = never_fits(shape, view)

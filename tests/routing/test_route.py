@@ -52,3 +52,18 @@ def test_quota_refusal_sends_an_auto_job_to_the_other_pool():
     views = {"slurm": view("slurm", nodes=4, idle=4), "kubernetes": view("kubernetes", nodes=4, idle=4)}
     d = route(GANG, "auto", views, quota_refusals={"kubernetes": "team-a: 32 of 32 in pool kubernetes"})
     assert d.pool == "slurm" and "kubernetes: quota" in d.reason
+
+
+def test_a_round_reusing_its_views_gives_each_shape_its_own_reasons_and_sees_what_it_took():
+    """Whether a pool can ever take a shape is worked out once per round (views are reused job after job):
+    another shape still gets its own verdict, and capacity taken in between still shows."""
+    views = {"slurm": view("slurm", nodes=4, idle=2), "small": view("small", nodes=4, idle=4, gpus_per_node=4)}
+    first = route(GANG, "auto", views)
+    assert first.pool == "slurm" and "small: cannot run this job (a worker asks 8 GPUs; nodes have 4)" in first.reason
+    take(GANG, views["slurm"])
+    again = route(GANG, "auto", views)
+    assert again.pool is None and "slurm: 0 of 4 nodes idle" in again.reason
+    narrow = JobShape(workers=1, gpus_per_worker=4, total_gpus=4, image=None, gpu_type=None)
+    assert route(narrow, "auto", views).pool == "small"
+    typed = JobShape(workers=1, gpus_per_worker=4, total_gpus=4, image=None, gpu_type="h100")
+    assert route(typed, "auto", views).rejected  # no typed GPUs anywhere: its own verdict, not narrow's
