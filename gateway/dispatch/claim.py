@@ -206,10 +206,12 @@ class ClaimMixin:
         return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int,
-                   rnd: _Round, only: str | None = None, shape: JobShape | None = None) -> None:
+                   rnd: _Round, only: str | None = None, shape: JobShape | None = None,
+                   verdict: tuple[str, str] | None | type[Ellipsis] = ...) -> None:
         rl = rnd.ledger
         shape = shape or JobShape.of(job)
-        verdict = rl.budget_verdict(job=job, now=now)
+        if verdict is ...:  # not asked by the caller yet
+            verdict = rl.budget_verdict(job=job, now=now)
         if verdict is not None and verdict[0] == "never":
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
             return
@@ -217,16 +219,14 @@ class ClaimMixin:
             self._note_waiting(rnd, job, f"held: {verdict[1]}")
             return
         refusals: dict[str, str] = {}
-        # What the gang would hold in each pool: whole nodes on a node-exclusive pool.
-        held = {name: held_gpus(shape, view) for name, view in views.items()}
         # For a pinned job, reserve() below applies the same rule; checking first only helps
         # routing choose between pools.
         # Asked pool by pool only when a limit is set in the account's chain (read once per
         # round: with many pools, the check per pool was most of a round's queries).
         limited = rl.limited(job.account_name)
         if job.requested_backend == "auto" and len(views) > 1 and limited:
-            for name in views:
-                ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held[name])
+            for name, view in views.items():
+                ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held_gpus(shape, view))
                 if not ok:
                     refusals[name] = why
         decision = route(shape, job.requested_backend, views, quota_refusals=refusals, weights=self.weights,
@@ -238,15 +238,17 @@ class ClaimMixin:
         if decision.pool is None:
             self._note_waiting(rnd, job, f"{decision.reason} (fair-share position {position})")
             return
+        # What the gang will hold there: whole nodes on a node-exclusive pool.
+        held = held_gpus(shape, views[decision.pool])
         if limited:
             try:  # reserve() writes nothing when it refuses: no savepoint needed
-                ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
+                ledger.reserve(s, job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held)
             except QuotaExceeded as exc:
                 self._note_waiting(rnd, job, f"quota: {exc.detail}")
                 return
         else:  # nothing in the chain can refuse it: written with the round's others
-            rl.defer_reserve(job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held[decision.pool])
-        rnd.claims.claim(job, pool=decision.pool, held_gpus=held[decision.pool], reason=decision.reason,
+            rl.defer_reserve(job=job, pool=decision.pool, actor=ACTOR, now=now, gpus=held)
+        rnd.claims.claim(job, pool=decision.pool, held_gpus=held, reason=decision.reason,
                          lease_until=now + timedelta(seconds=self.settings.dispatch_lease_s), actor=ACTOR,
                          data={"pool": decision.pool, "fairshare_position": position})
         take(shape, views[decision.pool])
@@ -264,9 +266,13 @@ class ClaimMixin:
         blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
         usable_of: dict[str, tuple[str, ...]] = {}
         shapes: dict[str, JobShape] = {}
+        verdicts: dict[str, tuple[str, str] | None] = {}
+        # ranked() per (shape, pool asked for): the views do not move before the plan is made.
+        ranking: dict[tuple[JobShape, str], list[str]] = {}
+        known = rl.known_pools()
         for job in picked:
             shape = shapes[job.id] = JobShape.of(job)
-            verdict = rl.budget_verdict(job=job, now=now)
+            verdict = verdicts[job.id] = rl.budget_verdict(job=job, now=now)
             if verdict is not None:
                 # "never" fails it below (the greedy path's words); else held this period.
                 blocked[job.id] = f"held: {verdict[1]}"
@@ -275,16 +281,22 @@ class ClaimMixin:
             requested = job.requested_backend
             # The pools route() may use (kind, fit, state), best first by its score: the
             # planner breaks ties between equally early starts by this order.
-            names = ranked(shape, requested, views, weights=self.weights,
-                           cost_factor=self.settings.routing_cost_factor)
-            usable: list[str] = []
+            names = ranking.get((shape, requested))
+            if names is None:
+                names = ranking[(shape, requested)] = ranked(shape, requested, views, weights=self.weights,
+                                                             cost_factor=self.settings.routing_cost_factor)
             refusals: list[str] = []
             limited = rl.limited(job.account_name)
+            if not limited and known.issuperset(names):  # nothing in the chain can refuse it
+                usable_of[job.id] = tuple(n for n in names if views[n].capacity is not None)
+                candidates.append(planning.candidate(job, usable_of[job.id]))
+                continue
+            usable: list[str] = []
             for name in names:
                 view = views[name]
                 if view.capacity is None:
                     continue
-                if not limited and rl.known_pool(name):  # nothing in the chain can refuse it
+                if not limited and name in known:
                     usable.append(name)
                     continue
                 ok, why = ledger.admission_check(s, job=job, pool=name, now=now, gpus=held_gpus(shape, view))
@@ -310,7 +322,9 @@ class ClaimMixin:
                 # fail what can never run, hold what is over budget or quota.
                 # The reason still says why not the other pools.
                 self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None,
-                                shape=shapes[job.id])
+                                shape=shapes[job.id],
+                                # A chain with a budget is asked again: this round's reservations count.
+                                verdict=... if rl.limited(job.account_name) else verdicts[job.id])
                 if job.state == JobState.PENDING.value:
                     rnd.claims.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue

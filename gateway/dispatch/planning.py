@@ -67,17 +67,19 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
     # (the snapshot is the truth for now): it frees them "soon", never "now".
     soon = t_now + 1.0
     exclusive = {name: view.node_exclusive for name, view in views.items() if view.capacity is not None}
-    out: list[Release] = []
+    # Gangs of one pool that give their units back at the same moment are one release (the
+    # planner's profile adds them up anyway): a round's dispatched gangs share their claim's time.
+    merged: dict[tuple[str, float], int] = {}
     held: dict[str, int] = {}
     rows = _gang_rows_pg if session.get_bind().dialect.name == "postgresql" else _gang_rows
-    for pool, workers, gpus, base, limit in rows(session, t_now):
+    for pool, workers, gpus, at in rows(session, t_now, soon):
         node_exclusive = exclusive.get(pool)
         if node_exclusive is None:  # not a pool of this round, or no snapshot
             continue
-        units = workers if node_exclusive else gpus  # whole nodes, else the GPUs it holds
+        units = int(workers if node_exclusive else gpus)  # whole nodes, else the GPUs it holds
         held[pool] = held.get(pool, 0) + units
-        out.append(Release(pool, units, soon if base is None else max(soon, base + limit)))
-    return out, held
+        merged[(pool, at)] = merged.get((pool, at), 0) + units
+    return [Release(pool, units, at) for (pool, at), units in merged.items()], held
 
 
 _GANG_STATES = [s.value for s in HOLDING + IN_FLIGHT + ENDING]
@@ -85,23 +87,24 @@ _HOLDING_STATES = frozenset(s.value for s in HOLDING)
 _ENDING_STATES = frozenset(s.value for s in ENDING)
 
 
-def _gang_rows(session: Session, t_now: float):
-    """(pool, workers, GPUs held, base, time limit) of every gang on a pool; ``base`` None: ends soon.
+def _gang_rows(session: Session, t_now: float, soon: float):
+    """(pool, workers, GPUs held, expected end) of every gang on a pool; never before ``soon``.
 
-    ``base``, in seconds since the epoch: a gang that holds its units, its start; one in
-    flight, its last change (the claim, the submission), not now: an end that moved with
-    every round would let one job after another backfill in front of a reservation for ever.
-    Unknown: now.
+    The end is a base plus the time limit, in seconds since the epoch. The base: a gang
+    that holds its units, its start; one in flight, its last change (the claim, the
+    submission), not now: an end that moved with every round would let one job after
+    another backfill in front of a reservation for ever. Unknown: now. A gang being
+    cancelled ends soon.
     """
     stmt = select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
                   Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES))
     for pool, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
         if state in _ENDING_STATES:
-            base = None  # gone once the backend confirms the cancel
+            end = soon  # gone once the backend confirms the cancel
         else:
             at = started if state in _HOLDING_STATES else updated
-            base = as_utc(at).timestamp() if at is not None else t_now
-        yield pool, workers, gpus_held or total, base, limit
+            end = max(soon, (as_utc(at).timestamp() if at is not None else t_now) + limit)
+        yield pool, workers, gpus_held or total, end
 
 
 # The same rows computed by Postgres, so a round does not build two datetimes per gang in
@@ -112,17 +115,22 @@ def _epoch(column):
     return func.coalesce(cast(extract("epoch", column), Float), bindparam("t_now", type_=Float))
 
 
+_END_PG = func.greatest(  # GREATEST ignores NULL: a gang being cancelled ends soon
+    bindparam("soon", type_=Float),
+    case((Job.state.in_(sorted(_ENDING_STATES)), null()),
+         (Job.state.in_(sorted(_HOLDING_STATES)), _epoch(Job.started_at)), else_=_epoch(Job.updated_at))
+    + Job.time_limit_s)
 _GANG_ROWS_PG = (
-    select(Job.backend, Job.workers, func.coalesce(func.nullif(Job.held_gpus, 0), Job.total_gpus),
-           case((Job.state.in_(sorted(_ENDING_STATES)), null()),
-                (Job.state.in_(sorted(_HOLDING_STATES)), _epoch(Job.started_at)), else_=_epoch(Job.updated_at)),
-           Job.time_limit_s)
+    select(Job.backend, func.sum(Job.workers), func.sum(func.coalesce(func.nullif(Job.held_gpus, 0), Job.total_gpus)),
+           _END_PG.label("ends_at"))
     .where(Job.state.in_(_GANG_STATES))
+    .group_by(Job.backend, "ends_at")
 )
 
 
-def _gang_rows_pg(session: Session, t_now: float):
-    return session.execute(_GANG_ROWS_PG, {"t_now": t_now}).all()  # one fetch, not one per row
+def _gang_rows_pg(session: Session, t_now: float, soon: float):
+    """:func:`_gang_rows` summed by Postgres per pool and end: one row per release, not per gang."""
+    return session.execute(_GANG_ROWS_PG, {"t_now": t_now, "soon": soon}).all()
 
 
 def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:

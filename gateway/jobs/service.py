@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import String, bindparam, func, literal, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import instance_state
 
 from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
 from gateway.identity.principal import Principal
@@ -217,6 +218,14 @@ events AS (
 SELECT count(*) FROM noted""")
 
 
+def _show(job: Job, values: dict[str, Any]) -> None:
+    """``set_committed_value`` of several attributes at once: the loaded object shows what the
+    round writes itself, with nothing left for the ORM to flush (one call, not one per column)."""
+    state = instance_state(job)
+    state.dict.update(values)
+    state._commit(state.dict, values)
+
+
 class Claims:
     """:func:`claim` for the many jobs of one dispatch round, written by :meth:`flush` together.
 
@@ -234,10 +243,8 @@ class Claims:
         self._waiting_events: list[dict[str, Any]] = []
 
     def _batchable(self, job: Job) -> bool:
-        from sqlalchemy import inspect
-
         # Changed through the ORM earlier in this transaction, or no longer pending: the ORM writes it.
-        return job.state == JobState.PENDING.value and (job.id in self._noted or not inspect(job).modified)
+        return job.state == JobState.PENDING.value and (job.id in self._noted or not instance_state(job).modified)
 
     def note_waiting(self, job: Job, *, reason: str, actor: str) -> None:
         """:func:`note_waiting` of a pending job, written by :meth:`flush` (the same event, the same rule)."""
@@ -256,23 +263,17 @@ class Claims:
 
     def note_estimate(self, job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
         """:func:`note_estimate` of a pending job, written by :meth:`flush`."""
-        from sqlalchemy.orm.attributes import set_committed_value
-
         if not self._batchable(job):
             note_estimate(job, start=start, pool=pool, reason=reason)
             return
         if not _estimate_moved(job, start=start, pool=pool, reason=reason):
             return
-        for c, v in (("estimated_start", start), ("estimated_pool", pool), ("estimate_reason", reason)):
-            set_committed_value(job, c, v)
+        _show(job, {"estimated_start": start, "estimated_pool": pool, "estimate_reason": reason})
         self._noted[job.id] = job
 
     def claim(self, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime, actor: str,
               data: dict[str, Any] | None = None) -> None:
-        from sqlalchemy import inspect
-        from sqlalchemy.orm.attributes import set_committed_value
-
-        if inspect(job).modified:  # changed earlier in this transaction: the ORM writes it all
+        if instance_state(job).modified:  # changed earlier in this transaction: the ORM writes it all
             claim(self.session, job, pool=pool, held_gpus=held_gpus, reason=reason, lease_until=lease_until,
                   actor=actor, data=data)
             return
@@ -285,8 +286,7 @@ class Claims:
         values = dict(backend=pool, held_gpus=held_gpus, routing_reason=reason, next_attempt_at=lease_until,
                       dispatch_attempts=job.dispatch_attempts + 1, estimated_start=None, estimated_pool=None,
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)
-        for c, v in values.items():  # the loaded object shows the claim; nothing left for the ORM to flush
-            set_committed_value(job, c, v)
+        _show(job, values)
         self._claims.append(dict(id=job.id, from_state=current.value, backend=pool, held_gpus=held_gpus, reason=reason,
                                  next_attempt_at=lease_until, dispatch_attempts=values["dispatch_attempts"], at=now,
                                  actor=actor, data=data, ord=len(self._claims)))

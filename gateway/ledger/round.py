@@ -168,6 +168,10 @@ class RoundLedger:
     def known_pool(self, pool: str) -> bool:
         return pool in self._load_pools()
 
+    def known_pools(self) -> frozenset[str]:
+        """The pools the ledger knows (a reservation in any other is refused, naming them)."""
+        return frozenset(self._load_pools())
+
     def weight(self, pool: str, gpu_type: str | None) -> float:
         """The billing weight :func:`ledger.reserve` applies: the type's, the pool's "*", its cost, else 1."""
         pools = self._load_pools()

@@ -113,6 +113,7 @@ def pool_meta(session) -> dict[str, dict]:
 
     from gateway.pools.models import Pool
 
-    return {p.name: {"kind": p.kind, "state": p.state, "weight": p.weight, "cost": p.cost,
-                     "gpu_types": tuple(p.gpu_types or ())}
-            for p in session.scalars(select(Pool))}
+    # Columns, not ORM objects: asked at every capacity snapshot.
+    return {name: {"kind": kind, "state": state, "weight": weight, "cost": cost, "gpu_types": tuple(gpu_types or ())}
+            for name, kind, state, weight, cost, gpu_types in session.execute(
+                select(Pool.name, Pool.kind, Pool.state, Pool.weight, Pool.cost, Pool.gpu_types))}

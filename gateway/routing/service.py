@@ -123,9 +123,22 @@ class JobShape:
 
     @classmethod
     def of(cls, job) -> "JobShape":
-        spec = job.spec
-        return cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
-                           spec=spec)
+        """The job's shape; jobs of one shape share one object (a round's many jobs have few
+        shapes, and the memos keyed by shape then match by identity, not field by field)."""
+        spec = job.spec or {}
+        key = (job.workers, job.gpus_per_worker, job.total_gpus, spec.get("image"), spec.get("gpu_type"),
+               spec.get("memory_per_worker"), spec.get("cpus_per_worker"), spec.get("pool_kind"))
+        try:
+            shape = _SHAPES.get(key)
+        except TypeError:  # an unhashable field in an old spec: not shared
+            return cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
+                               spec=spec)
+        if shape is None:
+            if len(_SHAPES) >= 4096:
+                _SHAPES.clear()
+            shape = _SHAPES[key] = cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker,
+                                               total_gpus=job.total_gpus, spec=spec)
+        return shape
 
     @classmethod
     def of_spec(cls, *, workers: int, gpus_per_worker: int, total_gpus: int, spec: dict) -> "JobShape":
@@ -136,6 +149,10 @@ class JobShape:
                    image=spec.get("image"), gpu_type=spec.get("gpu_type"),
                    memory_mib_per_worker=parse_memory_mib(memory) if memory else 0,
                    cpus_per_worker=int(spec.get("cpus_per_worker") or 0), pool_kind=spec.get("pool_kind"))
+
+
+# The raw fields of a job's shape -> its JobShape (bounded: cleared when full).
+_SHAPES: dict[tuple, JobShape] = {}
 
 
 def never_fits(shape: JobShape, view: PoolView) -> str | None:

@@ -278,7 +278,8 @@ def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
 
 
 def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
-    """planning.releases (computed by Postgres there, in Python on SQLite): each gang's units and expected end."""
+    """planning.releases (computed by Postgres there, in Python on SQLite): each gang's units and expected end,
+    gangs of one pool that end at the same moment summed into one release."""
     from datetime import datetime, timedelta, timezone
 
     from gateway.dispatch import planning
@@ -306,8 +307,9 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
         soon = now.timestamp() + 1.0
         want = [("slurm-a", 2, t0.timestamp() + 7),  # whole nodes on a node-exclusive pool
                 ("kube-a", 12, now.timestamp() + 3600),  # no start known: from now; held 0 -> its GPUs
-                ("kube-a", 12, soon), ("kube-b", 12, (t0 + timedelta(microseconds=1)).timestamp() + 1800),
-                ("slurm-b", 2, t0.timestamp() + 900), ("kube-a", 12, soon)]
+                ("kube-b", 12, (t0 + timedelta(microseconds=1)).timestamp() + 1800),
+                ("slurm-b", 2, t0.timestamp() + 900),
+                ("kube-a", 24, soon)]  # past its end, and being cancelled: one release of both, soon
         assert sorted((r.pool, r.units, r.at) for r in rels) == sorted(want)
         assert held == {"slurm-a": 2, "kube-a": 36, "kube-b": 12, "slurm-b": 2}
 
