@@ -28,7 +28,7 @@ PG = stack_postgres_url()
 def pick(args) -> None:
     from gateway.accounts.models import Account
     from gateway.cli import run_migrations
-    from gateway.dispatch.service import pending_order
+    from gateway.dispatch import pending_order
     from gateway.jobs.models import Job
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.timeutil import new_id, utcnow
@@ -106,7 +106,7 @@ def plan_round(args) -> None:
     from gateway.cli import run_migrations
     from gateway.dispatch import planning
     from gateway.dispatch.claim import pending_order
-    from gateway.dispatch.service import Dispatcher
+    from gateway.dispatch import Dispatcher
     from gateway.jobs.models import Job
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings

@@ -69,7 +69,7 @@ def _pools(n: int) -> list[tuple[str, str, str, float]]:
 def _rounds(url: str, pools: int, rounds: int) -> list[float]:
     from sqlalchemy import delete
 
-    from gateway.dispatch.service import Dispatcher
+    from gateway.dispatch import Dispatcher
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings
     from gateway.pools.config import PoolConfig

@@ -17,7 +17,7 @@ from gateway.accounts.router import router as accounts_router
 from gateway.admin.router import router as admin_router
 from gateway.pools.config import build as build_pools, load as load_pools
 from gateway.pools.service import reconcile_at_startup as reconcile_pools
-from gateway.dispatch.service import Dispatcher
+from gateway.dispatch import Dispatcher
 from gateway.identity.router import router as identity_router
 from gateway.identity.setup import build_authenticator
 from gateway.flows.router import router as job_sets_router

@@ -136,7 +136,7 @@ def worker(once: bool) -> None:
     """Run the dispatcher/reconciler without the HTTP API (any number may run at once)."""
     import signal
 
-    from gateway.dispatch.service import Dispatcher
+    from gateway.dispatch import Dispatcher
     from gateway.kit.db import make_engine, make_sessionmaker
 
     settings = _settings()

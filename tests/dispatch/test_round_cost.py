@@ -52,7 +52,7 @@ def url(request, tmp_path, sqlite_template):  # noqa: F811
 
 @contextlib.contextmanager
 def dispatcher(url: str, **settings):
-    from gateway.dispatch.service import Dispatcher
+    from gateway.dispatch import Dispatcher
     from gateway.kit.settings import Settings
     from gateway.pools.config import PoolConfig
     from gateway.pools.service import reconcile

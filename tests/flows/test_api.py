@@ -148,7 +148,7 @@ def test_started_and_finished_conditions_and_whole_set_dependency(gw):
 
 
 def test_blocked_jobs_reserve_nothing_and_are_never_picked(gw):
-    from gateway.dispatch.service import pending_order
+    from gateway.dispatch import pending_order
     from gateway.kit.timeutil import utcnow
 
     a = post(gw, "/v1/jobs", BASE).json()

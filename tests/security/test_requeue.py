@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from adapters.base import BackendState, JobStatus
 from gateway.accounts.models import AccountQuota
-from gateway.dispatch.service import requeued_at
+from gateway.dispatch import requeued_at
 from gateway.jobs.states import JobState
 from gateway.ledger import service as ledger
 from gateway.ledger.models import Reservation
