@@ -65,7 +65,7 @@ def kube_lines(worker: int) -> list[str]:
 
 
 @pytest.fixture
-def pooled(oidc_env, slurm22, kube, dev_key_path, tmp_path):
+def pooled(oidc_env, slurm22, kube, dev_key_path, tmp_path):  # noqa: F811
     """A gateway on the real Slurm and Kueue pools, trusting the real Keycloak, served over HTTP."""
     url = f"sqlite:///{tmp_path}/gw.db"
     run_migrations(url)
@@ -102,8 +102,8 @@ def output_text(driver) -> str:
     return driver.find_element(By.ID, "output-text").text
 
 
-def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_cancel(pooled, provider, oidc_env,
-                                                                                      kube, k8s):
+def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_cancel(pooled, provider, oidc_env,  # noqa: F811
+                                                                                      kube, k8s):  # noqa: F811
     gw, base = pooled
     alice, bob = provider.password("alice"), provider.password("bob")
     on_slurm = submit(base, alice, name="on-slurm", backend="slurm", workers=2,
