@@ -156,23 +156,15 @@ def main() -> None:
         "A round reads the ledger once for the accounts it picked (chains, limits, budgets: "
         "gateway/ledger/round.py); picks the window's accounts in one statement (`unnest ... JOIN LATERAL`, "
         "`FOR UPDATE SKIP LOCKED` inside: the same rows and locks as one query per account); has Postgres "
-        "compute each in-flight gang's units and expected end for the planner; routes every job in memory "
-        "(a pool's never-fits verdict once per job shape); and writes its claims with their events in one "
+        "sum the units of the gangs in flight per pool and expected end for the planner; routes every job in "
+        "memory (a pool's never-fits verdict and the planner's ranking of pools once per job shape); and writes its claims with their events in one "
         "statement, the waiting notes of the jobs it holds back with theirs in one, and the reservations "
         "(the chains locked once, then one statement each for reservations, entries, balances and per-pool "
         "rows). The bulk writes send their rows as one JSON document (`json_to_recordset`) instead of one "
         "array per column, which psycopg escaped element by element in Python. `ledger.verify()` is empty "
         "after the run.",
         "",
-        "What is left, by cProfile (CPU) of the 10-pool round: about two thirds Python spread thin: routing "
-        "128 jobs over 10 pools twice (ranked for the planner, route for the reason the job shows) ~20%, "
-        "the ORM (loading the window's 128 jobs, showing the claim on the 100 loaded objects) ~15-20%, the "
-        "planner and its releases ~15% (one row per gang in flight: 1,600 by the last round, as submission "
-        "is stubbed and nothing leaves `dispatching`), the submit requests ~6%. On the SQL side the largest "
-        "statement is the claims' UPDATE of 100 job rows (five indexes each, a new row version each) with "
-        "their 100 events: 6-10 ms on the server."
-        + ("" if ok else " Reaching 50 ms at this load would need that Python halved again (e.g. routing and "
-           "claims on plain rows instead of ORM objects) rather than fewer statements."),
+        "Where a round's wall time goes, and what was tried, is in the notes below this section.",
     ])
     write_section("dispatch-round", body)
     print(body)
