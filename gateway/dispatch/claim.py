@@ -309,6 +309,9 @@ class ClaimMixin:
                 blocked[job.id] = "quota: " + "; ".join(refusals)
             candidates.append(planning.candidate(job, tuple(usable), blocked.get(job.id, "")))
         rels, registry_held = planning.releases(s, views, now=now)
+        lagging, registry_held = planning.lagging_ends(views, registry_held, list(self.recent_ends), now=now,
+                                                       monotonic_now=time.monotonic())
+        rels += lagging
         t_now = now.timestamp()
         result = plan(now=t_now, pools=planning.pool_models(views), free_now=planning.free_now(views, registry_held),
                       releases=rels, candidates=candidates, depth=self.settings.reservation_depth,

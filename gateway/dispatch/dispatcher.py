@@ -8,6 +8,7 @@ backend status means for a job is a pure function (status.py).
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -52,3 +53,6 @@ class Dispatcher(CapacityMixin, ClaimMixin, SubmitMixin, RecoveryMixin, Reconcil
         # Watch events for jobs whose submission the dispatcher has not recorded yet.
         self._deferred: dict[str, JobStatus] = {}
         self._deferred_lock = threading.Lock()
+        # Gangs this process saw end lately, (pool, workers, GPUs held, monotonic time): a
+        # snapshot may still count their units as used for some seconds (planning.lagging_ends).
+        self.recent_ends: collections.deque[tuple[str, int, int, float]] = collections.deque(maxlen=4096)

@@ -18,7 +18,7 @@ Pure helpers except :func:`releases`, which reads the registry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from sqlalchemy import Float, bindparam, case, cast, extract, func, null, select
@@ -131,6 +131,44 @@ _GANG_ROWS_PG = (
 def _gang_rows_pg(session: Session, t_now: float, soon: float):
     """:func:`_gang_rows` summed by Postgres per pool and end: one row per release, not per gang."""
     return session.execute(_GANG_ROWS_PG, {"t_now": t_now, "soon": soon}).all()
+
+
+# How long after a gang ended its units may still show as used in a snapshot (Kueue frees a
+# finished workload's quota a little after its pods end; a cached snapshot is older still).
+RECENT_END_S = 60.0
+
+
+def lagging_ends(views: Mapping[str, PoolView], held: Mapping[str, int],
+                 recent: Iterable[tuple[str, int, int, float]], *, now: datetime,
+                 monotonic_now: float) -> tuple[list[Release], dict[str, int]]:
+    """Releases "soon" for the units of gangs that ended lately but the snapshot still counts as used.
+
+    ``recent``: (pool, workers, GPUs held, monotonic time it ended) of the gangs this process
+    saw end. Without this, the snapshot's used units that no registry gang explains look like
+    someone else's work with no known end, the planner finds no time at which a whole-pool
+    gang fits, plans no reservation for it in that round, and a lower job takes the free
+    node: exactly what reservations exist to prevent. A pool's lagging units are at most what
+    its snapshot uses beyond the registry's gangs (``held``), so a snapshot that already shows
+    them free changes nothing. Returns the releases and ``held`` with them added.
+    """
+    ended: dict[str, int] = {}
+    for pool, workers, gpus, at in recent:
+        view = views.get(pool)
+        if view is None or view.capacity is None or monotonic_now - at > RECENT_END_S:
+            continue
+        ended[pool] = ended.get(pool, 0) + (workers if view.node_exclusive else gpus)
+    soon = now.timestamp() + 1.0
+    out: list[Release] = []
+    held_now = dict(held)
+    for pool, units in ended.items():
+        view = views[pool]
+        free = view.idle_nodes if view.node_exclusive else view.free_gpus
+        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        lag = min(units, max(0, total - free - held_now.get(pool, 0)))
+        if lag:
+            out.append(Release(pool, lag, soon))
+            held_now[pool] = held_now.get(pool, 0) + lag
+    return out, held_now
 
 
 def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:

@@ -340,6 +340,8 @@ class ReconcileMixin:
         if status is not None:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
         jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
+        if job.backend:
+            self.recent_ends.append((job.backend, job.workers, job.held_gpus or job.total_gpus, time.monotonic()))
         self.__dict__.get("_kept_before_cancel", set()).discard(job.id)
         backend = self.backends.get(output.job_pool(job) or "")
         if backend is not None:

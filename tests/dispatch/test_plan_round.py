@@ -201,3 +201,49 @@ def test_free_now_never_counts_a_dispatched_job_twice():
     assert free_now(view(3), {"slurm": 2}) == {"slurm": 2}  # the snapshot has not seen the queued one yet
     assert free_now(view(2), {"slurm": 2}) == {"slurm": 2}  # it has: not subtracted again
     assert free_now(view(1), {"slurm": 2}) == {"slurm": 1}  # a job the gateway does not know holds one
+
+
+def test_units_of_a_gang_that_just_ended_but_still_show_as_used_free_soon_so_the_gang_keeps_its_reservation():
+    """Kueue frees a finished workload's quota a little after its pods end. Those used units are no
+    registry gang's; taken for someone else's work with no known end, the whole-pool gang would find
+    no start at all in that round, lose its reservation, and a stream job would take the free GPUs."""
+    from datetime import timezone
+
+    from adapters.base import Capacity, PoolCapacity
+    from gateway.dispatch.planning import RECENT_END_S, free_now, lagging_ends
+    from gateway.routing.service import PoolView
+    from gateway.scheduling.planner import Candidate, PoolModel, Release, plan
+
+    now = datetime(2026, 12, 1, 23, 59, 11, tzinfo=timezone.utc)
+    t = now.timestamp()
+
+    def views(free_gpus):  # one Kubernetes pool, 32 GPUs on four 8-GPU nodes
+        cap = Capacity(backend="kubernetes", pools=(PoolCapacity("q", 4, 4, 32, free_gpus, 8),))
+        return {"kube": PoolView(name="kube", backend=None, capacity=cap, kind="kubernetes", idle_nodes=4,
+                                 free_gpus=free_gpus, total_nodes=4, total_gpus=32, gpus_per_node=8)}
+
+    running = [Release("kube", 8, t + 100), Release("kube", 8, t + 110)]  # two 8-GPU stream jobs
+    held = {"kube": 16}
+    ended = [("kube", 1, 8, 1000.0)]  # a third ended 5 s ago; the snapshot still counts its 8 GPUs
+    gang = Candidate(id="gang", workers=4, gpus_per_worker=8, time_limit_s=60, pools=("kube",))
+    stream = Candidate(id="stream", workers=1, gpus_per_worker=8, time_limit_s=120, pools=("kube",))
+
+    def planned(v, releases, held_):
+        return plan(now=t, pools=[PoolModel("kube", False, 32, 8)], free_now=free_now(v, held_),
+                    releases=releases, candidates=[gang, stream], depth=8)
+
+    # Before: 8 free + 16 at the stream jobs' ends never reaches 32: no reservation, the stream job starts.
+    before = planned(views(8), running, held)
+    assert [p.job_id for p in before.starts] == ["stream"] and not before.reservations
+
+    lag, held_after = lagging_ends(views(8), held, ended, now=now, monotonic_now=1005.0)
+    assert [(r.pool, r.units) for r in lag] == [("kube", 8)] and held_after == {"kube": 24}
+    after = planned(views(8), running + lag, held_after)
+    gang_at = after.estimate("gang")
+    assert gang_at is not None and gang_at.start == t + 110  # when both stream jobs have ended
+    assert not after.starts  # the stream job would end after the gang's planned start: it waits
+
+    # Once the snapshot shows them free there is nothing left to explain: no release, nothing held twice.
+    assert lagging_ends(views(16), held, ended, now=now, monotonic_now=1005.0) == ([], held)
+    # An end older than the window is someone else's work again.
+    assert lagging_ends(views(8), held, ended, now=now, monotonic_now=1000.0 + RECENT_END_S + 1) == ([], held)
