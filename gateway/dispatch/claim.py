@@ -206,12 +206,10 @@ class ClaimMixin:
         return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value
 
     def _claim_one(self, s: Session, job: Job, views: dict[str, PoolView], now: datetime, position: int,
-                   rnd: _Round, only: str | None = None, shape: JobShape | None = None,
-                   verdict: tuple[str, str] | None | type[Ellipsis] = ...) -> None:
+                   rnd: _Round, only: str | None = None, shape: JobShape | None = None) -> None:
         rl = rnd.ledger
         shape = shape or JobShape.of(job)
-        if verdict is ...:  # not asked by the caller yet
-            verdict = rl.budget_verdict(job=job, now=now)
+        verdict = rl.budget_verdict(job=job, now=now)
         if verdict is not None and verdict[0] == "never":
             jobs.finish(s, job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f"cannot run: {verdict[1]}")
             return
@@ -266,13 +264,12 @@ class ClaimMixin:
         blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
         usable_of: dict[str, tuple[str, ...]] = {}
         shapes: dict[str, JobShape] = {}
-        verdicts: dict[str, tuple[str, str] | None] = {}
         # ranked() per (shape, pool asked for): the views do not move before the plan is made.
         ranking: dict[tuple[JobShape, str], list[str]] = {}
         known = rl.known_pools()
         for job in picked:
             shape = shapes[job.id] = JobShape.of(job)
-            verdict = verdicts[job.id] = rl.budget_verdict(job=job, now=now)
+            verdict = rl.budget_verdict(job=job, now=now)
             if verdict is not None:
                 # "never" fails it below (the greedy path's words); else held this period.
                 blocked[job.id] = f"held: {verdict[1]}"
@@ -325,9 +322,7 @@ class ClaimMixin:
                 # fail what can never run, hold what is over budget or quota.
                 # The reason still says why not the other pools.
                 self._claim_one(s, job, views, now, position, rnd, only=start.pool if start is not None else None,
-                                shape=shapes[job.id],
-                                # A chain with a budget is asked again: this round's reservations count.
-                                verdict=... if rl.limited(job.account_name) else verdicts[job.id])
+                                shape=shapes[job.id])
                 if job.state == JobState.PENDING.value:
                     rnd.claims.note_estimate(job, start=None, pool=None, reason=job.state_reason.split(" (fair-share")[0])
                 continue

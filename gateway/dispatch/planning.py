@@ -133,6 +133,13 @@ def _gang_rows_pg(session: Session, t_now: float, soon: float):
     return session.execute(_GANG_ROWS_PG, {"t_now": t_now, "soon": soon}).all()
 
 
+def _free_and_total(view: PoolView) -> tuple[int, int]:
+    """The snapshot's free and total units in the pool's unit: whole nodes or GPUs."""
+    if view.node_exclusive:
+        return view.idle_nodes, view.total_nodes
+    return view.free_gpus, view.total_gpus
+
+
 # How long after a gang ended its units may still show as used in a snapshot (Kueue frees a
 # finished workload's quota a little after its pods end; a cached snapshot is older still).
 RECENT_END_S = 60.0
@@ -161,9 +168,7 @@ def lagging_ends(views: Mapping[str, PoolView], held: Mapping[str, int],
     out: list[Release] = []
     held_now = dict(held)
     for pool, units in ended.items():
-        view = views[pool]
-        free = view.idle_nodes if view.node_exclusive else view.free_gpus
-        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        free, total = _free_and_total(views[pool])
         lag = min(units, max(0, total - free - held_now.get(pool, 0)))
         if lag:
             out.append(Release(pool, lag, soon))
@@ -180,8 +185,7 @@ def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str
     """
     out = {}
     for name, view in views.items():
-        free = view.idle_nodes if view.node_exclusive else view.free_gpus
-        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        free, total = _free_and_total(view)
         out[name] = max(0, min(free, total - held.get(name, 0)))
     return out
 

@@ -131,13 +131,14 @@ class JobShape:
         try:
             shape = _SHAPES.get(key)
         except TypeError:  # an unhashable field in an old spec: not shared
-            return cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
-                               spec=spec)
+            key = shape = None
         if shape is None:
-            if len(_SHAPES) >= 4096:
-                _SHAPES.clear()
-            shape = _SHAPES[key] = cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker,
-                                               total_gpus=job.total_gpus, spec=spec)
+            shape = cls.of_spec(workers=job.workers, gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus,
+                                spec=spec)
+            if key is not None:
+                if len(_SHAPES) >= 4096:
+                    _SHAPES.clear()
+                _SHAPES[key] = shape
         return shape
 
     @classmethod
