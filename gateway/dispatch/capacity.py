@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import func, select
-
-from gateway.jobs.models import Job
 from gateway.jobs.states import JobState
 from gateway.kit.db import transaction
 from gateway.pools.service import pool_meta
@@ -32,7 +29,5 @@ class CapacityMixin:
     def _queue_depths(self) -> tuple[dict[str, int], dict[str, dict]]:
         """Jobs queued per pool, and each pool's row (kind, state, weight, cost, GPU types)."""
         with transaction(self.sessions) as s:
-            rows = s.execute(select(Job.backend, func.count()).where(
-                Job.state.in_([JobState.DISPATCHING.value, JobState.QUEUED.value])).group_by(Job.backend)).all()
-            meta = pool_meta(s)
-        return {b: n for b, n in rows if b}, meta
+            meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))
+        return depth, meta

@@ -238,6 +238,9 @@ class Claims:
 
     def __init__(self, session: Session):
         self.session = session
+        # One time for the round's claims (one transaction): the planner's releases of the
+        # gangs claimed together are then one row per pool, not one per gang.
+        self._at: datetime | None = None
         self._claims: list[dict[str, Any]] = []
         self._noted: dict[str, Job] = {}  # pending jobs whose reason or estimate moved
         self._waiting_events: list[dict[str, Any]] = []
@@ -282,7 +285,7 @@ class Claims:
             from gateway.jobs.states import IllegalTransition
 
             raise IllegalTransition(current, JobState.DISPATCHING)
-        now = utcnow()
+        now = self._at = self._at or utcnow()
         values = dict(backend=pool, held_gpus=held_gpus, routing_reason=reason, next_attempt_at=lease_until,
                       dispatch_attempts=job.dispatch_attempts + 1, estimated_start=None, estimated_pool=None,
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)

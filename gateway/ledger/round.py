@@ -13,7 +13,8 @@ lock the chain only to add the same deltas. So a round:
 * for the others, collects the reservations and writes them at the end of the round, in
   the round's transaction: the union of their chains locked once, in one global order
   (depth from the root, then name, which agrees with every chain's root-first order), the
-  reservations, entries, balance deltas and per-pool rows in one statement each.
+  reservations, entries, balance deltas and per-pool rows: in ONE statement on Postgres
+  (data-modifying CTEs), one statement each on SQLite.
 
 The rows written are the ones :func:`reserve` writes (``reserve_rows``), so
 ``ledger.verify()`` stays empty. If the tree moved, or a limit was set on one of these
@@ -24,11 +25,12 @@ dispatcher claims the round again (nothing of it was written).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, bindparam, case, exists, func, select
+from sqlalchemy import String, bindparam, case, exists, func, null, select, union_all
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
@@ -60,6 +62,12 @@ _CHAINS = (select(Account, AccountQuota, _POOL_LIMITED.label("pool_limited"))
            .outerjoin(AccountQuota, AccountQuota.account_name == Account.name)
            .where(Account.name.in_(select(_UP.c.name))))
 
+# The pools (cost, whether routable) and the billing weights in one statement: a weight's
+# row has its GPU type ("*" for the pool's default), a pool's has none.
+_POOLS_AND_WEIGHTS = union_all(
+    select(Pool.name, Pool.cost, Pool.configured, Pool.state, null().label("gpu_type"), null().label("weight")),
+    select(GpuBillingWeight.pool, null(), null(), null(), GpuBillingWeight.gpu_type, GpuBillingWeight.weight))
+
 _LOCKED_ACCOUNT = aliased(Account, name="round_account")
 _BALANCE_T = AccountBalance.__table__
 _DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs")
@@ -69,14 +77,56 @@ _ADD_DELTAS = (
 )
 
 
-def _add_deltas_pg():
-    """Postgres: :data:`_ADD_DELTAS` for every account of the round in one statement (not one per account)."""
-    rec = bulk.recordset(_BALANCE_T, ("account_name", *_DELTA_COLS))
-    return (_BALANCE_T.update().where(_BALANCE_T.c.account_name == rec.c.account_name)
-            .values(**{c: _BALANCE_T.c[c] + rec.c[c] for c in _DELTA_COLS}, updated_at=bindparam("b_now")))
+@functools.lru_cache(maxsize=8)
+def _flush_sql(dialect, res_cols: tuple[str, ...], entry_cols: tuple[str, ...]) -> Any:
+    """Postgres: a round's deferred reservations in one statement.
 
+    ``:rows`` holds one record per job: its reservation row (``res_cols``, as
+    :func:`ledger.reserve_rows` makes it), its entry (``e_`` + ``entry_cols``), its chain
+    (root first) and its place in the round. The reservation is inserted, or written again
+    over a released one (``ON CONFLICT ... WHERE.status = 'released'``); a job that holds
+    one already is left out of everything (RETURNING tells the caller which were written).
+    For the written ones: the entries in the round's order, the deltas added to every chain
+    account's balance, and the GPUs held per chain account and pool upserted. The chains'
+    balance rows are locked by the caller first, root-first (``RoundLedger._lock``).
+    """
+    from sqlalchemy import text
 
-_ADD_DELTAS_PG = _add_deltas_pg()
+    res_t, entry_t = Reservation.__table__, LedgerEntry.__table__
+    quote = dialect.identifier_preparer.quote
+
+    def typed(table, names, prefix=""):
+        return ", ".join(f"{quote(prefix + n)} {table.c[n].type.compile(dialect=dialect)}" for n in names)
+
+    cols = ", ".join(quote(c) for c in res_cols)
+    return text(f"""
+WITH r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json))
+           AS r({typed(res_t, res_cols)}, {typed(entry_t, entry_cols, "e_")}, chain text[], ord integer)),
+written AS (
+    INSERT INTO {quote(res_t.name)} ({cols}) SELECT {", ".join(f"r.{quote(c)}" for c in res_cols)} FROM r ORDER BY r.ord
+    ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in res_cols if c != "job_id")}
+    WHERE {quote(res_t.name)}.status = 'released'
+    RETURNING job_id),
+ok AS (SELECT r.* FROM r JOIN written ON written.job_id = r.job_id),
+entries AS (
+    INSERT INTO {quote(entry_t.name)} ({", ".join(quote(c) for c in entry_cols)})
+    SELECT {", ".join(f"ok.{quote('e_' + c)}" for c in entry_cols)} FROM ok ORDER BY ok.ord),
+up AS (SELECT c.name AS account_name, ok.pool, ok.gpus, ok.committed_gpu_seconds
+       FROM ok CROSS JOIN LATERAL unnest(ok.chain) AS c(name)),
+balances AS (
+    UPDATE account_balance SET reserved_gpus = account_balance.reserved_gpus + d.g,
+        committed_gpu_seconds = account_balance.committed_gpu_seconds + d.c,
+        queued_jobs = account_balance.queued_jobs + d.q, updated_at = :b_now
+    FROM (SELECT account_name, sum(gpus) AS g, sum(committed_gpu_seconds) AS c, count(*) AS q
+          FROM up GROUP BY account_name) AS d
+    WHERE account_balance.account_name = d.account_name),
+per_pool AS (
+    INSERT INTO account_pool_balance (account_name, pool, reserved_gpus)
+    SELECT account_name, pool, sum(gpus) FROM up WHERE gpus <> 0 GROUP BY account_name, pool
+    ON CONFLICT (account_name, pool)
+    DO UPDATE SET reserved_gpus = account_pool_balance.reserved_gpus + EXCLUDED.reserved_gpus)
+SELECT job_id FROM written""")
+
 # The reservations a round's jobs already have: ``= ANY(array)`` on Postgres, one parameter
 # whatever the batch size (an expanding IN binds, and renders, one per job).
 _HAVE_PG = select(Reservation.job_id, Reservation.status, Reservation.pool).where(
@@ -159,10 +209,12 @@ class RoundLedger:
 
     def _load_pools(self) -> dict[str, tuple[float | None, bool]]:
         if self._pools is None:
-            self._pools = {name: (cost, bool(configured) and state == "active") for name, cost, configured, state in
-                           self.session.execute(select(Pool.name, Pool.cost, Pool.configured, Pool.state))}
-            self._weights = {(p, t): float(w) for p, t, w in self.session.execute(
-                select(GpuBillingWeight.pool, GpuBillingWeight.gpu_type, GpuBillingWeight.weight))}
+            self._pools, self._weights = {}, {}
+            for name, cost, configured, state, gpu_type, weight in self.session.execute(_POOLS_AND_WEIGHTS):
+                if gpu_type is None:
+                    self._pools[name] = (cost, bool(configured) and state == "active")
+                else:
+                    self._weights[(name, gpu_type)] = float(weight)
         return self._pools
 
     def known_pool(self, pool: str) -> bool:
@@ -214,21 +266,58 @@ class RoundLedger:
         depth = {n: i for it in items for i, n in enumerate(it.names)}
         order = sorted(depth, key=lambda n: (depth[n], n))  # root-first for every chain
         self._lock(order)
+        if conn.dialect.name == "postgresql":
+            self._write_pg(conn, items)
+        else:
+            self._write(conn, items)
+        touched = set(depth)
+        ids = {it.job.id for it in items}
+        for obj in list(session.identity_map.values()):  # Core writes: drop stale copies
+            if isinstance(obj, (AccountBalance, AccountPoolBalance)) and obj.account_name in touched or (
+                    isinstance(obj, Reservation) and obj.job_id in ids):
+                session.expire(obj)
+
+    @staticmethod
+    def _again_or_refuse(status: str | None, r_pool: str | None, it: _Deferred) -> bool:
+        """What :func:`ledger.reserve` does with a job that has a reservation row: False to
+        skip it (reserved or started in the same pool: idempotent), True to reserve again
+        (released earlier, e.g. a submission the backend refused); a Conflict otherwise."""
+        if status in ("reserved", "started"):
+            if r_pool != it.pool:
+                raise Conflict(f"job {it.job.id} already holds a reservation in pool {r_pool}")
+            return False
+        if status == "finished":
+            raise Conflict(f"job {it.job.id} already finished; it cannot reserve again")
+        return True
+
+    def _write_pg(self, conn, items: list[_Deferred]) -> None:
+        """Postgres: the reservations, their entries, the chains' balance deltas and per-pool
+        rows in ONE statement (``_flush_sql``); only the jobs whose reservation row was
+        written (new, or released before) count. A job left out already had a reservation:
+        skipped when it is the same one (reserve() is idempotent), else a Conflict."""
+        doc = [{**it.row, **{f"e_{k}": v for k, v in it.entry.items()}, "chain": list(it.names), "ord": i}
+               for i, it in enumerate(items)]
+        sql = _flush_sql(conn.dialect, tuple(items[0].row), tuple(items[0].entry))
+        written = set(conn.execute(sql, {"rows": bulk.document(doc), "b_now": self.now}).scalars())
+        left = [it for it in items if it.job.id not in written]
+        if left:
+            have = {j: (st, p) for j, st, p in conn.execute(_HAVE_PG, {"ids": [it.job.id for it in left]})}
+            for it in left:
+                if self._again_or_refuse(*have.get(it.job.id, (None, None)), it):
+                    raise Conflict(f"job {it.job.id}: its reservation changed during the dispatch round; retry")
+
+    def _write(self, conn, items: list[_Deferred]) -> None:
+        """SQLite: the reservations a round's jobs already have read first, then one statement per table."""
         ids = [it.job.id for it in items]
-        pg = conn.dialect.name == "postgresql"
-        have = {j: (st, p) for j, st, p in (session.execute(_HAVE_PG, {"ids": ids}) if pg else session.execute(
-            select(Reservation.job_id, Reservation.status, Reservation.pool).where(Reservation.job_id.in_(ids))))}
+        have = {j: (st, p) for j, st, p in conn.execute(
+            select(Reservation.job_id, Reservation.status, Reservation.pool).where(Reservation.job_id.in_(ids)))}
         new_rows, again, entries = [], [], []
         deltas: dict[str, list[int]] = {}
         pool_deltas: dict[tuple[str, str], int] = {}
         for it in items:
             status, r_pool = have.get(it.job.id, (None, None))
-            if status in ("reserved", "started"):  # reserve() is idempotent per job
-                if r_pool != it.pool:
-                    raise Conflict(f"job {it.job.id} already holds a reservation in pool {r_pool}")
+            if status is not None and not self._again_or_refuse(status, r_pool, it):
                 continue
-            if status == "finished":
-                raise Conflict(f"job {it.job.id} already finished; it cannot reserve again")
             (again if status is not None else new_rows).append(it.row)
             entries.append(it.entry)
             for n in it.names:
@@ -243,19 +332,11 @@ class RoundLedger:
         for row in again:  # released earlier (e.g. a submission the backend refused): reserve again
             conn.execute(reservation_t.update().where(reservation_t.c.job_id == row["job_id"]), row)
         bulk.insert_rows(conn, LedgerEntry.__table__, entries)
-        if deltas and pg:
-            conn.execute(_ADD_DELTAS_PG, {"b_now": self.now, "rows": bulk.document(
-                [{"account_name": n, **dict(zip(_DELTA_COLS, d))} for n, d in deltas.items()])})
-        elif deltas:
+        if deltas:
             conn.execute(_ADD_DELTAS, [{"b_name": n, "b_now": self.now, **{f"d_{c}": v for c, v in zip(_DELTA_COLS, d)}}
                                        for n, d in deltas.items()])
         if pool_deltas:
-            ledger.add_pool_deltas(session, pool_deltas)
-        touched = set(depth)
-        for obj in list(session.identity_map.values()):  # Core writes: drop stale copies
-            if isinstance(obj, (AccountBalance, AccountPoolBalance)) and obj.account_name in touched or (
-                    isinstance(obj, Reservation) and obj.job_id in have):
-                session.expire(obj)
+            ledger.add_pool_deltas(self.session, pool_deltas)
 
     def _lock(self, order: list[str]) -> None:
         """Lock the balance and account rows of ``order`` (in that order), as every ledger writer does.

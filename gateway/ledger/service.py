@@ -915,11 +915,20 @@ def fairshare(session: Session, *, now: datetime | None = None, half_life_s: flo
     """
     now = _now(now)
     h = _half_life_s(half_life_s)
-    tree = {name: (parent, shares) for name, parent, shares in
-            session.execute(select(Account.name, Account.parent_name, Account.shares))}
-    own = {name: decay(v, as_utc(at), now, h) for name, v, at in session.execute(
-        select(FairshareUsage.account_name, FairshareUsage.decayed_gpu_seconds, FairshareUsage.decayed_at))}
+    tree: dict[str, tuple[str | None, int]] = {}
+    own: dict[str, float] = {}
+    # One statement (asked every dispatch round): usage rows of accounts that no longer
+    # exist would count for nothing in compute_fairshare anyway.
+    for name, parent, shares, v, at in session.execute(_FAIRSHARE_ROWS):
+        tree[name] = (parent, shares)
+        if at is not None:
+            own[name] = decay(v, as_utc(at), now, h)
     return compute_fairshare(tree, own)
+
+
+_FAIRSHARE_ROWS = (select(Account.name, Account.parent_name, Account.shares, FairshareUsage.decayed_gpu_seconds,
+                          FairshareUsage.decayed_at)
+                   .outerjoin(FairshareUsage, FairshareUsage.account_name == Account.name))
 
 
 def get_balance(session: Session, account: str) -> AccountBalance:

@@ -107,13 +107,25 @@ def reconcile_at_startup(sessionmaker, pools) -> list[str]:
         return reconcile(session, pools)
 
 
-def pool_meta(session) -> dict[str, dict]:
-    """Each pool row as PoolView keyword arguments (kind, state, weight, cost, gpu_types)."""
-    from sqlalchemy import select
+def pool_meta(session, *, queued_states: tuple[str, ...] = ()) -> tuple[dict[str, dict], dict[str, int]]:
+    """Each pool row as PoolView keyword arguments (kind, state, weight, cost, GPU types), and
+    the registry's jobs in ``queued_states`` per pool: one statement, asked at every capacity
+    snapshot (columns, not ORM objects). A pool with jobs but no row still gets its count."""
+    from sqlalchemy import func, select
 
+    from gateway.jobs.models import Job
     from gateway.pools.models import Pool
 
-    # Columns, not ORM objects: asked at every capacity snapshot.
-    return {name: {"kind": kind, "state": state, "weight": weight, "cost": cost, "gpu_types": tuple(gpu_types or ())}
-            for name, kind, state, weight, cost, gpu_types in session.execute(
-                select(Pool.name, Pool.kind, Pool.state, Pool.weight, Pool.cost, Pool.gpu_types))}
+    depth = (select(Job.backend.label("pool"), func.count().label("n")).where(Job.state.in_(queued_states))
+             .group_by(Job.backend).subquery("queued"))
+    meta: dict[str, dict] = {}
+    counts: dict[str, int] = {}
+    for name, kind, state, weight, cost, gpu_types, pool, n in session.execute(
+            select(Pool.name, Pool.kind, Pool.state, Pool.weight, Pool.cost, Pool.gpu_types, depth.c.pool, depth.c.n)
+            .join(depth, depth.c.pool == Pool.name, full=True)):
+        if name is not None:
+            meta[name] = {"kind": kind, "state": state, "weight": weight, "cost": cost,
+                          "gpu_types": tuple(gpu_types or ())}
+        if pool is not None:
+            counts[pool] = n
+    return meta, counts
