@@ -167,25 +167,22 @@ _CLAIM_RECORD = (("id", _JOB_T, "id"), ("from_state", _JOB_T, "state"), ("backen
                  ("at", _EVENT_T, "at"), ("actor", _EVENT_T, "actor"), ("data", _EVENT_T, "data"))
 
 
-@functools.lru_cache(maxsize=4)
-def _claims_sql(dialect) -> Any:
-    from sqlalchemy import text
-
+def _claims_ctes(dialect) -> str:
+    """``claimed`` (the claimed jobs' ids) and their events, over the document ``:rows``."""
     record = ", ".join(f"{name} {table.c[col].type.compile(dialect=dialect)}" for name, table, col in _CLAIM_RECORD)
     to = JobState.DISPATCHING.value
-    return text(f"""
-WITH r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r({record}, ord integer)),
+    return f"""
+r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r({record}, ord integer)),
 claimed AS (
     UPDATE job SET backend = r.backend, held_gpus = r.held_gpus, routing_reason = r.reason,
         next_attempt_at = r.next_attempt_at, dispatch_attempts = r.dispatch_attempts, estimated_start = NULL,
         estimated_pool = NULL, estimate_reason = NULL, state = '{to}', state_reason = r.reason, updated_at = r.at
     FROM r WHERE job.id = r.id AND job.state = r.from_state
     RETURNING job.id),
-events AS (
+claim_events AS (
     INSERT INTO job_event (job_id, at, actor, kind, from_state, to_state, reason, data)
     SELECT r.id, r.at, r.actor, 'state', r.from_state, '{to}', r.reason, r.data
-    FROM r JOIN claimed ON claimed.id = r.id ORDER BY r.ord)
-SELECT count(*) FROM claimed""")
+    FROM r JOIN claimed ON claimed.id = r.id ORDER BY r.ord)"""
 
 
 _NOTE_COLS = ("state_reason", "estimated_start", "estimated_pool", "estimate_reason", "updated_at")
@@ -193,29 +190,40 @@ _NOTE_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("n_id"), _JOB_T.c
                 .values({c: bindparam(f"n_{c}", type_=_JOB_T.c[c].type) for c in _NOTE_COLS}))
 
 
-@functools.lru_cache(maxsize=4)
-def _notes_sql(dialect) -> Any:
-    """Postgres: the noted pending jobs and their ``waiting`` events (in the order noted) in one statement."""
-    from sqlalchemy import text
-
+def _notes_ctes(dialect) -> str:
+    """``noted`` (the noted pending jobs' ids) and their ``waiting`` events (in the order noted),
+    over the documents ``:notes`` and ``:events``."""
     def typed(table, names):
         return ", ".join(f"{n} {table.c[n].type.compile(dialect=dialect)}" for n in names)
 
     # The guard compares with the record's from_state, not a constant: with state = 'pending'
     # (100,000 rows) a planner whose statistics lag chose to scan them all and hash-join.
-    return text(f"""
-WITH noted AS (
-    UPDATE job SET {", ".join(f"{c} = r.{c}" for c in _NOTE_COLS)}
-    FROM json_to_recordset(CAST(:rows AS json)) AS r({typed(_JOB_T, ("id", *_NOTE_COLS))}, from_state VARCHAR(16))
-    WHERE job.id = r.id AND job.state = r.from_state
+    return f"""
+noted AS (
+    UPDATE job SET {", ".join(f"{c} = n.{c}" for c in _NOTE_COLS)}
+    FROM json_to_recordset(CAST(:notes AS json)) AS n({typed(_JOB_T, ("id", *_NOTE_COLS))}, from_state VARCHAR(16))
+    WHERE job.id = n.id AND job.state = n.from_state
     RETURNING job.id),
-events AS (
+waiting_events AS (
     INSERT INTO job_event (job_id, at, actor, kind, reason)
     SELECT e.job_id, e.at, e.actor, e.kind, e.reason
     FROM json_to_recordset(CAST(:events AS json)) AS e({typed(_EVENT_T, ("job_id", "at", "actor", "kind", "reason"))},
                                                       ord integer)
-    ORDER BY e.ord)
-SELECT count(*) FROM noted""")
+    ORDER BY e.ord)"""
+
+
+@functools.lru_cache(maxsize=8)
+def _flush_sql(dialect, claims: bool, notes: bool) -> Any:
+    """Postgres: a round's claims, its notes, or both, with their events, in ONE statement.
+
+    Returns (jobs claimed, jobs noted). The two never touch the same job (Claims.flush checks).
+    """
+    from sqlalchemy import text
+
+    ctes = ([_claims_ctes(dialect)] if claims else []) + ([_notes_ctes(dialect)] if notes else [])
+    counts = ", ".join(f"(SELECT count(*) FROM {name})" if on else "0"
+                       for name, on in (("claimed", claims), ("noted", notes)))
+    return text(f"WITH {','.join(ctes)}\nSELECT {counts}")
 
 
 def _show(job: Job, values: dict[str, Any]) -> None:
@@ -297,55 +305,60 @@ class Claims:
                  extra={"job_id": job.id, "account": job.account_name, "pool": pool, "actor": actor})
 
     def flush(self) -> None:
-        self._flush_claims()
-        self._flush_notes()
-
-    def _flush_notes(self) -> None:
-        """The noted pending jobs (reason, estimate, ``updated_at`` as the ORM's onupdate sets it) and their events."""
+        """Write the round's claims and notes (Postgres: one statement; SQLite: a few)."""
         from sqlalchemy.orm.attributes import set_committed_value
 
+        claims, self._claims = self._claims, []
         noted, events, self._noted, self._waiting_events = self._noted, self._waiting_events, {}, []
-        if not noted:
+        if not claims and not noted:
             return
         now = utcnow()
-        rows = []
-        for job in noted.values():
+        notes = []
+        for job in noted.values():  # reason, estimate, and updated_at as the ORM's onupdate sets it
             set_committed_value(job, "updated_at", now)
-            rows.append(dict(id=job.id, state_reason=job.state_reason, estimated_start=job.estimated_start,
-                             estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now,
-                             from_state=JobState.PENDING.value))
+            notes.append(dict(id=job.id, state_reason=job.state_reason, estimated_start=job.estimated_start,
+                              estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now,
+                              from_state=JobState.PENDING.value))
         conn = self.session.connection()
         if conn.dialect.name == "postgresql":
-            done = conn.execute(_notes_sql(conn.dialect), {"rows": bulk.document(rows),
-                                                           "events": bulk.document(events)}).scalar_one()
+            if noted.keys() & {c["id"] for c in claims}:  # one statement may update a row once
+                raise ValueError("a job was both claimed and noted in one round")
+            claimed, done = conn.execute(_flush_sql(conn.dialect, bool(claims), bool(notes)), {
+                "rows": bulk.document(claims), "notes": bulk.document(notes),
+                "events": bulk.document(events)}).one()
         else:
-            done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items() if k != "from_state"}
-                                               for r in rows]).rowcount
-            bulk.insert_rows(conn, _EVENT_T, [{k: v for k, v in e.items() if k != "ord"} for e in events])
-        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(rows):
-            raise Conflict(f"{len(rows) - done} of {len(rows)} waiting jobs changed during the dispatch round; retry")
-
-    def _flush_claims(self) -> None:
-        claims, self._claims = self._claims, []
-        if not claims:
-            return
-        conn = self.session.connection()
-        if conn.dialect.name == "postgresql":
-            done = conn.execute(_claims_sql(conn.dialect), {"rows": bulk.document(claims)}).scalar_one()
-        else:
-            done = conn.execute(_CLAIM_UPDATE, [
-                {"c_id": c["id"], "c_from": c["from_state"], "c_backend": c["backend"], "c_held_gpus": c["held_gpus"],
-                 "c_routing_reason": c["reason"], "c_next_attempt_at": c["next_attempt_at"],
-                 "c_dispatch_attempts": c["dispatch_attempts"], "c_estimated_start": None, "c_estimated_pool": None,
-                 "c_estimate_reason": None, "c_state": JobState.DISPATCHING.value, "c_state_reason": c["reason"],
-                 "c_updated_at": c["at"]} for c in claims]).rowcount
-        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(claims):
-            raise Conflict(f"{len(claims) - done} of {len(claims)} claimed jobs changed during the dispatch "
+            claimed = self._claims_sqlite(conn, claims)
+            done = self._notes_sqlite(conn, notes, events)
+        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and (
+                claimed != len(claims)):
+            raise Conflict(f"{len(claims) - claimed} of {len(claims)} claimed jobs changed during the dispatch "
                            "round; retry")
-        if conn.dialect.name != "postgresql":
-            bulk.insert_rows(conn, _EVENT_T, [
-                dict(job_id=c["id"], at=c["at"], actor=c["actor"], kind="state", reason=c["reason"], data=c["data"],
-                     from_state=c["from_state"], to_state=JobState.DISPATCHING.value) for c in claims])
+        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(notes):
+            raise Conflict(f"{len(notes) - done} of {len(notes)} waiting jobs changed during the dispatch round; retry")
+
+    @staticmethod
+    def _notes_sqlite(conn, notes: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:
+        if not notes:
+            return 0
+        done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items() if k != "from_state"}
+                                           for r in notes]).rowcount
+        bulk.insert_rows(conn, _EVENT_T, [{k: v for k, v in e.items() if k != "ord"} for e in events])
+        return done
+
+    @staticmethod
+    def _claims_sqlite(conn, claims: list[dict[str, Any]]) -> int:
+        if not claims:
+            return 0
+        done = conn.execute(_CLAIM_UPDATE, [
+            {"c_id": c["id"], "c_from": c["from_state"], "c_backend": c["backend"], "c_held_gpus": c["held_gpus"],
+             "c_routing_reason": c["reason"], "c_next_attempt_at": c["next_attempt_at"],
+             "c_dispatch_attempts": c["dispatch_attempts"], "c_estimated_start": None, "c_estimated_pool": None,
+             "c_estimate_reason": None, "c_state": JobState.DISPATCHING.value, "c_state_reason": c["reason"],
+             "c_updated_at": c["at"]} for c in claims]).rowcount
+        bulk.insert_rows(conn, _EVENT_T, [
+            dict(job_id=c["id"], at=c["at"], actor=c["actor"], kind="state", reason=c["reason"], data=c["data"],
+                 from_state=c["from_state"], to_state=JobState.DISPATCHING.value) for c in claims])
+        return done
 
 
 def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
