@@ -351,20 +351,16 @@ class RoundLedger:
         Raises ChainChanged when an account moved since the round read the tree, or a limit
         was set on one of them: the round is claimed again and sees it.
         """
-        rank = case({n: i for i, n in enumerate(order)}, value=AccountBalance.account_name)
-        stmt = (select(AccountBalance.account_name, _LOCKED_ACCOUNT.parent_name.label("fresh_parent"),
-                       *[getattr(AccountQuota, c) for c in _LIMITS],
-                       exists().where(AccountPoolQuota.account_name == AccountBalance.account_name,
-                                      AccountPoolQuota.max_gpus.isnot(None)).label("pool_limited"))
-                .join(_LOCKED_ACCOUNT, _LOCKED_ACCOUNT.name == AccountBalance.account_name)
-                .outerjoin(AccountQuota, AccountQuota.account_name == AccountBalance.account_name)
-                .where(AccountBalance.account_name.in_(order)).order_by(rank)
-                .with_for_update(of=[AccountBalance, _LOCKED_ACCOUNT], key_share=True))
-        rows = self.session.execute(stmt).all()
+        if self.session.get_bind().dialect.name == "postgresql":
+            stmt, params = _LOCK_PG, {"order": order}  # one statement text whatever the accounts
+        else:
+            rank = case({n: i for i, n in enumerate(order)}, value=AccountBalance.account_name)
+            stmt, params = _lock_stmt(AccountBalance.account_name.in_(order), rank), {}
+        rows = self.session.execute(stmt, params).all()
         if len(rows) < len(order):
             # Accounts made before the ledger (or by the bootstrap CLI) have no balance row yet.
             ledger._insert_missing_balances(self.session, sorted(set(order) - {r.account_name for r in rows}))
-            rows = self.session.execute(stmt).all()
+            rows = self.session.execute(stmt, params).all()
         got = {r.account_name: r for r in rows}
         for n in order:
             r = got.get(n)
@@ -374,6 +370,26 @@ class RoundLedger:
             if r.pool_limited or any(getattr(r, c) is not None for c in _LIMITS):
                 raise ledger.ChainChanged(f"a limit was set on {n!r} while the dispatch round was being claimed; "
                                           "retry")
+
+
+def _lock_stmt(where, order_by):
+    """The balance and account rows of a round's chains, locked in ``order_by``, with what
+    the round must find unchanged (the parent, no limit set)."""
+    return (select(AccountBalance.account_name, _LOCKED_ACCOUNT.parent_name.label("fresh_parent"),
+                   *[getattr(AccountQuota, c) for c in _LIMITS],
+                   exists().where(AccountPoolQuota.account_name == AccountBalance.account_name,
+                                  AccountPoolQuota.max_gpus.isnot(None)).label("pool_limited"))
+            .join(_LOCKED_ACCOUNT, _LOCKED_ACCOUNT.name == AccountBalance.account_name)
+            .outerjoin(AccountQuota, AccountQuota.account_name == AccountBalance.account_name)
+            .where(where).order_by(order_by)
+            .with_for_update(of=[AccountBalance, _LOCKED_ACCOUNT], key_share=True))
+
+
+_ORDER = bindparam("order", type_=ARRAY(String))
+# Postgres: the order as one array parameter (``= ANY``, ``array_position``), not an IN list
+# and a CASE with a branch per account, which made a new statement for every round's set.
+_LOCK_PG = _lock_stmt(AccountBalance.account_name == func.any(_ORDER),
+                      func.array_position(_ORDER, AccountBalance.account_name))
 
 
 @dataclasses.dataclass(frozen=True)
