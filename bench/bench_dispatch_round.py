@@ -130,6 +130,23 @@ def _host_speed() -> float:
     return statistics.median(out)
 
 
+def _round_trip_ms(url: str) -> float:
+    """Milliseconds for one ``SELECT 1`` on the benchmark's Postgres (median of 5 x 200): the
+    host's latency between the gateway process and the server right now (context, as above)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    out = []
+    with engine.connect() as conn:
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(200):
+                conn.execute(text("SELECT 1")).all()
+            out.append((time.perf_counter() - t0) * 1000 / 200)
+    engine.dispose()
+    return statistics.median(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=100_000)
@@ -145,10 +162,12 @@ def main() -> None:
     results: dict[str, list[float]] = {label: [] for label, _ in configs}
     per_repeat: dict[str, list[float]] = {label: [] for label, _ in configs}
     cpu: dict[str, list[float]] = {label: [] for label, _ in configs}
+    trips: list[float] = []
     for repeat in range(a.repeats):  # reference and N pools alternate: a slow spell hits both
         for label, pools in configs:
             with fresh_database(migrated=True) as url:
                 _seed(url, a.jobs)
+                trips.append(_round_trip_ms(url))
                 CPU.pop(pools, None)
                 ms = _rounds(url, pools, a.rounds + 1)[1:]  # the first round warms caches
             results[label] += ms
@@ -183,8 +202,10 @@ def main() -> None:
         f"Target: median <= 50 ms with {a.pools} pools: **{'met' if ok else 'NOT met'}** "
         f"({new:.1f} ms; {met} of {a.repeats} runs met it on their own). Load average (1 min) {load_before:.1f} "
         f"before and {load_after:.1f} after, on {os.cpu_count()} CPUs. The host's speed: a fixed pure-Python "
-        f"workload took {speed_before:.1f} ms before and {speed_after:.1f} ms after (compare runs by it: the "
-        "wall and CPU time of a round move with the host's speed). "
+        f"workload took {speed_before:.1f} ms before and {speed_after:.1f} ms after; one `SELECT 1` "
+        f"round trip to Postgres took {statistics.median(trips):.3f} ms (median over the runs). Compare runs by "
+        "these: the wall and CPU time of a round move with the host's speed, and this host's speed moves by "
+        "two to four times within hours. "
         f"SQL statements per round: {statistics.median(STATEMENTS):.0f} (median; 712 before the round was "
         "batched, about seven per claimed job; 27 before session 6, 17 before session 8).",
         "",
