@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import httpx
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -33,6 +34,21 @@ def log_in(driver, base: str, user: str, env: dict, path: str = "/ui/") -> None:
     driver.find_element(By.ID, "kc-login").click()
     WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base + "/ui/") and d.find_elements(By.ID, "who"))
     assert driver.find_element(By.ID, "who").text == user
+
+
+def live_text(driver, element_id: str) -> str:
+    """The text of an element of a live job page as the page shows it now.
+
+    The page replaces its live section whole at every refresh (gateway/ui/static/ui.js:
+    on each of the job's events and every 2 s), so an element found a moment ago may be
+    gone by the time its text is read (StaleElementReferenceException): read the new one.
+    """
+    for _ in range(10):
+        try:
+            return driver.find_element(By.ID, element_id).text
+        except StaleElementReferenceException:
+            continue
+    return driver.find_element(By.ID, element_id).text
 
 
 def shot(driver, name: str) -> None:

@@ -35,7 +35,7 @@ from tests.dispatch.conftest import (  # noqa: F401  (k8s, kube, slurm22: fixtur
 )
 from tests.identity.conftest import issuer_configs, oidc_env, provider  # noqa: F401
 from tests.jobs.live import served
-from tests.ui.conftest import api, log_in, shot, submit
+from tests.ui.conftest import api, live_text, log_in, shot, submit
 
 pytestmark = [
     pytest.mark.oidc, pytest.mark.slurm, pytest.mark.kubernetes,
@@ -95,11 +95,11 @@ def wait_api(base: str, token: str, job_id: str, *states: str, timeout_s: float 
 
 
 def page_state(driver) -> str:
-    return driver.find_element(By.ID, "state").text
+    return live_text(driver, "state")
 
 
 def output_text(driver) -> str:
-    return driver.find_element(By.ID, "output-text").text
+    return live_text(driver, "output-text")
 
 
 def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_cancel(pooled, provider, oidc_env,  # noqa: F811
