@@ -13,7 +13,8 @@ from gateway.routing.service import PoolView
 class CapacityMixin:
     def views(self, *, fresh: bool = False) -> dict[str, PoolView]:
         if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
-            depth, meta = self._queue_depths()
+            with transaction(self.sessions) as s:  # each pool's row and its jobs dispatching or queued
+                meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))
             self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0), meta.get(name))
                            for name, b in self.backends.items()}
             self._views_at = time.monotonic()
@@ -25,9 +26,3 @@ class CapacityMixin:
         For the submit path, which must not wait on a cluster.
         """
         return dict(self._views)
-
-    def _queue_depths(self) -> tuple[dict[str, int], dict[str, dict]]:
-        """Jobs queued per pool, and each pool's row (kind, state, weight, cost, GPU types)."""
-        with transaction(self.sessions) as s:
-            meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))
-        return depth, meta

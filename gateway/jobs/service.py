@@ -329,11 +329,11 @@ class Claims:
         else:
             claimed = self._claims_sqlite(conn, claims)
             done = self._notes_sqlite(conn, notes, events)
-        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and (
-                claimed != len(claims)):
+        counted = conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount
+        if counted and claimed != len(claims):
             raise Conflict(f"{len(claims) - claimed} of {len(claims)} claimed jobs changed during the dispatch "
                            "round; retry")
-        if (conn.dialect.name == "postgresql" or conn.dialect.supports_sane_multi_rowcount) and done != len(notes):
+        if counted and done != len(notes):
             raise Conflict(f"{len(notes) - done} of {len(notes)} waiting jobs changed during the dispatch round; retry")
 
     @staticmethod

@@ -165,7 +165,6 @@ class RoundLedger:
                 if pool_limited:
                     self._pool_limited.add(acc.name)
         self._chains: dict[str, tuple[str, ...] | None] = {}
-        self._budgeted: dict[str, bool] = {}  # account -> a budget is set in its chain
         self._pools: dict[str, tuple[float | None, bool]] | None = None  # name -> (cost, routable)
         self._weights: dict[tuple[str, str], float] = {}
         self._deferred: list[_Deferred] = []
@@ -202,12 +201,8 @@ class RoundLedger:
             return ledger.budget_verdict(self.session, account=job.account_name, total_gpus=job.total_gpus,
                                          time_limit_s=job.time_limit_s, gpu_type=(job.spec or {}).get("gpu_type"),
                                          now=now)
-        budgeted = self._budgeted.get(job.account_name)
-        if budgeted is None:
-            budgeted = self._budgeted[job.account_name] = any(
-                (q := self._quota.get(n)) is not None and q.budget_gpu_seconds is not None for n in names)
-        if not budgeted:  # what budget_verdict_of says of a chain without a budget, asked twice per job
-            return None
+        if not any((q := self._quota.get(n)) is not None and q.budget_gpu_seconds is not None for n in names):
+            return None  # what budget_verdict_of says of a chain without a budget, without building its rows
         rows = [_BudgetRow(n, *((q.budget_gpu_seconds, q.budget_period, q.budget_window_days)
                                 if (q := self._quota.get(n)) is not None else (None, None, None))) for n in names]
         return ledger.budget_verdict_of(self.session, rows, total_gpus=job.total_gpus,

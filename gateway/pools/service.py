@@ -107,7 +107,7 @@ def reconcile_at_startup(sessionmaker, pools) -> list[str]:
         return reconcile(session, pools)
 
 
-def pool_meta(session, *, queued_states: tuple[str, ...] = ()) -> tuple[dict[str, dict], dict[str, int]]:
+def pool_meta(session, *, queued_states: tuple[str, ...]) -> tuple[dict[str, dict], dict[str, int]]:
     """Each pool row as PoolView keyword arguments (kind, state, weight, cost, GPU types), and
     the registry's jobs in ``queued_states`` per pool: one statement, asked at every capacity
     snapshot (columns, not ORM objects). A pool with jobs but no row still gets its count."""
