@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run run-slurm run-kube test install stack stack-down openapi bench lint clean
+.PHONY: run run-slurm run-kube test unit install stack stack-down openapi bench lint clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { apt-get update -qq && apt-get install -y -qq python3 python3-venv; }
@@ -43,6 +43,10 @@ stack-down:
 ## test: start the whole test stack, then run every test (SQLite and Postgres)
 test: install stack
 	ISTHMUS_REQUIRE_STACK=1 bash stack/run-tests.sh $(PYTEST_ARGS)
+
+## unit: the pure decision core's tests (tests/unit: no database, no cluster, no app; seconds)
+unit: install
+	$(BIN)/pytest -p no:cacheprovider -q tests/unit
 
 openapi: install
 	$(BIN)/isthmus openapi -o docs/openapi.json

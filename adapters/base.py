@@ -224,6 +224,10 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    # The adapter's settings dataclass: a pool's ``settings`` (pools file) are its fields.
+    settings_class: ClassVar[type | None] = None
+    # Settings fields that only make sense from Python (callables), never from a pools file.
+    code_only_settings: ClassVar[frozenset[str]] = frozenset()
     # Feature -> why this backend cannot do it (SkyPilot's _CLOUD_UNSUPPORTED_FEATURES).
     unsupported_features: ClassVar[Mapping[Feature, str]] = {}
 
@@ -346,6 +350,11 @@ class Backend(abc.ABC):
         if request.gpu_type and Feature.GPU_TYPE in self.unsupported_features:
             raise Unsupported(self.unsupported_features[Feature.GPU_TYPE], backend=self.name)
 
+    def config_problems(self) -> list[tuple[str, str]]:
+        """(field, message) for settings the adapter can check only once built (a kubeconfig's
+        content); each stops start-up in one line. Optional: none by default."""
+        return []
+
     def close(self) -> None:
         """Release connections. Optional."""
 
@@ -359,6 +368,8 @@ def register(cls: type[Backend]) -> type[Backend]:
     """Class decorator: register a backend; refuses duplicates and incomplete classes."""
     if not cls.name:
         raise TypeError(f"{cls.__qualname__} has no backend name")
+    if cls.settings_class is None:
+        raise TypeError(f"backend {cls.name!r} has no settings_class")
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         raise TypeError(f"backend {cls.name!r} does not implement: {', '.join(missing)}")

@@ -129,8 +129,8 @@ def accept(args) -> None:
 `python bench/bench_arrays.py --tasks {args.tasks} --repeats {args.repeats}` ({machine()}; uvicorn with
 {args.workers} workers, Postgres of the test stack, the load generator on the same machine). One
 `POST /v1/job-sets` with `array.count = {args.tasks}` records every task as a job with its first
-event in one transaction: two COPY statements, the set's spec JSON-encoded once and split at its
-placeholders, the rows' shared columns formatted once (gateway/flows/service.py); the reference is the same number of `POST /v1/jobs` from
+event in one transaction: two COPY statements, the set's spec stored once on the set and each
+task's row only its own values, the rows' shared columns formatted once (gateway/flows/service.py); the reference is the same number of `POST /v1/jobs` from
 `hey` with {args.concurrency} connections, in the same run against the same server. Medians of
 {args.repeats} repeats.
 
@@ -191,7 +191,7 @@ def dispatch_once(kind: str, n: int) -> float:
     from gateway.app import create_app
     from gateway.dispatch.dispatcher import Dispatcher
     from gateway.identity.setup import build_dev_issuer
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.settings import Settings
 
     with fresh_database(migrated=True) as url_db:
@@ -210,7 +210,7 @@ def dispatch_once(kind: str, n: int) -> float:
                     for _ in range(n):
                         client.post("/v1/jobs", json=body, headers=h).raise_for_status()
                 pool = RecordingPool()
-                disp = Dispatcher(sessions=app.state.sessionmaker, backends={pool.name: pool}, settings=settings)
+                disp = Dispatcher(sessions=app.state.sessionmaker, backends={pool.name: pool}, settings=settings.dispatch)
 
                 def left() -> int:
                     with app.state.sessionmaker() as s:

@@ -64,7 +64,7 @@ def _setup(kind: str, workdir: Path) -> tuple[dict[str, str], str, str]:
     """Server environment, a token, and a description of where it came from."""
     server_env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")}
     server_env.update(ISTHMUS_DATABASE_URL=f"sqlite:///{workdir}/bench.db", ISTHMUS_LOG_LEVEL="warning",
-                      ISTHMUS_DEV_KEY_PATH=str(workdir / "dev-key.pem"))
+                      ISTHMUS_DEV_KEY_PATH=str(workdir / "dev-key.pem"), ISTHMUS_METRICS_TOKEN="bench-metrics-token")
     kc = _keycloak_env() if kind in ("auto", "keycloak") else None
     if kind == "keycloak" and kc is None:
         sys.exit("bench_auth: --issuer keycloak but stack/oidc is not up (bash stack/oidc/up.sh)")

@@ -26,10 +26,10 @@ PG = stack_postgres_url()
 
 
 def pick(args) -> None:
-    from gateway.accounts.models import Account
+    from gateway.models.accounts import Account
     from gateway.cli import run_migrations
     from gateway.dispatch import pending_order
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.timeutil import new_id, utcnow
     from gateway.ledger import service as ledger
@@ -53,7 +53,7 @@ def pick(args) -> None:
                 jid = new_id()
                 batch.append(dict(
                     id=jid, name=f"j{i}", account_name=rnd.choice(accounts), submitted_by="bench", username="alice",
-                    requested_backend="auto", backend=None, state="pending", state_reason="", spec={"command": ["true"]},
+                    requested_pool="auto", pool=None, state="pending", state_reason="", spec={"command": ["true"]},
                     workers=1, gpus_per_worker=8, total_gpus=8, time_limit_s=3600, priority=rnd.randint(-5, 5),
                     routing_reason="", dispatch_attempts=0, created_at=now - timedelta(seconds=args.pending - i),
                     updated_at=now))
@@ -68,7 +68,7 @@ def pick(args) -> None:
         for _ in range(args.repeats):
             with sessions() as s, s.begin():
                 t = time.perf_counter()
-                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now).items()}
+                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now, half_life_s=7 * 86400).items()}
                 t1 = time.perf_counter()
                 jobs = pending_order(s, now=now, limit=100, lock=True, factors=factors)
                 t2 = time.perf_counter()
@@ -102,19 +102,20 @@ Target: pick <= 50 ms ({'met' if median(pick_ms) <= 50 else 'NOT met'}).
 
 def plan_round(args) -> None:
     """One scheduling round with reservations over 10 pools: the real ``Dispatcher.dispatch_round()``."""
-    from gateway.accounts.models import Account
+    from gateway.models.accounts import Account
     from gateway.cli import run_migrations
     from gateway.dispatch import planning
+    from gateway.domain import plan_inputs
     from gateway.dispatch.claim import pending_order
     from gateway.dispatch import Dispatcher
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings
     from gateway.kit.timeutil import new_id, utcnow
     from gateway.ledger import service as ledger
     from gateway.pools.config import PoolConfig
     from gateway.pools.service import reconcile
-    from gateway.scheduling.planner import plan
+    from gateway.domain.planner import plan
 
     window, per_account = Settings().scheduling_window, Settings().scheduling_per_account
     # Half Slurm-kind (whole nodes), half Kubernetes-kind (GPUs), all full.
@@ -144,7 +145,7 @@ def plan_round(args) -> None:
                 limit = rnd.choice([600, 3600, 4 * 3600, 24 * 3600])
                 rows.append(dict(
                     id=new_id(), name=f"j{i}", account_name=rnd.choice(accounts), submitted_by="bench",
-                    username="alice", requested_backend="auto", backend=rnd.choice(pools) if running else None,
+                    username="alice", requested_pool="auto", pool=rnd.choice(pools) if running else None,
                     state="running" if running else "pending", state_reason="", spec={"command": ["true"]},
                     workers=workers, gpus_per_worker=8, total_gpus=8 * workers,
                     time_limit_s=limit, priority=rnd.randint(-5, 5), routing_reason="", dispatch_attempts=0,
@@ -159,9 +160,9 @@ def plan_round(args) -> None:
             conn.execute(text("VACUUM ANALYZE"))  # as autovacuum leaves a steady database (index-only scans)
         settings = Settings(database_url=url, scheduling_policy="reservation", capacity_ttl_s=0, routing_weights="{}")
         # In-process stand-ins, 64 nodes x 8 GPUs, all busy (capacity only; submission is stubbed).
-        dispatcher = Dispatcher(sessions=sessions, settings=settings, backends={
+        dispatcher = Dispatcher(sessions=sessions, settings=settings.dispatch, backends={
             n: StandInPool(k, nodes=64, idle=0, partition=n) for n, k in kinds.items()})
-        dispatcher._submit_all = lambda *a, **kw: None  # nothing starts: every pool is full
+        dispatcher.submitter.submit_all = lambda *a, **kw: None  # nothing starts: every pool is full
         counted: list[int] = []
         from sqlalchemy import event
 
@@ -174,7 +175,7 @@ def plan_round(args) -> None:
             booked = s.scalar(select(func.count()).select_from(Job).where(Job.estimated_start.isnot(None)))
         assert booked == 8, booked
         views = dispatcher.views(fresh=True)
-        models = planning.pool_models(views)
+        models = plan_inputs.pool_models(views)
         round_ms, statements, pick_ms, rel_ms, plan_ms, ref_ms = [], [], [], [], [], []
         for _ in range(args.repeats):
             counted.clear()
@@ -185,13 +186,13 @@ def plan_round(args) -> None:
             # Its parts, in a transaction rolled back (same state).
             with sessions() as s, s.begin():
                 t0 = time.perf_counter()
-                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now).items()}
+                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now, half_life_s=7 * 86400).items()}
                 picked = pending_order(s, now=now, limit=window, lock=True, factors=factors, per_account=per_account)
                 t1 = time.perf_counter()
                 rels, registry_held = planning.releases(s, views, now=now)
                 t2 = time.perf_counter()
-                cands = [planning.candidate(j, tuple(pools)) for j in picked]
-                result = plan(now=now.timestamp(), pools=models, free_now=planning.free_now(views, registry_held),
+                cands = [plan_inputs.candidate(j, tuple(pools)) for j in picked]
+                result = plan(now=now.timestamp(), pools=models, free_now=plan_inputs.free_now(views, registry_held),
                               releases=rels, candidates=cands, depth=8, max_starts=100)
                 t3 = time.perf_counter()
                 s.rollback()
@@ -201,7 +202,7 @@ def plan_round(args) -> None:
             plan_ms.append((t3 - t2) * 1e3)
             with sessions() as s, s.begin():  # reference, same run: the greedy round's pick (dispatch-pick)
                 t = time.perf_counter()
-                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now).items()}
+                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now, half_life_s=7 * 86400).items()}
                 assert len(pending_order(s, now=now, limit=100, lock=True, factors=factors)) == 100
                 ref_ms.append((time.perf_counter() - t) * 1e3)
                 s.rollback()
@@ -253,7 +254,7 @@ def e2e(args) -> None:
     from gateway.app import create_app
     from gateway.cli import run_migrations
     from gateway.identity.setup import build_dev_issuer
-    from gateway.jobs.models import Job, JobEvent
+    from gateway.models.jobs import Job, JobEvent
     from gateway.kit.settings import Settings
     from sqlalchemy import select
     from adapters.envfile import read_env_file as read_env
@@ -313,18 +314,18 @@ def e2e(args) -> None:
                 seq_rates = []
                 for _ in range(args.repeats):
                     for concurrency, into in ((settings.dispatch_concurrency, rates), (1, seq_rates)):
-                        disp.settings = settings.model_copy(update={"dispatch_concurrency": concurrency})
+                        disp.settings = settings.dispatch.model_copy(update={"dispatch_concurrency": concurrency})
                         ids = submit(pool, args.jobs)
                         t0 = time.perf_counter()
                         while len(accepted(ids)) < len(ids):
                             disp.dispatch_round()
                         into.append(len(ids) / (time.perf_counter() - t0))
-                    disp.settings = settings
+                    disp.settings = settings.dispatch
                     raw_rates.append(RAW[pool](args.jobs, slurm_env, kube_env))
                 drain()  # "with the backends idle": the throughput jobs finish first
                 # latency: the dispatcher runs in the background; jobs arrive one by one
-                disp.settings = settings.model_copy(update={"dispatch_interval_s": 1.0})
-                disp._stop.clear()
+                disp.settings = settings.dispatch.model_copy(update={"dispatch_interval_s": 1.0})
+                disp._stop.clear()  # started again after a stop (the bench reuses it)
                 disp.start()
                 try:
                     for _ in range(args.latency_jobs):

@@ -32,8 +32,8 @@ ACCOUNTS = 50
 def _seed(url: str, jobs: int) -> None:
     from sqlalchemy import create_engine
 
-    from gateway.accounts.models import Account
-    from gateway.jobs.models import Job
+    from gateway.models.accounts import Account
+    from gateway.models.jobs import Job
     from gateway.kit.timeutil import new_id, utcnow
 
     engine = create_engine(url)
@@ -45,8 +45,8 @@ def _seed(url: str, jobs: int) -> None:
         for i in range(jobs):
             gpu_type = ("a100", "h100", None)[i % 3]
             batch.append({"id": new_id(), "name": "j", "account_name": f"acct-{i % ACCOUNTS:02d}",
-                          "submitted_by": "dev:alice", "username": "alice", "requested_backend": "auto",
-                          "backend": None, "state": "pending", "state_reason": "",
+                          "submitted_by": "dev:alice", "username": "alice", "requested_pool": "auto",
+                          "pool": None, "state": "pending", "state_reason": "",
                           "spec": {"command": ["true"], "gpu_type": gpu_type, "cpus_per_worker": 1,
                                    "memory_per_worker": "4Gi"},
                           "workers": 1, "gpus_per_worker": 8, "total_gpus": 8, "time_limit_s": 3600,
@@ -73,7 +73,7 @@ def _rounds(url: str, pools: int, rounds: int) -> list[float]:
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings
     from gateway.pools.config import PoolConfig
-    from gateway.pools.models import Pool
+    from gateway.models.pools import Pool
     from gateway.pools.service import reconcile
 
     engine = make_engine(url, pool_size=4)
@@ -83,8 +83,8 @@ def _rounds(url: str, pools: int, rounds: int) -> list[float]:
         s.execute(delete(Pool))
         reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in spec])
     settings = Settings(database_url=url, dispatch_batch=100, capacity_ttl_s=0, routing_weights="{}")
-    dispatcher = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t, nodes=2000) for n, k, t, _ in spec}, settings=settings)
-    dispatcher._submit_all = lambda *a, **kw: None  # the backend side is not measured here
+    dispatcher = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t, nodes=2000) for n, k, t, _ in spec}, settings=settings.dispatch)
+    dispatcher.submitter.submit_all = lambda *a, **kw: None  # the backend side is not measured here
     from sqlalchemy import event
 
     seen: list[int] = []

@@ -10,7 +10,6 @@ Each figure is the median over --repeats runs.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import platform
 import random
@@ -24,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, insert, text
 
 from bench.common import fresh_database
-from gateway.jobs.models import Job
+from gateway.models.jobs import Job
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.ledger import service as ledger
 
@@ -119,7 +118,7 @@ def _jobs(url: str, plan: list[str], n_per: int) -> dict[str, list[str]]:
             ids = [new_id() for _ in range(n_per)]
             out[acc] = ids
             rows += [dict(id=i, name="b", account_name=acc, submitted_by="bench", username="bench",
-                          requested_backend="slurm", backend="slurm", state="pending", state_reason="",
+                          requested_pool="slurm", pool="slurm", state="pending", state_reason="",
                           spec={"gpu_type": None}, workers=1, gpus_per_worker=1, total_gpus=1, time_limit_s=3600,
                           priority=0, routing_reason="", dispatch_attempts=0, created_at=NOW, updated_at=NOW)
                      for i in ids]
@@ -150,7 +149,8 @@ def _reserve_rate(url: str, work: list[list[str]], threads: int) -> float:
 
 
 def bench_reserve(url: str, repeats: int) -> dict:
-    from gateway.accounts import lifecycle, service as accounts
+    from gateway.accounts import service as accounts
+    from gateway.admin import lifecycle
 
     res: dict[str, list[float]] = {"hot_1": [], "hot_8": [], "many_8": []}
     for _ in range(repeats):

@@ -92,7 +92,7 @@ def main() -> None:
             from sqlalchemy import create_engine, text
             engine = create_engine(db)
             with engine.begin() as conn:  # finished on the pool, as if it had run there
-                conn.execute(text("UPDATE job SET backend='slurm', state='succeeded' WHERE id=:id"), {"id": job})
+                conn.execute(text("UPDATE job SET pool='slurm', state='succeeded' WHERE id=:id"), {"id": job})
             engine.dispose()
             path = out_dir / f"isthmus-{job}-worker-0.out"
             line = b"x" * 99 + b"\n"

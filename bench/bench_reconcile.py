@@ -42,7 +42,7 @@ def run_mode(mode: str, url: str, backends: dict, jobs: int) -> list[float]:
 
     from gateway.app import create_app
     from gateway.identity.setup import build_dev_issuer
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.settings import Settings
 
     settings = Settings(database_url=url, dev_mode=True, dev_key_path=Path(f"/tmp/{uuid.uuid4().hex}.pem"),

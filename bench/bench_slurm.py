@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from adapters.base import SubmitRequest
-from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file
+from adapters.envfile import read_env_file
+from adapters.slurm import SlurmBackend, SlurmSettings
 from bench.common import machine, pct, write_section
 
 USER = "alice"

@@ -27,7 +27,7 @@ from bench.common import fresh_database, machine, median, pct, write_section  # 
 
 
 def produce(sessions, job_ids: list[str], rate: float, seconds: float, committed: dict[int, float]) -> None:
-    from gateway.jobs.models import JobEvent
+    from gateway.models.jobs import JobEvent
     from gateway.kit.timeutil import utcnow
 
     n = int(rate * seconds)
@@ -146,7 +146,7 @@ def main() -> None:
             for interval in (settings.webhook_interval_s, 0.1):
                 committed: dict[int, float] = {}
                 worker = WebhookWorker(sessions=app.state.sessionmaker,
-                                       settings=settings.model_copy(update={"webhook_interval_s": interval}))
+                                       settings=settings.model_copy(update={"webhook_interval_s": interval}).webhooks)
                 worker.run_once()  # fan out the submissions' events first
                 worker.start()
                 try:

@@ -12,6 +12,13 @@ failed=()
 for script in bench/bench_*.py bench/simulate.py; do
   name=$(basename "$script" .py); name=${name#bench_}
   if [ -n "${BENCH_ONLY:-}" ] && [[ " $BENCH_ONLY " != *" $name "* ]]; then continue; fi
+  # The before/after comparisons need the revision to compare with: BENCH_BEFORE=REV runs them.
+  if [[ "$name" == *_ab ]]; then
+    if [ -z "${BENCH_BEFORE:-}" ]; then echo "== bench: $name skipped (set BENCH_BEFORE=REV)"; continue; fi
+    echo "== bench: $name (before: $BENCH_BEFORE)"
+    "$PY" "$script" --before "$BENCH_BEFORE" || failed+=("$name")
+    continue
+  fi
   echo "== bench: $name"
   "$PY" "$script" || failed+=("$name")
 done

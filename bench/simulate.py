@@ -1,5 +1,5 @@
 """Scheduling simulator: replay a synthetic GPU-cluster trace through the gateway's own
-scheduling code (gateway/scheduling) under three policies, and write the table to
+scheduling code (gateway/domain/planner.py, simulate.py) under three policies, and write the table to
 docs/benchmarks.md.
 
     .venv/bin/python bench/simulate.py [--jobs 30000] [--load 0.95] [--seed 1]
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine, pct, write_section  # noqa: E402
-from gateway.scheduling.simulate import SimPool, TraceJob, simulate  # noqa: E402
+from gateway.domain.simulate import SimPool, TraceJob, simulate  # noqa: E402
 
 POOLS = [SimPool("slurm-a100", "slurm", 64, 8), SimPool("slurm-h100", "slurm", 32, 8),
          SimPool("kube-onprem", "kubernetes", 32, 8), SimPool("kube-cloud", "kubernetes", 16, 8)]
@@ -124,7 +124,7 @@ def main() -> None:
 {machine()}. {a.jobs:,} jobs per trace from {a.accounts} accounts over {capacity:,} GPUs in
 {len(POOLS)} pools ({", ".join(f"{p.name}: {p.nodes}x{p.gpus_per_node} {p.kind}" for p in POOLS)}),
 seed {a.seed}, reservation depth {a.depth}. Every start is decided by
-`gateway/scheduling/planner.py`; accounts are ordered by the ledger's `compute_fairshare`
+`gateway/domain/planner.py`; accounts are ordered by `gateway/domain/fairshare.py::compute_fairshare`
 over decayed usage (half-life 7 days, recomputed every 5 simulated minutes).
 
 Trace (synthetic; the shape published GPU-cluster traces report, see the script's
@@ -141,7 +141,7 @@ saturation are long under every policy. GPU-hours held by partially started gang
 construction: a gang is placed as a unit, as Slurm's exclusive allocation and Kueue's
 admission do, and the planner never books part of one. The issue's starvation scenario
 (a stream of 1-node jobs in front of a whole-pool gang) is pinned by
-`tests/scheduling/test_planner.py`; the dispatcher plans its rounds with it (docs/dispatch.md,
+`tests/unit/test_planner.py`; the dispatcher plans its rounds with it (docs/dispatch.md,
 "Reservations and backfill"), pinned on the real clusters by `tests/dispatch/test_reservations.py`.
 """
     print(body)

@@ -13,27 +13,30 @@ from pydantic import BaseModel, Field
 from sqlalchemy import text
 
 from gateway import __version__
-from gateway.accounts.router import router as accounts_router
-from gateway.admin.router import router as admin_router
+from gateway.api.accounts import router as accounts_router
+from gateway.api.admin import router as admin_router
 from gateway.pools.config import build as build_pools, load as load_pools
 from gateway.pools.service import reconcile_at_startup as reconcile_pools
 from gateway.dispatch import Dispatcher
-from gateway.identity.router import router as identity_router
+from gateway.api.identity import router as identity_router
+from gateway.identity.seen import MembershipSeenRecorder
 from gateway.identity.setup import build_authenticator
-from gateway.flows.router import router as job_sets_router
-from gateway.jobs.router import router as jobs_router
-from gateway.jobs.router import events_router as job_events_router
+from gateway.api.flows import router as job_sets_router
+from gateway.api.jobs import router as jobs_router
+from gateway.api.jobs import events_router as job_events_router
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
-from gateway.kit.limits import BodyLimitMiddleware
+from gateway.identity.bodylimit import BodyLimitMiddleware
 from gateway.kit.settings import Settings, get_settings
-from gateway.metrics.router import router as metrics_router
+from gateway.kit.streams import StreamLimiter
+from gateway.api.metrics import check_access as check_metrics_access, router as metrics_router
+from gateway.webhooks.address import check_allowlist as check_webhook_allowlist
 from gateway.pools import service as pools
-from gateway.pools.router import admin_router as pools_admin_router, router as pools_router
+from gateway.api.pools import admin_router as pools_admin_router, router as pools_router
 from gateway.ui.apidocs import install as install_api_docs
 from gateway.ui.router import install as install_ui
-from gateway.webhooks.router import account_router as webhooks_router, admin_router as admin_webhooks_router
+from gateway.api.webhooks import account_router as webhooks_router, admin_router as admin_webhooks_router
 
 log = logging.getLogger("isthmus")
 
@@ -150,14 +153,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.pools = {p.name: p for p in pool_configs}
         app.state.backends = build_pools(pool_configs)
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
-                                          settings=settings)
+                                          settings=settings.dispatch)
         if app.state.backends and settings.dispatch_in_serve:
             app.state.dispatcher.start()
         app.state.webhooks = None
         if settings.webhooks_in_serve:
             from gateway.webhooks.worker import WebhookWorker
 
-            app.state.webhooks = WebhookWorker(sessions=app.state.sessionmaker, settings=settings)
+            app.state.webhooks = WebhookWorker(sessions=app.state.sessionmaker, settings=settings.webhooks)
             app.state.webhooks.start()
         try:
             yield
@@ -176,6 +179,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   servers=SERVERS, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
+    check_metrics_access(settings)  # refuses to start with /metrics open outside dev mode
+    check_webhook_allowlist(settings)  # a typo fails at start, not at the first delivery
+    # Event streams and log follows, per caller and in all (gateway/kit/streams.py).
+    app.state.streams = StreamLimiter(per_subject=settings.max_streams_per_subject, total=settings.stream_budget)
+    # Who was seen holding which accounts: keeps webhook endpoints alive (docs/webhooks.md).
+    app.state.membership_seen = MembershipSeenRecorder(lambda: app.state.sessionmaker,
+                                                       write_every_s=settings.membership_seen_write_s)
     install_error_handlers(app)
     # Refuses oversized, unauthenticated or slow bodies before anything reads them.
     app.add_middleware(BodyLimitMiddleware, authenticator=app.state.authenticator,
@@ -249,14 +259,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
-    from gateway.accounts.models import Account
+    from gateway.models.accounts import Account
+
+    from sqlalchemy.exc import IntegrityError
 
     names = [n.strip() for n in settings.dev_accounts.split(",") if n.strip()]
-    try:
-        with transaction(app.state.sessionmaker) as session:
-            for name in names:
-                if session.get(Account, name) is None:
-                    session.add(Account(name=name, shares=1, description="dev-mode demo account"))
-    except Exception:  # noqa: BLE001 - schema may not be migrated yet; say so clearly
-        log.error("could not seed dev accounts; run `isthmus migrate` first")
-        raise
+    for attempt in (1, 2):
+        try:
+            with transaction(app.state.sessionmaker) as session:
+                for name in names:
+                    if session.get(Account, name) is None:
+                        session.add(Account(name=name, shares=1, description="dev-mode demo account"))
+            return
+        except IntegrityError:
+            # Another worker process of `serve --workers N` seeded them between our read and
+            # our insert (a clean-clone CI run, 2026-12-03): read again, they are there now.
+            if attempt == 2:
+                raise
+        except Exception:  # noqa: BLE001 - schema may not be migrated yet; say so clearly
+            log.error("could not seed dev accounts; run `isthmus migrate` first")
+            raise

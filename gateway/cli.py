@@ -58,16 +58,18 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
     if migrate or (migrate is None and settings.is_sqlite):
         run_migrations(settings.database_url)
     from gateway.identity.setup import ConfigurationError, build_authenticator
+    from gateway.api.metrics import check_access as check_metrics_access
 
     try:
         build_authenticator(settings)
+        check_metrics_access(settings)
     except ConfigurationError as exc:
         raise click.ClickException(str(exc)) from None
     _check_pools(settings)
     if settings.dev_mode and settings.log_format == "text":  # in JSON, the app logs the same warning
         click.secho("DEV MODE: tokens from `isthmus token` are trusted. Never run this in production.",
                     fg="yellow", err=True)
-    # Body size and body timeouts are enforced by the app (gateway/kit/limits.py); these
+    # Body size and body timeouts are enforced by the app (gateway/identity/bodylimit.py); these
     # are the limits only the server can set (docs/security.md, finding 5). log_config=None:
     # each worker process configures logging itself (gateway/kit/logs.py).
     uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port, workers=workers,
@@ -82,7 +84,7 @@ def _check_pools(settings) -> None:
     (in the log format the gateway uses, so a JSON log stays all JSON)."""
     import logging
 
-    from gateway.dispatch.backends import BackendConfigError
+    from gateway.pools.adapters import BackendConfigError
     from gateway.kit.logs import configure as configure_logging
     from gateway.pools.service import probe
 
@@ -143,7 +145,7 @@ def worker(once: bool) -> None:
     from gateway.kit.logs import configure as configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
-    from gateway.dispatch.backends import BackendConfigError
+    from gateway.pools.adapters import BackendConfigError
 
     try:
         backends = _pools_at_startup(settings)
@@ -153,15 +155,19 @@ def worker(once: bool) -> None:
         raise click.ClickException("no pool configured: set ISTHMUS_POOLS_FILE or ISTHMUS_BACKENDS (see docs/pools.md)")
     engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
     sessions = make_sessionmaker(engine)
-    dispatcher = Dispatcher(sessions=sessions, backends=backends, settings=settings)
+    from gateway.dispatch.faults import Faults
+
+    # Fault injection only from its test-only variables (the crash tests): gateway/dispatch/faults.py.
+    dispatcher = Dispatcher(sessions=sessions, backends=backends, settings=settings.dispatch,
+                            faults=Faults.from_env())
     from gateway.webhooks.worker import WebhookWorker
 
-    webhooks = WebhookWorker(sessions=sessions, settings=settings)  # docs/webhooks.md
+    webhooks = WebhookWorker(sessions=sessions, settings=settings.webhooks)  # docs/webhooks.md
     if once:
         dispatcher.run_once()
         webhooks.run_once()
         return
-    signal.signal(signal.SIGTERM, lambda *_: dispatcher._stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: dispatcher.request_stop())
     click.echo(f"worker: dispatching to {', '.join(sorted(backends))}", err=True)
     webhooks.start()
     try:
@@ -245,7 +251,7 @@ def account() -> None:
 @click.option("--parent", default=None, help="parent account (quotas and budgets are inherited from it)")
 @click.option("--shares", default=1, show_default=True, type=int, help="fair-share shares among its siblings")
 def account_create(name: str, parent: str | None, shares: int) -> None:
-    from gateway.accounts.models import Account
+    from gateway.models.accounts import Account
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
 
     settings = _settings()
@@ -398,19 +404,19 @@ def submit_pipeline(client: Client, pipeline: dict, *, source: str) -> dict[str,
 @click.option("--state", multiple=True, type=click.Choice(JOB_STATES),
               help="only jobs in this state (repeatable)")
 @click.option("--account", help="only jobs of this account")
-@click.option("--pool", "backend", help="only jobs that asked for or were routed to this pool (isthmus pools)")
-@click.option("--backend", "backend", hidden=True, help="deprecated: --pool")
+@click.option("--pool", "pool", help="only jobs that asked for or were routed to this pool (isthmus pools)")
+@click.option("--backend", "pool", hidden=True, help="deprecated: --pool")
 @click.option("--limit", default=50, show_default=True, type=int, help="jobs per page")
 @click.option("--all", "all_pages", is_flag=True, help="follow every page")
 @click.option("--set", "job_set", metavar="ID", help="only the tasks of this array or sweep, in index order")
 @client_options
-def jobs(state, account, backend, limit, all_pages, job_set, url, token, as_json) -> None:
+def jobs(state, account, pool, limit, all_pages, job_set, url, token, as_json) -> None:
     """List jobs you can see, newest first (a set's tasks: in index order)."""
     client = Client(url, token)
     params: dict[str, Any] = {"limit": limit}
     if job_set:
-        if account or backend:
-            raise click.ClickException("--set lists one set's tasks; it does not combine with --account/--backend")
+        if account or pool:
+            raise click.ClickException("--set lists one set's tasks; it does not combine with --account/--pool")
         if state:
             params["state"] = list(state)
         items = []
@@ -426,8 +432,8 @@ def jobs(state, account, backend, limit, all_pages, job_set, url, token, as_json
         params["state"] = list(state)
     if account:
         params["account"] = account
-    if backend:
-        params["pool"] = backend
+    if pool:
+        params["pool"] = pool
     items: list[dict] = []
     while True:
         page = client.call("GET", "/v1/jobs", params=params)

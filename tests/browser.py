@@ -55,12 +55,21 @@ def new_browser(width: int = 1280, height: int = 900):
 
 def requested_urls(driver) -> list[str]:
     """Every URL the browser asked for since the last call (the log is drained when read)."""
-    urls = []
+    return [url for url, headers in network(driver) if headers is None]
+
+
+def network(driver) -> list[tuple[str | None, dict | None]]:
+    """Since the last call (the log is drained when read): (url, None) per request the browser
+    made, (url, response headers with lower-case names) per response it received."""
+    out: list[tuple[str | None, dict | None]] = []
     for entry in driver.get_log("performance"):
         msg = json.loads(entry["message"])["message"]
         if msg.get("method") == "Network.requestWillBeSent":
-            urls.append(msg["params"]["request"]["url"])
-    return urls
+            out.append((msg["params"]["request"]["url"], None))
+        elif msg.get("method") == "Network.responseReceived":
+            response = msg["params"]["response"]
+            out.append((response["url"], {k.lower(): v for k, v in response.get("headers", {}).items()}))
+    return out
 
 
 def off_loopback(urls: list[str]) -> list[str]:

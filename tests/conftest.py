@@ -3,8 +3,10 @@
 Postgres is the test stack's own throw-away cluster from ``stack/postgres.sh`` (``make test``
 starts it; its URL is in ``.stack/postgres/env``). Every test session creates the databases
 it uses and drops them at the end: nothing depends on a database an earlier run or a manual
-step left behind. Without the server the Postgres cases are skipped with the reason, except
-under ``ISTHMUS_REQUIRE_STACK=1`` (``make test`` and CI), where a missing system is a failure.
+step left behind. Each test module gets its own database, a copy of a template migrated once
+per session, and its own app; no module sees another's rows (docs/testing.md). Without the
+server the Postgres cases are skipped with the reason, except under ``ISTHMUS_REQUIRE_STACK=1``
+(``make test`` and CI), where a missing system is a failure.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
+import sqlite3
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from adapters.envfile import read_env_file  # noqa: F401  (used by the suites)
-from stack.databases import server_url, temporary_database
+from stack.databases import recreate_database, server_url, temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,11 +50,13 @@ def dev_key_path(tmp_path_factory) -> Path:
 
 
 @contextlib.contextmanager
-def postgres_database(*, migrated: bool = False) -> Iterator[str]:
-    """A fresh database on the test Postgres (migrated to head if asked), dropped after."""
+def postgres_database(*, migrated: bool = False, template: str | None = None,
+                      prefix: str = "isthmus_test") -> Iterator[str]:
+    """A fresh database on the test Postgres (migrated to head, or a copy of ``template``, if asked), dropped after."""
     with contextlib.ExitStack() as stack:
         try:
-            url = stack.enter_context(temporary_database(PG_ADMIN_URL, prefix="isthmus_test", migrated=migrated))
+            url = stack.enter_context(temporary_database(PG_ADMIN_URL, prefix=prefix, migrated=migrated,
+                                                         template=template))
         except Exception as exc:  # noqa: BLE001
             missing_system(f"Postgres not reachable at {PG_ADMIN_URL.split('@')[-1]} ({type(exc).__name__}); "
                            "run `bash stack/postgres.sh up`")
@@ -82,17 +89,104 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgres"])
-def database_url(request, tmp_path_factory) -> Iterator[str]:
-    from gateway.cli import run_migrations
+class Databases:
+    """This session's migrated templates, one per dialect, and the databases copied from them.
 
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'isthmus.db'}"
-        run_migrations(url)
-        yield url
-    else:
-        with postgres_database(migrated=True) as url:
+    The schema is migrated once per session per dialect (about 0.8 s on Postgres); every
+    database a module or a test gets is a copy of that template: ``CREATE DATABASE ...
+    TEMPLATE`` on Postgres (about 0.1 s), a file copy on SQLite (under 1 ms). Each is
+    dropped by whoever asked for it; the templates at the end of the session.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.templates: dict[str, str] = {}
+        self.made: set[str] = set()  # the database_url of each running module (fresh_database)
+        self.served: set[str] = set()  # ... and those a module_gateway's app is using
+        self.exits = contextlib.ExitStack()
+
+    def template(self, dialect: str) -> str:
+        if dialect not in self.templates:
+            if dialect == "sqlite":
+                from gateway.cli import run_migrations
+
+                url = f"sqlite:///{self.directory / 'template.db'}"
+                run_migrations(url)
+            else:
+                url = self.exits.enter_context(postgres_database(migrated=True, prefix="isthmus_template"))
+            self.templates[dialect] = url
+        return self.templates[dialect]
+
+    @contextlib.contextmanager
+    def create(self, dialect: str) -> Iterator[str]:
+        """A new database, a copy of the migrated template, dropped on exit."""
+        template = self.template(dialect)
+        with postgres_database(template=template) if dialect == "postgres" else self._sqlite_copy(template) as url:
             yield url
+
+    @contextlib.contextmanager
+    def _sqlite_copy(self, template: str) -> Iterator[str]:
+        path = self.directory / f"isthmus-{uuid.uuid4().hex[:8]}.db"
+        shutil.copyfile(_sqlite_path(template), path)
+        try:
+            yield f"sqlite:///{path}"
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    def recreate(self, url: str) -> None:
+        """Make the database at ``url`` (one of ours; nobody may be using it) a fresh copy of its template."""
+        if url.startswith("sqlite"):
+            path = _sqlite_path(url)
+            for suffix in ("", "-wal", "-shm"):  # a new file, not the old one overwritten
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            shutil.copyfile(_sqlite_path(self.template("sqlite")), path)
+        else:
+            recreate_database(PG_ADMIN_URL, url, template=self.template("postgres"))
+
+
+def _sqlite_path(url: str) -> str:
+    return url.removeprefix("sqlite:///")
+
+
+_DATABASES: list[Databases] = []  # this session's, for plain helpers such as tests/dispatch's wired_gateway
+
+
+def fresh_database(url: str) -> None:
+    """Make ``url`` a fresh copy of the migrated template if it is a ``database_url`` of this session.
+
+    Any other database (a ``pg_url``, a file in the test's ``tmp_path``) is the test's own and
+    fresh already. Nobody may be connected to it (on SQLite the file is replaced).
+    """
+    if _DATABASES and url in _DATABASES[0].made:
+        if url in _DATABASES[0].served:
+            raise RuntimeError("this module's gw app is using its database_url: give this gateway a database "
+                               "of its own (databases.create)")
+        _DATABASES[0].recreate(url)
+
+
+@pytest.fixture(scope="session")
+def databases(tmp_path_factory) -> Iterator[Databases]:
+    dbs = Databases(tmp_path_factory.mktemp("databases"))
+    _DATABASES.append(dbs)
+    with dbs.exits:
+        yield dbs
+    _DATABASES.remove(dbs)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def database_url(request, databases) -> Iterator[str]:
+    """This module's own database (a copy of the migrated template), dropped after the module.
+
+    No row a test in another module writes can reach it, and no row written here outlives
+    the module (docs/testing.md, "One database per module").
+    """
+    with databases.create(request.param) as url:
+        databases.made.add(url)
+        try:
+            yield url
+        finally:
+            databases.made.discard(url)
 
 
 @dataclasses.dataclass
@@ -114,8 +208,80 @@ class Gateway:
         return self.app.state.sessionmaker()
 
 
-@pytest.fixture(scope="session")
-def gateway_session(database_url, dev_key_path) -> Iterator[Gateway]:
+class StartupSnapshot:
+    """The rows of a database right after its gateway started (dev accounts, pools), to go back to.
+
+    Taken once per module, restored before each of its tests: every table of the module's
+    database (read from the database itself, so none can be forgotten) is emptied and
+    refilled from the snapshot in one transaction, with foreign keys not in the way
+    (children before parents on Postgres; foreign keys off on SQLite). It touches
+    only this module's database: a failure here is this module's, never another's.
+    """
+
+    SCHEMA = "isthmus_startup"
+
+    def __init__(self, url: str, directory: Path):
+        self.url = url
+        if url.startswith("sqlite"):
+            self.copy = directory / f"startup-{uuid.uuid4().hex[:8]}.db"
+            with contextlib.closing(sqlite3.connect(_sqlite_path(url), timeout=30)) as conn:
+                conn.execute("VACUUM INTO ?", (str(self.copy),))
+                self.tables = [r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+                    "AND name != 'alembic_version'")]
+            return
+        from sqlalchemy import MetaData, create_engine, text
+
+        # One kept connection (a new one costs more than the restore); pre-ping: Postgres may restart.
+        self.engine = create_engine(url, pool_size=1, max_overflow=0, pool_pre_ping=True)
+        reflected = MetaData()
+        reflected.reflect(self.engine)
+        self.tables = [t.name for t in reflected.sorted_tables if t.name != "alembic_version"]  # parents first
+        with self.engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{self.SCHEMA}" CASCADE'))
+            conn.execute(text(f'CREATE SCHEMA "{self.SCHEMA}"'))
+            for t in self.tables:
+                conn.execute(text(f'CREATE TABLE "{self.SCHEMA}"."{t}" AS TABLE public."{t}"'))
+            self.filled = [t for t in self.tables
+                           if conn.execute(text(f'SELECT EXISTS (SELECT 1 FROM "{self.SCHEMA}"."{t}")')).scalar()]
+
+    def restore(self) -> None:
+        if self.url.startswith("sqlite"):
+            with contextlib.closing(sqlite3.connect(_sqlite_path(self.url), timeout=30,
+                                                    isolation_level=None)) as conn:
+                conn.execute("PRAGMA foreign_keys = OFF")
+                conn.execute("ATTACH DATABASE ? AS startup", (str(self.copy),))
+                conn.execute("BEGIN IMMEDIATE")
+                for t in self.tables:
+                    conn.execute(f'DELETE FROM main."{t}"')
+                    conn.execute(f'INSERT INTO main."{t}" SELECT * FROM startup."{t}"')
+                conn.execute("COMMIT")
+            return
+        # One round trip. DELETE, children first, not TRUNCATE (which costs ~160 ms for these
+        # tables); a table's references to itself (account.parent_name) are checked at the end
+        # of its statement. A test's stuck transaction makes this fail (lock_timeout), not hang.
+        statements = ["SET LOCAL lock_timeout = '10s'", "SET LOCAL synchronous_commit = off",
+                      *(f'DELETE FROM public."{t}"' for t in reversed(self.tables)),
+                      *(f'INSERT INTO public."{t}" SELECT * FROM "{self.SCHEMA}"."{t}"' for t in self.filled)]
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql("; ".join(statements))
+
+    def close(self) -> None:
+        if self.url.startswith("sqlite"):
+            self.copy.unlink(missing_ok=True)
+        else:
+            self.engine.dispose()
+
+
+@dataclasses.dataclass
+class ModuleGateway:
+    gateway: Gateway
+    startup: StartupSnapshot
+
+
+@pytest.fixture(scope="module")
+def module_gateway(database_url, databases, dev_key_path, tmp_path_factory) -> Iterator[ModuleGateway]:
+    """This module's gateway app on this module's database, started once for the module."""
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
@@ -126,32 +292,18 @@ def gateway_session(database_url, dev_key_path) -> Iterator[Gateway]:
                         dev_accounts="team-a,team-b")
     app = create_app(settings)
     with TestClient(app) as client:
-        yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
-
-
-def _clean(app) -> None:
-    from gateway.accounts.models import Account
-    from gateway.models import metadata
-
-    from sqlalchemy import inspect
-
-    existing = set(inspect(app.state.engine).get_table_names())
-    with app.state.engine.begin() as conn:
-        for table in reversed(metadata.sorted_tables):
-            # Accounts and pools are the gateway's configuration (pools: reconciled at start-up).
-            if table.name not in (Account.__tablename__, "pool") and table.name in existing:
-                conn.execute(table.delete())
-        # parent_name is ON DELETE RESTRICT, which SQLite checks row by row: a child deleted
-        # after its parent in the same statement fails it (schemathesis makes such pairs at
-        # random). Detach first, then delete; team-a and team-b go back to being roots.
-        keep = ["team-a", "team-b"]
-        accounts = Account.__table__
-        conn.execute(accounts.update().where(accounts.c.name.notin_(keep) | accounts.c.parent_name.notin_(keep))
-                     .values(parent_name=None))
-        conn.execute(accounts.delete().where(accounts.c.name.notin_(keep)))
+        startup = StartupSnapshot(database_url, tmp_path_factory.mktemp("startup"))
+        databases.served.add(database_url)
+        try:
+            yield ModuleGateway(Gateway(client=client, app=app, settings=settings,
+                                        issuer=build_dev_issuer(settings)), startup)
+        finally:
+            databases.served.discard(database_url)
+            startup.close()
 
 
 @pytest.fixture
-def gw(gateway_session) -> Iterator[Gateway]:
-    _clean(gateway_session.app)
-    yield gateway_session
+def gw(module_gateway) -> Iterator[Gateway]:
+    """The module's gateway, its database as the gateway's start-up left it (team-a, team-b, pools)."""
+    module_gateway.startup.restore()
+    yield module_gateway.gateway

@@ -78,6 +78,7 @@ class KubernetesBackend(Backend):
     """
 
     name = "kubernetes"
+    settings_class = KubernetesSettings
     unsupported_features = {}
 
     def __init__(self, settings: KubernetesSettings | None = None, **kwargs: Any):

@@ -1,5 +1,5 @@
 """Slurm backend: ``SlurmBackend`` over slurmrestd (REST) or the Slurm CLIs."""
 
-from adapters.slurm.backend import SlurmBackend, SlurmSettings, read_env_file
+from adapters.slurm.backend import SlurmBackend, SlurmSettings
 
-__all__ = ["SlurmBackend", "SlurmSettings", "read_env_file"]
+__all__ = ["SlurmBackend", "SlurmSettings"]

@@ -13,7 +13,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from adapters.envfile import read_env_file  # noqa: F401  (re-exported)
 from adapters.base import (
     Backend,
     BackendUnavailable,
@@ -27,6 +26,7 @@ from adapters.base import (
     register,
     site_gpu_type,
 )
+from adapters.envfile import read_env_file
 from adapters.slurm import parse
 from adapters.slurm.errors import AmbiguousSubmit
 from adapters.slurm.script import build_spec, worker_output_path
@@ -184,6 +184,8 @@ class SlurmBackend(Backend):
     """A Slurm cluster (one partition) behind the gateway."""
 
     name = "slurm"
+    settings_class = SlurmSettings
+    code_only_settings = frozenset({"token"})  # a token source object, for tests and embedding
     unsupported_features = MappingProxyType({
         Feature.CONTAINER_IMAGE: "this Slurm pool runs commands on the nodes' own OS; "
                                  "container images are not configured (no pyxis/enroot)",

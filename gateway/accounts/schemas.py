@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.accounts.models import MEMBER_ROLES
+from gateway.models.accounts import MEMBER_ROLES
 from gateway.kit.names import ACCOUNT_NAME_RE, POOL_NAME_RE
 
 AccountName = Field(pattern=ACCOUNT_NAME_RE, max_length=63)

@@ -1,7 +1,7 @@
 """Account tree logic: chains, subtrees, effective (inherited) quotas, quotas and members.
 
 Creating, re-parenting and deleting an account move ledger rows too: they are in
-gateway/accounts/lifecycle.py, so that this module imports nothing from the ledger.
+gateway/admin/lifecycle.py, so that this module imports nothing from the ledger.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.accounts.models import Account, AccountMember, AccountPoolQuota, AccountQuota
+from gateway.models.accounts import Account, AccountMember, AccountPoolQuota, AccountQuota
+from gateway.accounts.tree import MAX_DEPTH, up_cte
+from gateway.accounts.tree import descendants as _descendants
 from gateway.kit.errors import Conflict, Invalid, NotFound
 from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow
 
-MAX_DEPTH = 16
 QUOTA_FIELDS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
 # Limits that are absurd rather than merely large: refuse them so a typo cannot disable a quota.
 QUOTA_MAX = {"max_gpus": 1_000_000, "budget_gpu_seconds": 10**15, "max_queued_jobs": 10_000_000,
@@ -32,30 +33,20 @@ def get_or_raise(session: Session, *, name: str, field: str = "path.name") -> Ac
     return acc
 
 
+_CHAIN_UP = up_cte("chain")
+_CHAIN = select(Account).join(_CHAIN_UP, Account.name == _CHAIN_UP.c.name).order_by(_CHAIN_UP.c.depth.desc())
+
+
 def chain(session: Session, name: str) -> list[Account]:
-    """The account and its ancestors, root first."""
-    out: list[Account] = []
-    cur: str | None = name
-    seen: set[str] = set()
-    while cur is not None:
-        if cur in seen or len(out) > MAX_DEPTH:
-            raise Conflict(f"account tree has a cycle at {cur!r}")
-        seen.add(cur)
-        acc = session.get(Account, cur)
-        if acc is None:
-            raise NotFound(f"no account {cur!r}")
-        out.append(acc)
-        cur = acc.parent_name
-    out.reverse()
+    """The account and its ancestors, root first (one statement: accounts/tree.py)."""
+    out = list(session.scalars(_CHAIN, {"leaf": name}))
+    if not out:
+        raise NotFound(f"no account {name!r}")
+    if len(out) > MAX_DEPTH:
+        raise Conflict(f"account tree above {name!r} is deeper than {MAX_DEPTH} levels or has a cycle")
+    if out[0].parent_name is not None:
+        raise NotFound(f"no account {out[0].parent_name!r}")
     return out
-
-
-def subtree_select(name: str):
-    """SELECT of the names in ``name``'s subtree (itself included), as a recursive CTE."""
-    sub = select(Account.name.label("name")).where(Account.name == name).cte("subtree", recursive=True)
-    child = select(Account.name.label("name")).where(Account.parent_name == sub.c.name)
-    sub = sub.union_all(child)
-    return select(sub.c.name)
 
 
 def load_tree(session: Session) -> dict[str, Account]:
@@ -72,13 +63,7 @@ def children_map(tree: dict[str, Account]) -> dict[str | None, list[str]]:
 
 
 def descendants(tree: dict[str, Account], name: str) -> list[str]:
-    kids = children_map(tree)
-    out, stack = [], [name]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(kids.get(n, []))
-    return out
+    return _descendants(children_map(tree), name)
 
 
 @dataclasses.dataclass
@@ -121,11 +106,13 @@ def _check_name(name: str, field: str) -> None:
 
 def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str) -> AccountQuota:
     """Set (or with None, unset) limits. Fields absent from ``values`` are left alone."""
+    from gateway.pools.service import require_known
+
     get_or_raise(session, name=name)
     values = dict(values)
     per_pool = values.pop("max_gpus_per_pool", None) or {}
     for pool, value in per_pool.items():
-        pool_or_raise(session, pool, f"body.max_gpus_per_pool.{pool}")
+        require_known(session, pool, f"body.max_gpus_per_pool.{pool}")
         if value is not None and not 0 <= value <= MAX_POOL_GPUS:
             raise Invalid(f"body.max_gpus_per_pool.{pool}", f"must be between 0 and {MAX_POOL_GPUS} (null removes it)")
     for pool, value in per_pool.items():
@@ -204,11 +191,10 @@ def visible_accounts(session: Session, *, accounts: frozenset[str], username: st
     return sorted(names)
 
 
-def pool_or_raise(session: Session, pool: str, field: str) -> str:
-    """``pool`` when the gateway knows it (the ``pool`` table), else Invalid naming ``field``."""
-    from gateway.pools.models import Pool
+def names(session: Session) -> set[str]:
+    """Every account's name."""
+    return set(session.scalars(select(Account.name)))
 
-    if session.get(Pool, pool) is None:
-        known = ", ".join(session.scalars(select(Pool.name).order_by(Pool.name))) or "none"
-        raise Invalid(field, f"unknown pool {pool!r}; known: {known}")
-    return pool
+
+def exists(session: Session, name: str) -> bool:
+    return session.get(Account, name) is not None

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.accounts.schemas import AccountUsageOut, FairShareOut, MemberRole, Pool, QuotaIn
 from gateway.kit.names import ACCOUNT_NAME_RE
-from gateway.ledger.models import ENTRY_KINDS
+from gateway.models.ledger import ENTRY_KINDS
 
 NAME = ACCOUNT_NAME_RE
 USER = r"^[a-z_][a-z0-9_-]{0,31}$"

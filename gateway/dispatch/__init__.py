@@ -7,7 +7,5 @@ imports are re-exported here.
 from gateway.dispatch.claim import accounts_with_pending, pending_order
 from gateway.dispatch.common import ACTOR, FOLLOWED, RECONCILER, submit_request
 from gateway.dispatch.dispatcher import Dispatcher
-from gateway.dispatch.status import BACKEND_TO_JOB, requeued_at
 
-__all__ = ["ACTOR", "BACKEND_TO_JOB", "FOLLOWED", "RECONCILER", "Dispatcher", "accounts_with_pending",
-           "pending_order", "requeued_at", "submit_request"]
+__all__ = ["ACTOR", "FOLLOWED", "RECONCILER", "Dispatcher", "accounts_with_pending", "pending_order", "submit_request"]

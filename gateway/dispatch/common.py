@@ -8,10 +8,11 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import object_session
 
 from adapters.base import SubmitRequest
-from gateway.accounts.models import Account
-from gateway.jobs.models import Job
-from gateway.jobs.schemas import parse_memory_mib
-from gateway.jobs.states import JobState
+from gateway.models.accounts import Account
+from gateway.models.specs import spec_of
+from gateway.models.jobs import Job
+from gateway.domain.shapes import parse_memory_mib
+from gateway.domain.states import JobState
 from gateway.kit.timeutil import as_utc
 
 log = logging.getLogger("isthmus.dispatch")
@@ -27,7 +28,7 @@ def _is_deadlock(exc: OperationalError) -> bool:
 
 
 def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
-    spec = job.spec
+    spec = spec_of(job)
     # The backend priority class is the account's (an admin setting), never the user's choice.
     account = object_session(job).get(Account, job.account_name)
     return SubmitRequest(
@@ -44,3 +45,9 @@ def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
         first_attempt=first_attempt, submitted_after=as_utc(job.created_at),
     )
 
+
+def first_attempt(job: Job, recovering: bool) -> bool:
+    """Whether this submission can be the job's first: the first claim of a job is the only one
+    that can have submitted it; a retry or a recovery must let the adapter look for an earlier
+    submission."""
+    return job.dispatch_attempts == 1 and not recovering and job.state == JobState.DISPATCHING.value

@@ -1,9 +1,10 @@
-"""The dispatcher: the state its threads share, and the loop assembled from its parts.
+"""The dispatcher: its parts, wired together, and the threads that run them.
 
-Each part is one module (docs/dispatch.md): capacity snapshots (capacity.py), the claim
-(claim.py), submission (submit.py), recovery (recovery.py), reconciliation by polling
-(reconcile.py), change feeds (feeds.py) and the threads that run them (threads.py). What a
-backend status means for a job is a pure function (status.py).
+Each part is one object with the collaborators it needs passed in (docs/dispatch.md):
+capacity snapshots (capacity.py), the claim (claim.py), submission (submit.py), recovery
+(recovery.py), reconciliation by polling (reconcile.py) and change feeds (feeds.py). What a
+backend status means for a job is a pure function (status.py). The dispatcher owns the
+threads: dispatch (woken by submissions), reconcile (polling) and one watch per feed.
 """
 
 from __future__ import annotations
@@ -16,43 +17,150 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from adapters.base import Backend, Feature, JobStatus
-from gateway.dispatch.capacity import CapacityMixin
-from gateway.dispatch.claim import ClaimMixin
-from gateway.dispatch.feeds import FeedsMixin
-from gateway.dispatch.reconcile import ReconcileMixin
-from gateway.dispatch.recovery import RecoveryMixin
-from gateway.dispatch.submit import SubmitMixin
-from gateway.dispatch.threads import ThreadsMixin
-from gateway.kit.settings import Settings
+from gateway.dispatch.capacity import Capacity
+from gateway.dispatch.claim import Claimer
+from gateway.dispatch.common import log
+from gateway.dispatch.faults import NONE, Faults
+from gateway.dispatch.feeds import Deferred, OpenFeeds, Watcher
+from gateway.dispatch.reconcile import Reconciler
+from gateway.dispatch.recovery import Recovery
+from gateway.dispatch.submit import Submitter
+from gateway.kit.settings import DispatchSettings
 from gateway.kit.timeutil import utcnow
-from gateway.routing.service import PoolView, parse_weights
+from gateway.domain.routing import PoolView, parse_weights
 
 
-class Dispatcher(CapacityMixin, ClaimMixin, SubmitMixin, RecoveryMixin, ReconcileMixin, FeedsMixin, ThreadsMixin):
-    def __init__(self, *, sessions: sessionmaker[Session], backends: dict[str, Backend], settings: Settings,
-                 clock: Callable[[], datetime] = utcnow):
+class Dispatcher:
+    def __init__(self, *, sessions: sessionmaker[Session], backends: dict[str, Backend], settings: DispatchSettings,
+                 clock: Callable[[], datetime] = utcnow, faults: Faults = NONE):
         self.sessions = sessions
         self.backends = backends
-        self.settings = settings
+        self._settings = settings
         self.clock = clock
-        self.weights = parse_weights(settings.routing_weights)
-        self._views: dict[str, PoolView] = {}
-        self._views_at = 0.0
-        self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._reconcile_wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # Gangs this process saw end lately, (pool, workers, GPUs held, monotonic time): a
+        # snapshot may still count their units as used for some seconds (plan_inputs.lagging_ends).
+        self.recent_ends: collections.deque[tuple[str, int, int, float]] = collections.deque(maxlen=4096)
         # Backends with a change feed are followed by one watch thread each (docs/dispatch.md).
         self.watched = [name for name, b in backends.items() if b.supports(Feature.WATCH)]
-        self._feeds: dict[str, tuple[object, bool]] = {}  # pool -> (open feed, resumed from a position)
-        self._watch_stops: set[threading.Event] = set()
-        self._resynced_at: dict[str, float] = {}  # pool -> monotonic time of its last full poll
-        self._poll_due = 0.0  # monotonic time of the reconciler's next polling round
-        self._accrue_due = 0.0  # ... and of its next usage-accrual round
-        # Watch events for jobs whose submission the dispatcher has not recorded yet.
-        self._deferred: dict[str, JobStatus] = {}
-        self._deferred_lock = threading.Lock()
-        # Gangs this process saw end lately, (pool, workers, GPUs held, monotonic time): a
-        # snapshot may still count their units as used for some seconds (planning.lagging_ends).
-        self.recent_ends: collections.deque[tuple[str, int, int, float]] = collections.deque(maxlen=4096)
+        common = {"sessions": sessions, "backends": backends}
+        self.open_feeds = open_feeds = OpenFeeds()
+        deferred = Deferred()
+        self.capacity = Capacity(**common, settings=settings)
+        self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,
+                                     recent_ends=self.recent_ends)
+        self.watcher = Watcher(**common, stop=self._stop, open_feeds=open_feeds, deferred=deferred,
+                               reconciler=self.reconciler)
+        self.submitter = Submitter(**common, settings=settings, clock=clock, capacity=self.capacity,
+                                   deferred=deferred, apply_status=self.reconciler.apply_status, faults=faults)
+        self.claimer = Claimer(**common, settings=settings, clock=clock, capacity=self.capacity,
+                               submitter=self.submitter, recent_ends=self.recent_ends,
+                               weights=parse_weights(settings.routing_weights), faults=faults)
+        self.recovery = Recovery(sessions=sessions, settings=settings, clock=clock, submitter=self.submitter)
+
+    @property
+    def settings(self) -> DispatchSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, value: DispatchSettings) -> None:
+        """New settings for every part at once (tests and benchmarks change them between rounds)."""
+        self._settings = value
+        for part in (self.capacity, self.reconciler, self.submitter, self.claimer, self.recovery):
+            part.settings = value
+
+    # --- the rounds (tests and `isthmus worker --once` drive them one at a time) ---------
+
+    def views(self, *, fresh: bool = False) -> dict[str, PoolView]:
+        return self.capacity.views(fresh=fresh)
+
+    def latest_views(self) -> dict[str, PoolView]:
+        return self.capacity.latest_views()
+
+    def recover_round(self) -> list[str]:
+        return self.recovery.recover_round()
+
+    def dispatch_round(self) -> list[str]:
+        return self.claimer.dispatch_round()
+
+    def reconcile_round(self, *, full: bool = True, only_cancelling: bool = False) -> int:
+        return self.reconciler.reconcile_round(full=full, only_cancelling=only_cancelling)
+
+    def accrue_round(self) -> int:
+        return self.reconciler.accrue_round()
+
+    def apply_event(self, pool: str, status: JobStatus) -> int:
+        return self.watcher.apply_event(pool, status)
+
+    def watch_live(self, pool: str) -> bool:
+        return self.open_feeds.live(pool)
+
+    def orphans(self) -> list[dict]:
+        return self.reconciler.orphans()
+
+    def run_once(self) -> None:
+        self.recover_round()
+        self.dispatch_round()
+        self.capacity.store_limits()
+        self.reconcile_round()
+
+    # --- the threads ---------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Start the next round now (a job was submitted or cancelled in this process)."""
+        self._wake.set()
+        self.reconciler.wake()  # a cancel needs its active call on the backend
+
+    def _dispatch_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.recover_round()
+                self.dispatch_round()
+                self.capacity.store_limits()
+            except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
+                log.exception("dispatch loop iteration failed; retrying")
+                self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
+                continue
+            self._wake.wait(self.settings.dispatch_interval_s)
+
+    def run_forever(self) -> None:
+        """Dispatch (woken by submissions), reconcile (polling) and one watch per backend with a
+        change feed, each in its own thread, until stopped.
+
+        Separate threads keep a new job's dispatch from waiting behind the status calls of
+        every running job, and a slow backend's feed from delaying another's.
+        """
+        threads = [threading.Thread(target=self.reconciler.loop, name="isthmus-reconciler", daemon=True)]
+        threads += [threading.Thread(target=self.watcher.watch_backend, args=(pool,), name=f"isthmus-watch-{pool}",
+                                     daemon=True) for pool in self.watched]
+        for t in threads:
+            t.start()
+        try:
+            self._dispatch_loop()
+        finally:
+            self._stop.set()
+            self.watcher.stop_watches()
+            for t in threads:
+                t.join(10)
+
+    def request_stop(self) -> None:
+        """Ask the threads to end (a signal handler: no waiting here)."""
+        self._stop.set()
+        self._wake.set()
+        self.reconciler.wake()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name="isthmus-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.reconciler.wake()
+        self.watcher.stop_watches()
+        if self._thread:
+            self._thread.join(timeout_s)
+        self.reconciler.stop_output_keeper()

@@ -1,6 +1,6 @@
 """The round's plan: who starts now, who holds a reservation, and when the rest will start.
 
-Feeds the planner (gateway/scheduling/planner.py: conservative backfill over every pool)
+Feeds the planner (gateway/domain/planner.py: conservative backfill over every pool)
 from the registry and the capacity snapshot, so a round starts only jobs that delay no
 higher job's reservation (docs/dispatch.md, "Reservations and backfill"):
 
@@ -13,44 +13,27 @@ higher job's reservation (docs/dispatch.md, "Reservations and backfill"):
 * candidates: the round's pending jobs in fair-share order, each with the pools it may use
   (never-fits and quota refusals removed), or blocked with the reason (budget, quota).
 
-Pure helpers except :func:`releases`, which reads the registry.
+The registry's side: :func:`releases`. The pure helpers over the snapshot are in
+gateway/domain/plan_inputs.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 
 from sqlalchemy import Float, bindparam, case, cast, extract, func, null, select
 from sqlalchemy.orm import Session
 
-from gateway.jobs.models import Job
-from gateway.jobs.states import JobState
+from gateway.models.jobs import Job
+from gateway.domain.states import JobState
 from gateway.kit.timeutil import as_utc
-from gateway.routing.service import PoolView
-from gateway.scheduling.planner import Candidate, PoolModel, Release
+from gateway.domain.routing import PoolView
+from gateway.domain.planner import Release
 
 HOLDING = (JobState.STARTING, JobState.RUNNING)  # the gang holds its units on the pool
 IN_FLIGHT = (JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED)  # will hold them, may not yet
 ENDING = (JobState.CANCELLING,)  # may hold them until the backend confirms the cancel
-
-
-def pool_of(job) -> str | None:
-    """The pool a job is on (the one place to re-point when pools become data)."""
-    return job.backend
-
-
-def pool_models(views: Mapping[str, PoolView]) -> list[PoolModel]:
-    """Pools with a capacity snapshot, in the planner's units."""
-    out = []
-    for name, view in views.items():
-        if view.capacity is None:
-            continue
-        if view.node_exclusive:
-            out.append(PoolModel(name, True, view.total_nodes, view.gpus_per_node))
-        else:
-            out.append(PoolModel(name, False, view.total_gpus, view.gpus_per_node))
-    return out
 
 
 def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> tuple[list[Release], dict[str, int]]:
@@ -96,7 +79,7 @@ def _gang_rows(session: Session, t_now: float, soon: float):
     another backfill in front of a reservation for ever. Unknown: now. A gang being
     cancelled ends soon.
     """
-    stmt = select(Job.backend, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
+    stmt = select(Job.pool, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
                   Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES))
     for pool, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
         if state in _ENDING_STATES:
@@ -121,76 +104,13 @@ _END_PG = func.greatest(  # GREATEST ignores NULL: a gang being cancelled ends s
          (Job.state.in_(sorted(_HOLDING_STATES)), _epoch(Job.started_at)), else_=_epoch(Job.updated_at))
     + Job.time_limit_s)
 _GANG_ROWS_PG = (
-    select(Job.backend, func.sum(Job.workers), func.sum(func.coalesce(func.nullif(Job.held_gpus, 0), Job.total_gpus)),
+    select(Job.pool, func.sum(Job.workers), func.sum(func.coalesce(func.nullif(Job.held_gpus, 0), Job.total_gpus)),
            _END_PG.label("ends_at"))
     .where(Job.state.in_(_GANG_STATES))
-    .group_by(Job.backend, "ends_at")
+    .group_by(Job.pool, "ends_at")
 )
 
 
 def _gang_rows_pg(session: Session, t_now: float, soon: float):
     """:func:`_gang_rows` summed by Postgres per pool and end: one row per release, not per gang."""
     return session.execute(_GANG_ROWS_PG, {"t_now": t_now, "soon": soon}).all()
-
-
-def _free_and_total(view: PoolView) -> tuple[int, int]:
-    """The snapshot's free and total units in the pool's unit: whole nodes or GPUs."""
-    if view.node_exclusive:
-        return view.idle_nodes, view.total_nodes
-    return view.free_gpus, view.total_gpus
-
-
-# How long after a gang ended its units may still show as used in a snapshot (Kueue frees a
-# finished workload's quota a little after its pods end; a cached snapshot is older still).
-RECENT_END_S = 60.0
-
-
-def lagging_ends(views: Mapping[str, PoolView], held: Mapping[str, int],
-                 recent: Iterable[tuple[str, int, int, float]], *, now: datetime,
-                 monotonic_now: float) -> tuple[list[Release], dict[str, int]]:
-    """Releases "soon" for the units of gangs that ended lately but the snapshot still counts as used.
-
-    ``recent``: (pool, workers, GPUs held, monotonic time it ended) of the gangs this process
-    saw end. Without this, the snapshot's used units that no registry gang explains look like
-    someone else's work with no known end, the planner finds no time at which a whole-pool
-    gang fits, plans no reservation for it in that round, and a lower job takes the free
-    node: exactly what reservations exist to prevent. A pool's lagging units are at most what
-    its snapshot uses beyond the registry's gangs (``held``), so a snapshot that already shows
-    them free changes nothing. Returns the releases and ``held`` with them added.
-    """
-    ended: dict[str, int] = {}
-    for pool, workers, gpus, at in recent:
-        view = views.get(pool)
-        if view is None or view.capacity is None or monotonic_now - at > RECENT_END_S:
-            continue
-        ended[pool] = ended.get(pool, 0) + (workers if view.node_exclusive else gpus)
-    soon = now.timestamp() + 1.0
-    out: list[Release] = []
-    held_now = dict(held)
-    for pool, units in ended.items():
-        free, total = _free_and_total(views[pool])
-        lag = min(units, max(0, total - free - held_now.get(pool, 0)))
-        if lag:
-            out.append(Release(pool, lag, soon))
-            held_now[pool] = held_now.get(pool, 0) + lag
-    return out, held_now
-
-
-def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str, int]:
-    """Units free now: what the snapshot says, capped by total less what the registry's gangs hold.
-
-    The cap covers a job dispatched but not yet in the snapshot; taking the smaller keeps
-    free + every release never above the pool's total, and below it only by what others
-    (jobs the gateway does not know) hold with no known end.
-    """
-    out = {}
-    for name, view in views.items():
-        free, total = _free_and_total(view)
-        out[name] = max(0, min(free, total - held.get(name, 0)))
-    return out
-
-
-def candidate(job, pools: tuple[str, ...], blocked: str = "") -> Candidate:
-    return Candidate(id=job.id, workers=job.workers, gpus_per_worker=job.gpus_per_worker,
-                     time_limit_s=float(job.time_limit_s), pools=pools, blocked=blocked)
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
@@ -12,22 +13,73 @@ from sqlalchemy.orm import Session
 
 from adapters.base import Backend, BackendError, Feature, JobNotFound, JobStatus
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
-from gateway.dispatch.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
+from gateway.domain.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
 from gateway.jobs import logs as output
 from gateway.jobs import service as jobs
-from gateway.jobs.models import Job, JobEvent
-from gateway.jobs.states import JobState
+from gateway.models.jobs import Job, JobEvent
+from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
-from gateway.ledger.models import Reservation
+from gateway.models.ledger import Reservation
 
 
-class ReconcileMixin:
+class Reconciler:
+    """Follows jobs on their backends by polling, records what they say (status.py gives the
+    meaning), charges the ledger, and runs the polling loop of its own thread."""
+
     # Above this many followed jobs on one backend, one listing of every gateway job beats
     # a status call per job (Slurm: one squeue/REST listing; Kubernetes: three list calls).
     LIST_THRESHOLD = 5
+
+    def __init__(self, *, sessions, backends: dict, settings, clock, stop: threading.Event, open_feeds,
+                 recent_ends) -> None:
+        self.sessions = sessions
+        self.backends = backends
+        self.settings = settings
+        self.clock = clock
+        self._stop = stop  # the dispatcher's: set when it stops
+        self.open_feeds = open_feeds  # feeds.OpenFeeds: which pools a live change feed follows
+        self.recent_ends = recent_ends  # gangs this process saw end lately, for the claim's planner
+        self._wake = threading.Event()
+        self._misses: dict[str, tuple[int, float]] = {}  # job id -> (JobNotFound count, first miss)
+        self._resynced_at: dict[str, float] = {}  # pool -> monotonic time of its last full poll
+        self._poll_due = 0.0  # monotonic time of the next polling round
+        self._accrue_due = 0.0  # ... and of the next usage-accrual round
+        self._kept_before_cancel: set[str] = set()  # output kept once per job and process before a cancel
+        self._output_keeper: ThreadPoolExecutor | None = None
+
+    def wake(self) -> None:
+        """Poll now: a cancel needs its active call on the backend."""
+        self._wake.set()
+
+    def resync(self, pool: str) -> None:
+        """Poll ``pool`` in full now and at the normal interval until its feed is back."""
+        self._resynced_at.pop(pool, None)
+        self._poll_due = 0.0
+        self._wake.set()
+
+    def loop(self) -> None:
+        """Poll every ``dispatch_interval_s``; when woken sooner, only cancelling jobs."""
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                if time.monotonic() >= self._poll_due:
+                    self._poll_due = time.monotonic() + self.settings.dispatch_interval_s
+                    self.reconcile_round(full=False)
+                    if time.monotonic() >= self._accrue_due:
+                        # Its query scans the running reservations: a tenth of the accrual
+                        # interval between rounds is plenty, and keeps it off the 1 s poll.
+                        self._accrue_due = time.monotonic() + self.settings.usage_accrual_interval_s / 10
+                        self.accrue_round()
+                else:
+                    self.reconcile_round(full=False, only_cancelling=True)
+            except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
+                log.exception("reconcile round failed; retrying")
+                self._stop.wait(min(5.0, self.settings.dispatch_interval_s * 5))
+                continue
+            self._wake.wait(max(0.0, self._poll_due - time.monotonic()))
 
     def reconcile_round(self, *, full: bool = True, only_cancelling: bool = False) -> int:
         """Poll jobs on their backends; returns how many changed.
@@ -41,26 +93,26 @@ class ReconcileMixin:
         """
         states = [JobState.CANCELLING.value] if only_cancelling else [st.value for st in FOLLOWED]
         with transaction(self.sessions) as s:
-            rows = s.execute(select(Job.id, Job.backend, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
+            rows = s.execute(select(Job.id, Job.pool, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
                 Job.state.in_(states))).all()
         now = self.clock()
         mono = time.monotonic()
         resync = {pool for pool in self.backends
-                  if full or not self.watch_live(pool)
+                  if full or not self.open_feeds.live(pool)
                   or mono - self._resynced_at.get(pool, -math.inf) >= self.settings.reconcile_resync_s}
         if not only_cancelling:
             for pool in resync:
                 self._resynced_at[pool] = mono
-        by_backend: dict[str, list] = {}
+        by_pool: dict[str, list] = {}
         for row in rows:
             if row.backend_job_id is None and row.next_attempt_at is not None and as_utc(row.next_attempt_at) > now:
                 continue  # a dispatcher holds the claim and its submission may be in flight
-            if (row.backend not in resync and row.state != JobState.CANCELLING.value
+            if (row.pool not in resync and row.state != JobState.CANCELLING.value
                     and row.backend_job_id is not None and row.id not in self._misses):
                 continue  # its backend's watch follows it; the next resync double-checks
-            by_backend.setdefault(row.backend or "", []).append(row)
+            by_pool.setdefault(row.pool or "", []).append(row)
         changed = 0
-        for pool, jobs_here in by_backend.items():
+        for pool, jobs_here in by_pool.items():
             backend = self.backends.get(pool)
             if backend is None:
                 continue
@@ -105,7 +157,8 @@ class ReconcileMixin:
                     job = s.get(Job, job_id, with_for_update=True)
                     if job is None or job.state != JobState.RUNNING.value:
                         continue
-                    charged += bool(ledger.accrue_usage(s, job=job, now=now, actor=RECONCILER))
+                    charged += bool(ledger.accrue_usage(s, job=job, now=now, actor=RECONCILER,
+                                                        half_life_s=self.settings.fairshare_half_life_s))
             except ledger.ChainChanged:
                 continue  # the account tree moved meanwhile: the next round charges it
         return charged
@@ -137,7 +190,7 @@ class ReconcileMixin:
             if found is None:
                 return None
             backend_job_id = found.backend_job_id
-        tried = self.__dict__.setdefault("_kept_before_cancel", set())
+        tried = self._kept_before_cancel
         if backend.supports(Feature.OUTPUT_STREAM) and job_id not in tried:
             # Cancelling deletes the pods with their output: keep it first (one try per job
             # and process: a pool that cannot serve it must not slow every cancel round).
@@ -167,15 +220,15 @@ class ReconcileMixin:
                                         None, now, None)
                 if gone == "wait" or not self._missing_long_enough(job.id):
                     return 0  # one miss is not a loss (backend restarting, a stale listing)
-                return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.backend}", None, now,
+                return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.pool}", None, now,
                                     job.started_at)
             seen = meaning(state=JobState(job.state), started_at=as_utc(job.started_at),
                            backend_job_id=job.backend_job_id, status=status, now=now)
             if seen.foreign:
                 # Not the submission the registry recorded (e.g. a job someone else submitted
                 # with this gateway id in its comment): it says nothing about this job.
-                log.warning("ignoring %s job %s: job %s is recorded as %s job %s", job.backend,
-                            status.backend_job_id, job.id, job.backend, job.backend_job_id)
+                log.warning("ignoring %s job %s: job %s is recorded as %s job %s", job.pool,
+                            status.backend_job_id, job.id, job.pool, job.backend_job_id)
                 return 0
             self._misses.pop(job.id, None)
             # Only statuses the adapter matched to our submission get here (find_by_gateway_id
@@ -233,7 +286,7 @@ class ReconcileMixin:
             return 0
         if hold_verdict(state=JobState(job.state), held=status.held, since=since, now=now, bound_s=bound) != "fail":
             return 0
-        backend = self.backends.get(job.backend or "")
+        backend = self.backends.get(job.pool or "")
         if backend is None:
             return 0
         after: JobStatus | None = None
@@ -243,12 +296,12 @@ class ReconcileMixin:
         except JobNotFound:
             pass
         except BackendError as exc:  # not cancelled for sure: keep the job, try again next round
-            log.warning("cancel held %s job %s (job %s): %s", job.backend, status.backend_job_id, job.id, exc.message)
+            log.warning("cancel held %s job %s (job %s): %s", job.pool, status.backend_job_id, job.id, exc.message)
             return 0
         # Should the launch have succeeded meanwhile, the gang ran: charge it, never lose it.
         started = as_utc(after.started_at) if after is not None and after.nodes else None
         ended = (as_utc(after.ended_at) if after is not None and after.state.final else None) or now
-        why = hold_failure_reason(reason, pool=job.backend or "", held_s=(now - since).total_seconds(), bound_s=bound)
+        why = hold_failure_reason(reason, pool=job.pool or "", held_s=(now - since).total_seconds(), bound_s=bound)
         return self._finish(s, job, JobState.FAILED, why, None, ended, started, after or status, via=via)
 
     def _requeue(self, s: Session, job: Job, status: JobStatus, reason: str, at: datetime, now: datetime,
@@ -259,11 +312,12 @@ class ReconcileMixin:
         longer fits is cancelled (on the backend too) with the budget's words as the reason.
         """
         started = as_utc(job.started_at) or at
-        outcome = ledger.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now)
+        outcome = ledger.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now,
+                                 half_life_s=self.settings.fairshare_half_life_s)
         ran_s = int((at - started).total_seconds())
         jobs.clear_run(job)  # the next RUNNING records the new start
         jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
-                       reason=f"requeued by {job.backend} after running {ran_s} s: {reason}",
+                       reason=f"requeued by {job.pool} after running {ran_s} s: {reason}",
                        data={"raw_state": status.raw_state, "ran_s": ran_s,
                              "charged_gpu_seconds": outcome.charged_gpu_seconds, "requeued_at": at.isoformat(),
                              "via": via})
@@ -271,7 +325,7 @@ class ReconcileMixin:
             jobs.set_state(s, job, JobState.CANCELLING, actor=RECONCILER,
                            reason=f"cancelled at requeue: over budget: {outcome.over_budget}",
                            data={"over_budget": outcome.over_budget, "via": via})
-            self._reconcile_wake.set()  # the polling thread cancels it on the backend now
+            self._wake.set()  # the polling thread cancels it on the backend now
         return 1
 
     def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:
@@ -310,15 +364,13 @@ class ReconcileMixin:
         if wait:
             output.keep_output(*args)
             return
-        keeper = self.__dict__.get("_output_keeper")
-        if keeper is None:
-            keeper = self.__dict__.setdefault(
-                "_output_keeper", ThreadPoolExecutor(max_workers=2, thread_name_prefix="isthmus-keep-output"))
-        keeper.submit(output.keep_output, *args)
+        if self._output_keeper is None:
+            self._output_keeper = ThreadPoolExecutor(max_workers=2, thread_name_prefix="isthmus-keep-output")
+        self._output_keeper.submit(output.keep_output, *args)
 
-    def _stop_output_keeper(self) -> None:
+    def stop_output_keeper(self) -> None:
         """Take no more copies; those under way finish (their threads end with them)."""
-        keeper = self.__dict__.pop("_output_keeper", None)
+        keeper, self._output_keeper = self._output_keeper, None
         if keeper is not None:
             keeper.shutdown(wait=False)
 
@@ -329,21 +381,23 @@ class ReconcileMixin:
         if started is not None:
             # A short job can start and end between two rounds: record its start too.
             ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
-            ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER)
+            ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
+                                 half_life_s=self.settings.fairshare_half_life_s)
         elif ledger.last_requeue_at(s, job_id=job.id) is not None:
             # Ended while requeued: its earlier runs were charged; close the reservation as
             # finished (not released) so that usage stays on record and refundable.
-            ledger.record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER)
+            ledger.record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER,
+                                 half_life_s=self.settings.fairshare_half_life_s)
         else:
             ledger.release(s, job=job, actor=RECONCILER, reason=f"ended without starting: {reason}")
         data = {"exit_code": exit_code, "via": via}
         if status is not None:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
         jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
-        if job.backend:
-            self.recent_ends.append((job.backend, job.workers, job.held_gpus or job.total_gpus, time.monotonic()))
-        self.__dict__.get("_kept_before_cancel", set()).discard(job.id)
-        backend = self.backends.get(output.job_pool(job) or "")
+        if job.pool:
+            self.recent_ends.append((job.pool, job.workers, job.held_gpus or job.total_gpus, time.monotonic()))
+        self._kept_before_cancel.discard(job.id)
+        backend = self.backends.get(job.pool or "")
         if backend is not None:
             self._keep_output(backend, job.id, job.backend_job_id, job.workers)
         return 1

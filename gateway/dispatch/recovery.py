@@ -8,12 +8,20 @@ from sqlalchemy import select
 
 from gateway.dispatch.common import ACTOR
 from gateway.jobs import service as jobs
-from gateway.jobs.models import Job
-from gateway.jobs.states import JobState
+from gateway.models.jobs import Job
+from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 
 
-class RecoveryMixin:
+class Recovery:
+    """Re-drives claims whose dispatcher died (lease expired while dispatching)."""
+
+    def __init__(self, *, sessions, settings, clock, submitter) -> None:
+        self.sessions = sessions
+        self.settings = settings
+        self.clock = clock
+        self.submitter = submitter
+
     def recover_round(self) -> list[str]:
         """Re-drive claims whose dispatcher died (lease expired while dispatching)."""
         now = self.clock()
@@ -27,5 +35,5 @@ class RecoveryMixin:
                 jobs.renew_lease(s, job, until=now + timedelta(seconds=self.settings.dispatch_lease_s), actor=ACTOR,
                                  reason="dispatch claim expired; re-driving the submission idempotently")
             ids = [j.id for j in stale]
-        self._submit_all(ids, recovering=True)
+        self.submitter.submit_all(ids, recovering=True)
         return ids

@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import random
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from adapters.base import BackendError, BackendForbidden, BackendUnavailable, SubmitRequest, Unsupported
-from gateway.dispatch.common import ACTOR, log, submit_request
+from gateway.dispatch.common import ACTOR, first_attempt, log, submit_request
+from gateway.dispatch.faults import NONE, Faults
 from gateway.jobs import service as jobs
-from gateway.jobs.models import Job
-from gateway.jobs.states import JobState
+from gateway.models.jobs import Job
+from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.ledger import service as ledger
 
 
-class SubmitMixin:
-    def _submit_all(self, job_ids: list[str], *, recovering: bool = False,
+class Submitter:
+    """The backend calls of claimed jobs, outside any transaction, and what follows from them."""
+
+    def __init__(self, *, sessions, backends: dict, settings, clock, capacity, deferred, apply_status,
+                 faults: Faults = NONE) -> None:
+        self.faults = faults
+        self.sessions = sessions
+        self.backends = backends
+        self.settings = settings
+        self.clock = clock
+        self.capacity = capacity
+        self.deferred = deferred  # watch statuses seen before a submission was recorded (feeds.Deferred)
+        self.apply_status = apply_status  # Reconciler.apply_status
+
+    def submit_all(self, job_ids: list[str], *, recovering: bool = False,
                     prepared: dict[str, tuple[str, SubmitRequest]] | None = None) -> None:
         """Submit claimed jobs concurrently: each is idempotent and records itself."""
         prepared = prepared or {}
@@ -50,7 +63,7 @@ class SubmitMixin:
                     return
                 if job.backend_job_id:
                     return
-                pool, request = job.backend, submit_request(job, first_attempt=self._first_attempt(job, recovering))
+                pool, request = job.pool, submit_request(job, first_attempt=first_attempt(job, recovering))
         backend = self.backends.get(pool or "")
         if backend is None:
             return
@@ -58,25 +71,16 @@ class SubmitMixin:
             result = backend.submit(request)
         except BackendUnavailable as exc:
             self._after_outage(job_id, pool, exc)
-            self._take_deferred(job_id)  # the retry records (or adopts) the submission afresh
+            self.deferred.take(job_id)  # the retry records (or adopts) the submission afresh
             return
         except (BackendForbidden, Unsupported, BackendError) as exc:
             self._after_rejection(job_id, pool, exc)
-            self._take_deferred(job_id)
+            self.deferred.take(job_id)
             return
-        if self.settings.debug_pause_after_submit_s:
-            time.sleep(self.settings.debug_pause_after_submit_s)  # crash window 2 (tests)
+        self.faults.after_submit()  # crash window 2 (tests only: dispatch/faults.py)
         how = "adopted existing" if result.adopted else "submitted as"
         with transaction(self.sessions) as s:
-            recorded = jobs.mark_submitted(s, job_id=job_id, backend_job_id=result.backend_job_id, actor=ACTOR,
-                                           reason=f"{how} {pool} job {result.backend_job_id}",
-                                           data={"backend_job_id": result.backend_job_id, "adopted": result.adopted})
-        if recorded:
-            self._apply_deferred(job_id)
-            return
-        with transaction(self.sessions) as s:
-            job = s.get(Job, job_id, with_for_update=True)
-            final = jobs.record_submission(s, job, backend_job_id=result.backend_job_id, actor=ACTOR,
+            final = jobs.record_submission(s, job_id=job_id, backend_job_id=result.backend_job_id, actor=ACTOR,
                                            reason=f"{how} {pool} job {result.backend_job_id}",
                                            data={"backend_job_id": result.backend_job_id, "adopted": result.adopted})
         if final:
@@ -89,7 +93,7 @@ class SubmitMixin:
 
     def _apply_deferred(self, job_id: str) -> None:
         """The watch may have seen the job move on while its submission was being recorded."""
-        deferred = self._take_deferred(job_id)
+        deferred = self.deferred.take(job_id)
         if deferred is not None:
             self.apply_status(job_id, deferred, via="watch")
 
@@ -114,7 +118,7 @@ class SubmitMixin:
                                        reason=f"{pool} unavailable ({exc.message}); retry in {delay:.0f} s")
             else:  # cancelling: the reconciler finishes it once the backend answers
                 jobs.defer_retry(s, job, retry_at=retry_at, actor=ACTOR, reason=f"{pool} unavailable: {exc.message}")
-        self._views_at = 0.0
+        self.capacity.invalidate()
 
     def _after_rejection(self, job_id: str, pool: str, exc: BackendError) -> None:
         with transaction(self.sessions) as s:

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from gateway.jobs.schemas import EXAMPLE_SPEC, DependencyCondition, JobSpec
-from gateway.jobs.states import JobState
+from gateway.jobs.schemas import EXAMPLE_SPEC, JobSpec
+from gateway.domain.states import JobState
 
 # Hard ceilings of the schema; the site limits (settings max_array_tasks, max_sweep_points)
 # are checked at submit and are at most these.
@@ -90,9 +90,3 @@ class JobSetOut(BaseModel):
     created_at: datetime
 
 
-class DependencyOut(BaseModel):
-    job: str | None = None
-    job_set: str | None = None
-    condition: DependencyCondition
-    state: str = Field(description="The job's state, or the set's tasks summarised (e.g. `3/10 succeeded`).")
-    met: bool

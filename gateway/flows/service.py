@@ -20,20 +20,35 @@ from typing import Any
 from sqlalchemy import JSON, select
 from sqlalchemy.orm import Session
 
-from gateway.flows import templates
-from gateway.flows.models import JobSet
+from gateway.domain import templates
+from gateway.jobs.graph import (  # noqa: F401 - the dependency half, re-exported for callers
+    ACTOR,
+    FINAL,
+    MET,
+    NEVER,
+    NOT_FINAL,
+    NOT_STARTED,
+    SLOT_STATES,
+    WAIT,
+    Resolved,
+    add_dependencies,
+    counts,
+    dependencies_of,
+    dependents_for_cascade,
+    dependents_of,
+    judge_job,
+    judge_set,
+    readable_sets,
+    resolve,
+)
+from gateway.models.flows import JobSet
 from gateway.flows.schemas import JobSetSpec
 from gateway.identity.principal import Principal
-from gateway.jobs.models import Job, JobEvent
-from gateway.jobs.schemas import JobSpec, parse_duration_s
-from gateway.jobs.states import JobState
-from gateway.kit.errors import Forbidden, Invalid, NotFound
+from gateway.models.jobs import Job, JobEvent
+from gateway.jobs.schemas import JobSpec
+from gateway.domain.states import JobState
+from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.timeutil import new_id, new_ids, utcnow
-
-from gateway.flows.graph import (  # noqa: F401 - the dependency half, re-exported for callers
-    ACTOR, FINAL, MET, NEVER, NOT_FINAL, NOT_STARTED, SLOT_STATES, WAIT, Resolved, add_dependencies, counts,
-    dependencies_of, dependents_for_cascade, dependents_of, judge_job, judge_set, readable_sets, resolve,
-)
 
 log = logging.getLogger("isthmus.flows")
 
@@ -77,15 +92,6 @@ def expand(spec: JobSetSpec, *, max_tasks: int, max_points: int) -> list[dict[st
     return combos
 
 
-def _render_task(spec: JobSpec, values: dict[str, str], count: int) -> tuple[list[str], dict[str, str]]:
-    command = [templates.render(arg, values) for arg in spec.command]
-    env = {k: templates.render(v, values) for k, v in spec.env.items()}
-    # Set after the user's env (whose ISTHMUS_ keys the schema refuses), so these are the gateway's.
-    env["ISTHMUS_ARRAY_INDEX"] = values["index"]
-    env["ISTHMUS_ARRAY_COUNT"] = str(count)
-    return command, env
-
-
 def _check_rendered(command: list[str], env: dict[str, str], index: int) -> None:
     """A rendered task obeys the same limits as a submitted job (a long value can overflow them)."""
     try:
@@ -107,16 +113,11 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
     """
     from gateway.jobs import service as jobs
 
-    if not principal.may_use(spec.account):
-        raise Forbidden(f"you are not a member of account {spec.account!r}")
-    if not principal.username:
-        raise Forbidden("this caller has no POSIX user mapped; jobs cannot run as it")
+    jobs.check_caller(principal, spec.account)
     base = spec.job_spec()
     combos = expand(spec, max_tasks=max_tasks, max_points=max_points)
     count = len(combos)
-    time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else default_time_limit_s
-    if time_limit_s > max_time_limit_s:
-        raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_time_limit_s} s")
+    time_limit_s = jobs.time_limit_of(spec.time_limit, default_s=default_time_limit_s, max_s=max_time_limit_s)
     if caps is not None:
         jobs.check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
                         caps=caps, with_key=False, adding=count)
@@ -129,7 +130,7 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
     try:
         conn.execute(JobSet.__table__.insert(), [dict(
             id=set_id, name=spec.name, account_name=spec.account, submitted_by=principal.subject, kind=kind,
-            task_count=count, max_running=max_running, sweep=spec.sweep, created_at=now)])
+            task_count=count, max_running=max_running, sweep=spec.sweep, spec=base.stored(), created_at=now)])
     except Exception as exc:  # an unknown account fails the foreign key: nothing written
         from sqlalchemy.exc import IntegrityError
 
@@ -137,7 +138,9 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
             raise Invalid("body.account", f"unknown account {spec.account!r}") from None
         raise
     templated = "{{" in "".join(base.command) + "".join(base.env.values())
-    encoder = SpecEncoder(base.stored(), base.command, base.env, count, params=names_of(spec))
+    # The spec is the set's, stored once above; a task keeps only its own values (an array's
+    # task none but its index, which has a column): gateway/models/specs.py renders the whole.
+    params = names_of(spec)
     ids = new_ids(count)
     job_rows: list[tuple[Any, ...]] = []
     event_rows: list[tuple[Any, ...]] = []
@@ -148,18 +151,19 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
         # A sweep's values differ in length: check every task. An array's only value is its
         # index, longest in the last task: checking that one checks them all.
         if templated and (spec.sweep is not None or i == count - 1):
-            _check_rendered(*_render_task(base, values, count), i)
+            _check_rendered(*templates.render_task(base.command, base.env, values, count), i)
         if not resolved.met:
             state, reason = blocked_by_deps
         elif max_running is not None and i >= max_running:
             state, reason = waiting_slot
         else:
             state, reason = pending
-        job_rows.append((ids[i], state, reason, encoder.encode(values), i))
+        own = json.dumps({"parameters": {k: values[k] for k in params}}) if params else "{}"
+        job_rows.append((ids[i], state, reason, own, i))
         event_rows.append((ids[i], state, f'{{"job_set": "{set_id}", "array_index": {i}}}'))
     bulk_insert(conn, Job.__table__, dict(
         name=spec.name, account_name=spec.account, submitted_by=principal.subject, username=principal.username,
-        requested_backend=spec.pool, backend=None, workers=spec.workers,
+        requested_pool=spec.pool, pool=None, workers=spec.workers,
         gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus, time_limit_s=time_limit_s,
         priority=spec.priority, routing_reason="", dispatch_attempts=0, created_at=now, updated_at=now,
         job_set_id=set_id), ("id", "state", "state_reason", "spec", "array_index"), job_rows)
@@ -173,78 +177,6 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
 
 def names_of(spec: JobSetSpec) -> list[str]:
     return list(spec.sweep) if spec.sweep is not None else []
-
-
-class SpecEncoder:
-    """A task's stored spec as JSON text, exactly ``json.dumps`` of what :func:`_render_task` gives.
-
-    The set's spec is encoded once, split at its placeholders; a task's text is then the
-    literal pieces joined with its (JSON-escaped) values. JSON escaping works character by
-    character, so escaping the pieces one by one equals escaping the rendered string; the
-    placeholders are found in the raw strings, as :func:`templates.render` finds them.
-    Saves a ``json.dumps`` of the whole spec per task (most of a 10,000-task request's
-    Python time, bench/bench_arrays.py).
-    """
-
-    def __init__(self, stored: dict[str, Any], command: list[str], env: dict[str, str], count: int,
-                 params: list[str]) -> None:
-        marks = {key: f"\x00{key}-{new_id()}" for key in ("command", "env", "parameters")}
-        doc = {**stored, "command": marks["command"], "env": marks["env"]}
-        if params:
-            doc["parameters"] = marks["parameters"]
-        pieces: list[str | _Name] = [json.dumps(doc)]
-        env = {**env, "ISTHMUS_ARRAY_INDEX": "{{ index }}", "ISTHMUS_ARRAY_COUNT": str(count)}
-        parts = {
-            "command": ["["] + _joined([['"', *_template(arg), '"'] for arg in command]) + ["]"],
-            "env": ["{"] + _joined([[json.dumps(k) + ': "', *_template(v), '"'] for k, v in env.items()]) + ["}"],
-            "parameters": ["{"] + _joined([[json.dumps(k) + ': "', _Name(k), '"'] for k in params]) + ["}"],
-        }
-        for key, mark in marks.items():
-            token = json.dumps(mark)
-            out: list[str | _Name] = []
-            for piece in pieces:
-                if isinstance(piece, str) and token in piece:
-                    before, after = piece.split(token)
-                    out += [before, *parts[key], after]
-                else:
-                    out.append(piece)
-            pieces = out
-        # Merge neighbouring literals: literals[0], then (name, literal) pairs.
-        self.literals: list[str] = [""]
-        self.names: list[str] = []
-        for piece in pieces:
-            if isinstance(piece, _Name):
-                self.names.append(piece)
-                self.literals.append("")
-            else:
-                self.literals[-1] += piece
-        self.rest = list(zip(self.names, self.literals[1:]))
-        self.plain = all(n == "index" for n in self.names)  # an array: values need no escaping
-
-    def encode(self, values: dict[str, str]) -> str:
-        if self.plain:
-            return self.literals[0] + "".join([values[n] + lit for n, lit in self.rest])
-        escaped = {k: json.dumps(v)[1:-1] for k, v in values.items()}
-        return self.literals[0] + "".join([escaped[n] + lit for n, lit in self.rest])
-
-
-class _Name(str):
-    """A placeholder's parameter name among the literal pieces of a template."""
-
-
-def _template(text: str) -> list[str | _Name]:
-    """A raw string as JSON-escaped literal pieces and parameter names (no quotes)."""
-    split = templates.PLACEHOLDER.split(text)
-    return [_Name(p) if k % 2 else json.dumps(p)[1:-1] for k, p in enumerate(split)]
-
-
-def _joined(items: list[list[str | _Name]]) -> list[str | _Name]:
-    out: list[str | _Name] = []
-    for k, item in enumerate(items):
-        if k:
-            out.append(", ")
-        out += item
-    return out
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})

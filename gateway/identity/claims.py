@@ -18,6 +18,8 @@ from gateway.kit.names import ACCOUNT_NAME, POSIX_USER_RE
 
 _POSIX_USER = re.compile(POSIX_USER_RE)
 _ACCOUNT = ACCOUNT_NAME
+# The sub claim: OIDC Core 5.1 caps it at 255 ASCII characters, as wide as the subject columns.
+SUBJECT_MAX_LEN = 255
 
 
 class ClaimsMapping(BaseModel):
@@ -94,6 +96,8 @@ def principal_from_claims(claims: dict[str, Any], mapping: ClaimsMapping, *, iss
     subject = claims.get(mapping.subject_claim)
     if not isinstance(subject, str) or not subject:
         raise ClaimsError(f"missing claim {mapping.subject_claim}")
+    if len(subject) > SUBJECT_MAX_LEN:  # OIDC Core 5.1: at most 255 ASCII characters; the columns hold 255
+        raise ClaimsError(f"claim {mapping.subject_claim} is longer than {SUBJECT_MAX_LEN} characters")
     groups = _str_list(_dig(claims, mapping.groups_claim)) if mapping.groups_claim else []
     roles_in_token = _str_list(_dig(claims, mapping.roles_claim)) if mapping.roles_claim else []
     roles: set[str] = set()

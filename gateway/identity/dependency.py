@@ -11,7 +11,7 @@ from gateway.identity.authn import InvalidToken
 from gateway.identity.principal import Principal
 from gateway.kit.errors import Forbidden, Unauthorized
 
-PRINCIPAL_SCOPE_KEY = "isthmus.principal"  # set by gateway.kit.limits.BodyLimitMiddleware
+PRINCIPAL_SCOPE_KEY = "isthmus.principal"  # set by gateway.identity.bodylimit.BodyLimitMiddleware
 
 bearer = HTTPBearer(auto_error=False, description="OIDC access token (or a dev token in dev mode)")
 
@@ -20,14 +20,22 @@ def get_principal(request: Request,
                   credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
     # Requests with a body were authenticated by BodyLimitMiddleware before it was read.
     principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
-    if principal is not None:
-        return principal
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
-        raise Unauthorized("missing bearer token", error="")
-    try:
-        return request.app.state.authenticator.authenticate(credentials.credentials)
-    except InvalidToken as exc:
-        raise Unauthorized(str(exc)) from None
+    if principal is None:
+        if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+            raise Unauthorized("missing bearer token", error="")
+        try:
+            principal = request.app.state.authenticator.authenticate(credentials.credentials)
+        except InvalidToken as exc:
+            raise Unauthorized(str(exc)) from None
+    note_seen(request, principal)
+    return principal
+
+
+def note_seen(request: Request, principal: Principal) -> None:
+    """Record the accounts this subject holds (throttled; gateway/identity/seen.py)."""
+    recorder = getattr(request.app.state, "membership_seen", None)
+    if recorder is not None:
+        recorder.seen(principal)
 
 
 def require_admin(principal: Principal = Depends(get_principal)) -> Principal:

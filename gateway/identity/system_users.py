@@ -63,14 +63,6 @@ def _uid_of(username: str) -> int | None:
     return uid
 
 
-def clear_cache() -> None:
-    """Forget cached lookups (tests that change the passwd database)."""
-    global _own
-    with _lock:
-        _cache.clear()
-        _own = None
-
-
 def parse_user_list(value: str) -> frozenset[str]:
     return frozenset(u.strip() for u in value.split(",") if u.strip())
 

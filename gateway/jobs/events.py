@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gateway.identity.principal import Principal
-from gateway.jobs.models import Job, JobEvent
+from gateway.models.jobs import Job, JobEvent
 from gateway.kit.timeutil import as_utc
 
 log = logging.getLogger(__name__)

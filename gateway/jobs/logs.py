@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import anyio
 
 from adapters.base import Backend, BackendError, BackendUnavailable, Feature, JobNotFound, Unsupported
-from gateway.jobs.models import Job
+from gateway.models.jobs import Job
 from gateway.kit.errors import BackendUnavailable as GatewayUnavailable
 from gateway.kit.errors import Conflict, GatewayError, Invalid
 
@@ -30,17 +31,18 @@ from gateway.kit.errors import Conflict, GatewayError, Invalid
 CHUNK_BYTES = 1024 * 1024
 # A tail larger than this is cut to its last MAX_TAIL_BYTES: `tail` never reads a whole file.
 MAX_TAIL_BYTES = 8 * 1024 * 1024
+# A follow reads the file again after FOLLOW_POLL_S, doubling the wait while nothing new
+# comes, up to FOLLOW_MAX_POLL_S (new output resets it); it asks the database whether the
+# job has ended at most once per FOLLOW_JOB_CHECK_S. An idle follow used to query the
+# database four times a second for as long as it stayed open (#27, finding 4).
 FOLLOW_POLL_S = 0.25
+FOLLOW_MAX_POLL_S = 2.0
+FOLLOW_JOB_CHECK_S = 5.0
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class OutputUnavailable(GatewayError):
     status, title, slug = 501, "Output not available", "output-unavailable"
-
-
-def job_pool(job: Job) -> str | None:
-    """The pool a job was routed to (one place, so pools-as-data can re-point it)."""
-    return job.backend
 
 
 log = logging.getLogger("isthmus.logs")
@@ -51,7 +53,7 @@ def pool_backend(backends: dict[str, Backend], job: Job, worker: int) -> Backend
     """The backend of the job's pool, or a problem saying why its output cannot be read."""
     if not 0 <= worker < job.workers:
         raise Invalid("query.worker", f"this job has workers 0 to {job.workers - 1}")
-    pool = job_pool(job)
+    pool = job.pool
     if pool is None:
         raise Conflict(f"the job has no output yet: it is {job.state} and not routed to a pool")
     backend = backends.get(pool)
@@ -152,9 +154,9 @@ def open_output(backends: dict[str, Backend], job: Job, worker: int, *, keep_dir
         raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
                        else f"worker {worker} left no output (the job {job.state})") from None
     except Unsupported as exc:
-        raise OutputUnavailable(f"pool {job_pool(job)!r}: {exc.message}") from None
+        raise OutputUnavailable(f"pool {job.pool!r}: {exc.message}") from None
     except BackendError as exc:
-        raise GatewayUnavailable(f"pool {job_pool(job)!r}: {exc.message}") from exc
+        raise GatewayUnavailable(f"pool {job.pool!r}: {exc.message}") from exc
     return _relay(chunks, f"job {job.id} worker {worker}")
 
 
@@ -164,7 +166,7 @@ def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
     try:
         return backend.output_file(job.id, worker)
     except Unsupported as exc:
-        raise OutputUnavailable(f"pool {job_pool(job)!r}: {exc.message}") from None
+        raise OutputUnavailable(f"pool {job.pool!r}: {exc.message}") from None
 
 
 def tail_offset(path: str, lines: int) -> int:
@@ -205,26 +207,35 @@ def _read(path: str, offset: int) -> bytes:
         return b""
 
 
-async def stream(path: str, *, tail: int | None, follow: bool,
-                 job_final: Callable[[], bool], poll_s: float = FOLLOW_POLL_S) -> AsyncIterator[bytes]:
+async def stream(path: str, *, tail: int | None, follow: bool, job_final: Callable[[], bool],
+                 poll_s: float = FOLLOW_POLL_S, max_poll_s: float = FOLLOW_MAX_POLL_S,
+                 job_check_s: float = FOLLOW_JOB_CHECK_S) -> AsyncIterator[bytes]:
     """The file's bytes (from its last ``tail`` lines), then, with ``follow``, new bytes as they come.
 
     File reads run in worker threads: the event loop never blocks on the filesystem.
-    ``job_final`` (blocking, run in a thread) says whether the job has ended; following
-    stops once it has and one more read found nothing new.
+    ``job_final`` (blocking, run in a thread: a database query) says whether the job has
+    ended; it is asked when the file first has nothing new, then at most once per
+    ``job_check_s``. Following stops once the job has ended and one more read found nothing new.
     """
     offset = 0
     if tail is not None and await anyio.to_thread.run_sync(os.path.exists, path):
         offset = await anyio.to_thread.run_sync(tail_offset, path, tail)
     ended = False
+    wait = poll_s
+    next_check = 0.0
     while True:
         chunk = await anyio.to_thread.run_sync(_read, path, offset)
         if chunk:
             offset += len(chunk)
+            wait = poll_s
             yield chunk
             continue
         if not follow or ended:
             return
-        ended = await anyio.to_thread.run_sync(job_final)
-        if not ended:
-            await anyio.sleep(poll_s)
+        if time.monotonic() >= next_check:
+            ended = await anyio.to_thread.run_sync(job_final)
+            next_check = time.monotonic() + job_check_s
+            if ended:
+                continue  # one more read: what the job wrote last
+        await anyio.sleep(wait)
+        wait = min(wait * 2, max_poll_s)

@@ -8,7 +8,7 @@ from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.identity.principal import Principal
-from gateway.jobs.models import IdempotencyKey, Job, JobEvent
+from gateway.models.jobs import IdempotencyKey, Job, JobEvent
 
 
 def readable_jobs(principal: Principal) -> Select[tuple[Job]]:
@@ -27,7 +27,7 @@ def get_readable(session: Session, principal: Principal, job_id: str, *, for_upd
 
 
 def list_readable(session: Session, principal: Principal, *, states: Sequence[str] = (),
-                  account: str | None = None, backend: str | None = None,
+                  account: str | None = None, pool: str | None = None,
                   after_id: str | None = None, limit: int = 50, job_set: str | None = None) -> list[Job]:
     stmt = readable_jobs(principal)
     if job_set:
@@ -36,9 +36,8 @@ def list_readable(session: Session, principal: Principal, *, states: Sequence[st
         stmt = stmt.where(Job.state.in_(list(states)))
     if account:
         stmt = stmt.where(Job.account_name == account)
-    if backend:
-        stmt = stmt.where(or_(Job.backend == backend,
-                              and_(Job.backend.is_(None), Job.requested_backend == backend)))
+    if pool:
+        stmt = stmt.where(or_(Job.pool == pool, and_(Job.pool.is_(None), Job.requested_pool == pool)))
     if after_id:
         stmt = stmt.where(Job.id < after_id)
     return list(session.scalars(stmt.order_by(Job.id.desc()).limit(limit)))
@@ -53,3 +52,17 @@ def list_events(session: Session, job_id: str, *, after_id: int = 0, limit: int 
 def get_idempotency(session: Session, subject: str, key: str) -> IdempotencyKey | None:
     return session.scalars(select(IdempotencyKey).where(
         IdempotencyKey.subject == subject, IdempotencyKey.key == key)).first()
+
+
+def is_final(session: Session, job_id: str, final_states) -> bool:
+    """Whether the job has reached one of ``final_states`` (read fresh: a log follow polls it)."""
+    return session.scalar(select(Job.state).where(Job.id == job_id)) in final_states
+
+
+def waiting_per_pool(session: Session, states: Sequence[str]) -> dict[str, int]:
+    """How many jobs wait in ``states`` per pool: the pool they were routed to, else the one
+    they asked for (``auto`` for the unrouted)."""
+    from sqlalchemy import func
+
+    where = func.coalesce(Job.pool, Job.requested_pool)
+    return dict(session.execute(select(where, func.count()).where(Job.state.in_(list(states))).group_by(where)).all())

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gateway.jobs.states import JobState
+from gateway.domain.shapes import format_duration, format_memory, normalise_gpu_type, parse_duration_s, parse_memory_mib
+from gateway.domain.states import JobState
 from gateway.kit.names import ACCOUNT_NAME_RE, JOB_NAME_RE
 
 NAME_RE = JOB_NAME_RE
@@ -32,17 +33,11 @@ RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "x-k8s.io")
 MAX_WORKERS = 1024
 MAX_GPUS_PER_WORKER = 16
 MAX_CPUS_PER_WORKER = 1024
-MIN_MEMORY_MIB, MAX_MEMORY_MIB = 16, 16 * 1024 * 1024  # 16 MiB .. 16 TiB per worker
 MAX_ARGV_ITEMS, MAX_ARG_LEN, MAX_ARGV_BYTES = 256, 4096, 64 * 1024
 MAX_ENV, MAX_ENV_VALUE = 128, 4096
 MAX_LABELS = 32
 MAX_DEPENDENCIES = 64  # per job; a whole set counts as one
 JOB_ID_RE = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-
-_MEM_RE = re.compile(r"^\s*(\d{1,12})\s*([KMGT]i?)?B?\s*$", re.IGNORECASE)
-_MEM_UNITS = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-_TIME_HMS = re.compile(r"^(?:(\d{1,3})-)?(\d{1,3}):(\d{2}):(\d{2})$")
-_TIME_UNITS = re.compile(r"^(\d{1,7})\s*([smhd])$")
 
 
 POOL_CHOICE_RE = r"^(auto|[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)$"
@@ -54,78 +49,6 @@ class PoolKind(str, enum.Enum):
 
     SLURM = "slurm"
     KUBERNETES = "kubernetes"
-
-
-def requested_pool(spec: dict | Any) -> str:
-    """The pool a job asked for (a name or ``auto``), from a spec or a stored spec dict.
-
-    The one place that knows ``backend`` is the deprecated name of ``pool``.
-    """
-    get = spec.get if isinstance(spec, dict) else (lambda k, d=None: getattr(spec, k, d))
-    return get("pool") or get("backend") or "auto"
-
-
-def parse_memory_mib(value: Any) -> int:
-    """``"64Gi"``, ``"64G"``, ``"512Mi"`` or an integer number of MiB. Slurm's units are binary."""
-    if isinstance(value, bool):
-        raise ValueError("must be a size such as '64Gi' or an integer number of MiB")
-    if isinstance(value, int):
-        mib = value
-    elif isinstance(value, str):
-        m = _MEM_RE.fullmatch(value)
-        if not m:
-            raise ValueError("must be a size such as '64Gi', '512Mi' or an integer number of MiB")
-        number, unit = int(m.group(1)), (m.group(2) or "M")[0].lower()
-        mib_f = number * _MEM_UNITS[unit]
-        if mib_f != int(mib_f):
-            raise ValueError("must be a whole number of MiB")
-        mib = int(mib_f)
-    else:
-        raise ValueError("must be a size such as '64Gi' or an integer number of MiB")
-    if not MIN_MEMORY_MIB <= mib <= MAX_MEMORY_MIB:
-        raise ValueError(f"must be between {MIN_MEMORY_MIB}Mi and 16Ti per worker")
-    return mib
-
-
-def normalise_gpu_type(value: str | None) -> str | None:
-    """GPU types are compared in lower case: ``NVIDIA-H100-80GB-HBM3`` is ``nvidia-h100-80gb-hbm3``."""
-    return value.lower() if value else value
-
-
-def format_memory(mib: int) -> str:
-    for unit, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
-        if mib % size == 0:
-            return f"{mib // size}{unit}"
-    return f"{mib}Mi"
-
-
-def parse_duration_s(value: Any) -> int:
-    """Seconds, ``"90m"``, ``"2h"``, ``"1d"``, ``"HH:MM:SS"`` or Slurm's ``"D-HH:MM:SS"``."""
-    if isinstance(value, bool):
-        raise ValueError("must be seconds or a duration such as '2h' or '1-00:00:00'")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        v = value.strip()
-        if v.isdigit():
-            return int(v)
-        m = _TIME_UNITS.fullmatch(v)
-        if m:
-            return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-        m = _TIME_HMS.fullmatch(v)
-        if m:
-            days, h, mi, s = (int(x) if x else 0 for x in m.groups())
-            if mi >= 60 or s >= 60:
-                raise ValueError("minutes and seconds must be below 60")
-            return days * 86400 + h * 3600 + mi * 60 + s
-    raise ValueError("must be seconds or a duration such as '2h', '90m' or '1-00:00:00'")
-
-
-def format_duration(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    h, rest = divmod(rest, 3600)
-    m, s = divmod(rest, 60)
-    return (f"{days}-" if days else "") + f"{h:02d}:{m:02d}:{s:02d}"
 
 
 EXAMPLE_SPEC = {

@@ -17,15 +17,17 @@ from typing import Any
 
 from sqlalchemy import String, bindparam, func, literal, null, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
-from sqlalchemy.orm.attributes import instance_state
+from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
-from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
+from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
+from gateway.accounts.tree import subtree_names, up_cte
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
-from gateway.jobs.models import IdempotencyKey, Job, JobEvent
-from gateway.jobs.schemas import JobSpec, parse_duration_s
-from gateway.jobs.states import JobState, can_transition
+from gateway.models.jobs import IdempotencyKey, Job, JobEvent
+from gateway.domain.shapes import parse_duration_s
+from gateway.jobs.schemas import JobSpec
+from gateway.domain.states import JobState, check_transition
 from gateway.kit import bulk
 from gateway.kit.errors import Conflict, Forbidden, Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import new_id, utcnow
@@ -60,11 +62,11 @@ def set_state(session: Session, job: Job, target: JobState, *, actor: str, reaso
     record_event(session, job, actor=actor, kind="state", reason=reason, data=data,
                  from_state=current, to_state=target.value)
     log.info("%s -> %s: %s", current, target.value, reason,
-             extra={"job_id": job.id, "account": job.account_name, "pool": job.backend or "", "actor": actor})
+             extra={"job_id": job.id, "account": job.account_name, "pool": job.pool or "", "actor": actor})
     if target.final or target is JobState.RUNNING:
         # Dependencies and array slots (gateway/flows): what waits for this job moves on
         # in this same transaction. The one hook of workflows into the state machine.
-        from gateway.flows.graph import after_transition
+        from gateway.jobs.graph import after_transition
 
         after_transition(session, job, target, set_state=set_state)
     return True
@@ -104,18 +106,20 @@ _SUBMITTED_CTE = _SUBMITTED_UPDATE.returning(_JOB_T.c.id).cte("submitted_job")
 _MARK_SUBMITTED_PG = _event_after(_SUBMITTED_CTE, _SUBMITTED_CTE.c.id, bindparam("now"), **_SUBMITTED).returning(
     _EVENT_T.c.job_id)
 _SUBMITTED_EVENT = _event_insert(bindparam("job_id"), bindparam("now"), **_SUBMITTED)
-assert can_transition(JobState.DISPATCHING, JobState.QUEUED)
+check_transition(JobState.DISPATCHING, JobState.QUEUED)  # the guarded write's change, from the table
 
 
-def mark_submitted(session: Session, *, job_id: str, backend_job_id: str, actor: str, reason: str,
-                   data: dict[str, Any]) -> bool:
-    """``dispatching`` -> ``queued`` with the backend's job id, and its event, without loading the job.
+def record_submission(session: Session, *, job_id: str, backend_job_id: str, actor: str, reason: str,
+                      data: dict[str, Any]) -> bool:
+    """Record a submission the backend accepted: ``dispatching`` -> ``queued`` with its job id.
 
-    The dispatcher's hot path (bench/bench_dispatch.py): one statement on Postgres. The
-    transition is the state machine's (checked at import); the WHERE clause makes it
-    happen only from ``dispatching`` with no backend id yet. Returns False, having written
-    nothing, when the job is elsewhere (e.g. cancelled meanwhile): the caller then takes
-    the general path through :func:`set_state`.
+    The one path for it. The dispatcher's hot path (bench/bench_dispatch.py): the guarded
+    write (only from ``dispatching`` with no backend id yet; the change is the table's,
+    checked at import) and its event, one statement on Postgres, without loading the job.
+    When the job is elsewhere, it is loaded and locked: still ``dispatching`` (its backend
+    id already recorded) it becomes ``queued`` through :func:`set_state`; cancelled
+    meanwhile, it keeps its state and gets an event. Returns whether the job is final (the
+    caller cancels the backend job).
     """
     conn = session.connection()
     params = {"job_id": job_id, "backend_job_id": backend_job_id, "e_actor": actor, "reason": reason, "data": data,
@@ -129,7 +133,15 @@ def mark_submitted(session: Session, *, job_id: str, backend_job_id: str, actor:
     if done:
         log.info("dispatching -> queued: %s", reason, extra={"job_id": job_id, "backend_job_id": backend_job_id,
                                                                 "actor": actor})
-    return done
+        return False
+    job = session.get(Job, job_id, with_for_update=True)
+    job.backend_job_id = backend_job_id
+    job.next_attempt_at = None
+    if job.state == JobState.DISPATCHING.value:
+        set_state(session, job, JobState.QUEUED, actor=actor, reason=reason, data=data)
+        return False
+    record_event(session, job, actor=actor, kind="submitted", reason=f"{reason}; cancelling it")
+    return JobState(job.state).final
 
 
 # ------------------------------------------------------------ named transitions
@@ -141,17 +153,16 @@ _WAIT_TAIL = " (fair-share position"
 
 def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime,
           actor: str, data: dict[str, Any] | None = None) -> None:
-    """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``."""
-    job.backend = pool
-    job.held_gpus = held_gpus
-    job.routing_reason = reason
-    job.next_attempt_at = lease_until
-    job.dispatch_attempts += 1
-    job.estimated_start = job.estimated_pool = job.estimate_reason = None
-    set_state(session, job, JobState.DISPATCHING, actor=actor, reason=reason, data=data)
+    """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``.
+
+    A batch of one of :class:`Claims` (the dispatch round's writer): one implementation.
+    """
+    writes = Claims(session)
+    writes.claim(job, pool=pool, held_gpus=held_gpus, reason=reason, lease_until=lease_until, actor=actor, data=data)
+    writes.flush()
 
 
-_CLAIM_COLS = ("backend", "held_gpus", "routing_reason", "next_attempt_at", "dispatch_attempts", "estimated_start",
+_CLAIM_COLS = ("pool", "held_gpus", "routing_reason", "next_attempt_at", "dispatch_attempts", "estimated_start",
                "estimated_pool", "estimate_reason", "state", "state_reason", "updated_at")
 # Guarded by the state the round read (the row is locked by the pick): a claim never lands twice.
 _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.c.state == bindparam("c_from"))
@@ -161,7 +172,7 @@ _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.
 # Postgres: the claims and their events in ONE statement over one JSON document (the routing
 # reason, ~500 characters with 10 pools, is sent once for routing_reason, state_reason and the
 # event). The events follow the claims' order (``ord``), as their ids did.
-_CLAIM_RECORD = (("id", _JOB_T, "id"), ("from_state", _JOB_T, "state"), ("backend", _JOB_T, "backend"),
+_CLAIM_RECORD = (("id", _JOB_T, "id"), ("from_state", _JOB_T, "state"), ("pool", _JOB_T, "pool"),
                  ("held_gpus", _JOB_T, "held_gpus"), ("reason", _JOB_T, "state_reason"),
                  ("next_attempt_at", _JOB_T, "next_attempt_at"), ("dispatch_attempts", _JOB_T, "dispatch_attempts"),
                  ("at", _EVENT_T, "at"), ("actor", _EVENT_T, "actor"), ("data", _EVENT_T, "data"))
@@ -174,7 +185,7 @@ def _claims_ctes(dialect) -> str:
     return f"""
 r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r({record}, ord integer)),
 claimed AS (
-    UPDATE job SET backend = r.backend, held_gpus = r.held_gpus, routing_reason = r.reason,
+    UPDATE job SET pool = r.pool, held_gpus = r.held_gpus, routing_reason = r.reason,
         next_attempt_at = r.next_attempt_at, dispatch_attempts = r.dispatch_attempts, estimated_start = NULL,
         estimated_pool = NULL, estimate_reason = NULL, state = '{to}', state_reason = r.reason, updated_at = r.at
     FROM r WHERE job.id = r.id AND job.state = r.from_state
@@ -186,7 +197,7 @@ claim_events AS (
 
 
 _NOTE_COLS = ("state_reason", "estimated_start", "estimated_pool", "estimate_reason", "updated_at")
-_NOTE_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("n_id"), _JOB_T.c.state == JobState.PENDING.value)
+_NOTE_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("n_id"), _JOB_T.c.state == bindparam("n_from_state"))
                 .values({c: bindparam(f"n_{c}", type_=_JOB_T.c[c].type) for c in _NOTE_COLS}))
 
 
@@ -227,21 +238,30 @@ def _flush_sql(dialect, claims: bool, notes: bool) -> Any:
 
 
 def _show(job: Job, values: dict[str, Any]) -> None:
-    """``set_committed_value`` of several attributes at once: the loaded object shows what the
-    round writes itself, with nothing left for the ORM to flush (one call, not one per column)."""
+    """The loaded object shows what the round writes itself, as committed values: nothing is
+    left for the ORM to flush. A job with no pending change and none of these attributes
+    expired (every job a round picked) takes them into its instance dict at once (public
+    ``InstanceState.dict``); any other through ``set_committed_value``, key by key (about
+    ten times slower: bench/bench_dispatch_round.py)."""
     state = instance_state(job)
-    state.dict.update(values)
-    state._commit(state.dict, values)
+    if state.modified or not state.expired_attributes.isdisjoint(values):
+        for key, value in values.items():
+            set_committed_value(job, key, value)
+    else:
+        state.dict.update(values)
 
 
 class Claims:
-    """:func:`claim` for the many jobs of one dispatch round, written by :meth:`flush` together.
+    """The one writer of claims, waiting notes and estimates: a dispatch round's many jobs, or
+    one (:func:`claim`, :func:`note_waiting`, :func:`note_estimate` are batches of one).
 
-    The same fields, event and log line as :func:`claim`; the transition is checked when
-    the claim is made, as the model's validator does. Through the ORM, every claimed job
-    cost an UPDATE and an event INSERT of its own, and their unit-of-work bookkeeping was
-    most of a round's time (bench/bench_dispatch_round.py). Postgres: one statement;
-    SQLite: an executemany UPDATE and the events' INSERT.
+    Each call shows its values on the loaded job at once (the round reads them back); :meth:`flush`
+    checks every state change against the transition table (``states.check_transition``,
+    raising IllegalTransition before anything is written) and writes them all together.
+    Through the ORM, every claimed job cost an UPDATE and an event INSERT of its own, and
+    their unit-of-work bookkeeping was most of a round's time (bench/bench_dispatch_round.py).
+    Postgres: one statement; SQLite: an executemany UPDATE and the events' INSERT. A job the
+    ORM changed earlier in the transaction is flushed first, so the write sees it.
     """
 
     def __init__(self, session: Session):
@@ -250,22 +270,23 @@ class Claims:
         # gangs claimed together are then one row per pool, not one per gang.
         self._at: datetime | None = None
         self._claims: list[dict[str, Any]] = []
-        self._noted: dict[str, Job] = {}  # pending jobs whose reason or estimate moved
+        self._noted: dict[str, Job] = {}  # jobs whose reason or estimate moved
         self._waiting_events: list[dict[str, Any]] = []
 
-    def _batchable(self, job: Job) -> bool:
-        # Changed through the ORM earlier in this transaction, or no longer pending: the ORM writes it.
-        return job.state == JobState.PENDING.value and (job.id in self._noted or not instance_state(job).modified)
+    def _ready(self, job: Job) -> None:
+        # Changed through the ORM earlier in this transaction: written first, so no change is
+        # lost and the guarded write below compares with what the row holds.
+        if instance_state(job).modified:
+            self.session.flush()
 
     def note_waiting(self, job: Job, *, reason: str, actor: str) -> None:
-        """:func:`note_waiting` of a pending job, written by :meth:`flush` (the same event, the same rule)."""
-        from sqlalchemy.orm.attributes import set_committed_value
+        """Keep the latest 'why is my job not running' on the job; a ``waiting`` event when it changes.
 
-        if not self._batchable(job):
-            note_waiting(self.session, job, reason=reason, actor=actor)
-            return
+        The fair-share position alone changing is not a new reason worth an event.
+        """
         if job.state_reason == reason:
             return
+        self._ready(job)
         if job.state_reason.split(_WAIT_TAIL)[0] != reason.split(_WAIT_TAIL)[0]:
             self._waiting_events.append(dict(job_id=job.id, at=utcnow(), actor=actor, kind="waiting", reason=reason,
                                              ord=len(self._waiting_events)))
@@ -273,52 +294,52 @@ class Claims:
         self._noted[job.id] = job
 
     def note_estimate(self, job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
-        """:func:`note_estimate` of a pending job, written by :meth:`flush`."""
-        if not self._batchable(job):
-            note_estimate(job, start=start, pool=pool, reason=reason)
-            return
+        """A pending job's planned start (or None, with why), as the last dispatch round saw it.
+
+        Written only when it moves (by more than a few seconds), so a round does not rewrite
+        every waiting row.
+        """
         if not _estimate_moved(job, start=start, pool=pool, reason=reason):
             return
+        self._ready(job)
         _show(job, {"estimated_start": start, "estimated_pool": pool, "estimate_reason": reason})
         self._noted[job.id] = job
 
     def claim(self, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime, actor: str,
               data: dict[str, Any] | None = None) -> None:
-        if instance_state(job).modified:  # changed earlier in this transaction: the ORM writes it all
-            claim(self.session, job, pool=pool, held_gpus=held_gpus, reason=reason, lease_until=lease_until,
-                  actor=actor, data=data)
-            return
-        current = JobState(job.state)
-        if not can_transition(current, JobState.DISPATCHING):
-            from gateway.jobs.states import IllegalTransition
-
-            raise IllegalTransition(current, JobState.DISPATCHING)
+        """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``."""
+        self._ready(job)
+        current = job.state
         now = self._at = self._at or utcnow()
-        values = dict(backend=pool, held_gpus=held_gpus, routing_reason=reason, next_attempt_at=lease_until,
+        values = dict(pool=pool, held_gpus=held_gpus, routing_reason=reason, next_attempt_at=lease_until,
                       dispatch_attempts=job.dispatch_attempts + 1, estimated_start=None, estimated_pool=None,
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)
-        _show(job, values)
-        self._claims.append(dict(id=job.id, from_state=current.value, backend=pool, held_gpus=held_gpus, reason=reason,
+        self._claims.append(dict(id=job.id, from_state=current, pool=pool, held_gpus=held_gpus, reason=reason,
                                  next_attempt_at=lease_until, dispatch_attempts=values["dispatch_attempts"], at=now,
                                  actor=actor, data=data, ord=len(self._claims)))
-        log.info("%s -> %s: %s", current.value, JobState.DISPATCHING.value, reason,
+        _show(job, values)
+        log.info("%s -> %s: %s", current, JobState.DISPATCHING.value, reason,
                  extra={"job_id": job.id, "account": job.account_name, "pool": pool, "actor": actor})
 
     def flush(self) -> None:
-        """Write the round's claims and notes (Postgres: one statement; SQLite: a few)."""
-        from sqlalchemy.orm.attributes import set_committed_value
+        """Write the claims and notes (Postgres: one statement; SQLite: a few).
 
+        Raises IllegalTransition, having written nothing, when a claim's state change is not
+        in the transition table; Conflict when a row changed under the round.
+        """
         claims, self._claims = self._claims, []
         noted, events, self._noted, self._waiting_events = self._noted, self._waiting_events, {}, []
         if not claims and not noted:
             return
+        for current in {c["from_state"] for c in claims}:  # the state machine, checked in bulk
+            check_transition(JobState(current), JobState.DISPATCHING)
         now = utcnow()
         notes = []
         for job in noted.values():  # reason, estimate, and updated_at as the ORM's onupdate sets it
-            set_committed_value(job, "updated_at", now)
+            _show(job, {"updated_at": now})
             notes.append(dict(id=job.id, state_reason=job.state_reason, estimated_start=job.estimated_start,
                               estimated_pool=job.estimated_pool, estimate_reason=job.estimate_reason, updated_at=now,
-                              from_state=JobState.PENDING.value))
+                              from_state=job.state))
         conn = self.session.connection()
         if conn.dialect.name == "postgresql":
             if noted.keys() & {c["id"] for c in claims}:  # one statement may update a row once
@@ -340,8 +361,7 @@ class Claims:
     def _notes_sqlite(conn, notes: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:
         if not notes:
             return 0
-        done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items() if k != "from_state"}
-                                           for r in notes]).rowcount
+        done = conn.execute(_NOTE_UPDATE, [{f"n_{k}": v for k, v in r.items()} for r in notes]).rowcount
         bulk.insert_rows(conn, _EVENT_T, [{k: v for k, v in e.items() if k != "ord"} for e in events])
         return done
 
@@ -350,7 +370,7 @@ class Claims:
         if not claims:
             return 0
         done = conn.execute(_CLAIM_UPDATE, [
-            {"c_id": c["id"], "c_from": c["from_state"], "c_backend": c["backend"], "c_held_gpus": c["held_gpus"],
+            {"c_id": c["id"], "c_from": c["from_state"], "c_pool": c["pool"], "c_held_gpus": c["held_gpus"],
              "c_routing_reason": c["reason"], "c_next_attempt_at": c["next_attempt_at"],
              "c_dispatch_attempts": c["dispatch_attempts"], "c_estimated_start": None, "c_estimated_pool": None,
              "c_estimate_reason": None, "c_state": JobState.DISPATCHING.value, "c_state_reason": c["reason"],
@@ -362,16 +382,10 @@ class Claims:
 
 
 def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> None:
-    """A pending job's planned start (or None, with why), as the last dispatch round saw it.
-
-    Written only when it moves (by more than a few seconds), so a round does not rewrite
-    every waiting row.
-    """
-    if not _estimate_moved(job, start=start, pool=pool, reason=reason):
-        return
-    job.estimated_start = start
-    job.estimated_pool = pool
-    job.estimate_reason = reason
+    """:meth:`Claims.note_estimate` of one loaded job (a batch of one)."""
+    writes = Claims(object_session(job))
+    writes.note_estimate(job, start=start, pool=pool, reason=reason)
+    writes.flush()
 
 
 def _estimate_moved(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> bool:
@@ -390,21 +404,16 @@ def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reas
 
 
 def note_waiting(session: Session, job: Job, *, reason: str, actor: str) -> None:
-    """Keep the latest 'why is my job not running' on the job; an event when it changes.
-
-    The fair-share position alone changing is not a new reason worth an event.
-    """
-    if job.state_reason == reason:
-        return
-    if job.state_reason.split(_WAIT_TAIL)[0] != reason.split(_WAIT_TAIL)[0]:
-        record_event(session, job, actor=actor, kind="waiting", reason=reason)
-    job.state_reason = reason
+    """:meth:`Claims.note_waiting` of one job (a batch of one)."""
+    writes = Claims(session)
+    writes.note_waiting(job, reason=reason, actor=actor)
+    writes.flush()
 
 
 def return_to_pending(session: Session, job: Job, *, retry_at: datetime, actor: str, reason: str) -> None:
     """``dispatching`` -> ``pending`` (its pool dropped), retried from ``retry_at``."""
     set_state(session, job, JobState.PENDING, actor=actor, reason=reason)
-    job.backend = None
+    job.pool = None
     job.next_attempt_at = retry_at
 
 
@@ -412,22 +421,6 @@ def defer_retry(session: Session, job: Job, *, retry_at: datetime, actor: str, r
     """No state change; the next attempt at this job waits until ``retry_at``."""
     record_event(session, job, actor=actor, kind="retry", reason=reason)
     job.next_attempt_at = retry_at
-
-
-def record_submission(session: Session, job: Job, *, backend_job_id: str, actor: str, reason: str,
-                      data: dict[str, Any]) -> bool:
-    """The general path of :func:`mark_submitted` (the job is loaded and locked).
-
-    A ``dispatching`` job becomes ``queued``; a job cancelled meanwhile keeps its state and
-    gets an event. Returns whether the job is final (the caller cancels the backend job).
-    """
-    job.backend_job_id = backend_job_id
-    job.next_attempt_at = None
-    if job.state == JobState.DISPATCHING.value:
-        set_state(session, job, JobState.QUEUED, actor=actor, reason=reason, data=data)
-        return False
-    record_event(session, job, actor=actor, kind="submitted", reason=f"{reason}; cancelling it")
-    return JobState(job.state).final
 
 
 def observe(job: Job, *, backend_job_id: str | None = None, nodes: list[str] | None = None) -> None:
@@ -503,12 +496,6 @@ _KEY_C = IdempotencyKey.__table__.c
 _WAITING = _JOB_C.state.in_(WAITING_STATES)
 
 
-def _subtree(name, tag: str):
-    sub = select(Account.name.label("name")).where(Account.name == name).cte(f"cap_sub_{tag}", recursive=True)
-    sub = sub.union_all(select(Account.name).where(Account.parent_name == sub.c.name))
-    return select(sub.c.name)
-
-
 def _count_upto(table, limit, *where):
     """COUNT of at most ``limit`` rows: the cost is bounded by the cap, never a table scan."""
     return select(func.count()).select_from(select(literal(1)).select_from(table).where(*where)
@@ -517,17 +504,14 @@ def _count_upto(table, limit, *where):
 
 # One read in the common case: the account's chain (leaf first) with the admin-set caps,
 # plus the counts the site defaults need (Postgres runs each uncorrelated count once).
-_CAP_UP = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
-           .where(Account.name == bindparam("leaf")).cte("cap_chain", recursive=True))
-_CAP_UP = _CAP_UP.union_all(select(Account.name, Account.parent_name, _CAP_UP.c.depth + 1)
-                            .where(Account.name == _CAP_UP.c.parent, _CAP_UP.c.depth < 32))
+_CAP_UP = up_cte("cap_chain")
 _CAP_READ = (
     select(_CAP_UP.c.name, AccountQuota.max_queued_jobs, AccountQuota.max_queued_jobs_per_user,
            # The GPU-hour budgets ride along: the submit path's budget verdict needs no read
            # of its own (gateway.ledger.service.budget_verdict_of).
            AccountQuota.budget_gpu_seconds, AccountQuota.budget_period, AccountQuota.budget_window_days,
            # So do the concurrent-GPU limits' presence (the never-admissible check at submit
-           # reads them only when one is set: jobs.router._refuse_if_never_admissible).
+           # reads them only when one is set: jobs.admission.refuse_if_never_admissible).
            AccountQuota.max_gpus,
            select(literal(1)).where(AccountPoolQuota.account_name == _CAP_UP.c.name,
                                     AccountPoolQuota.max_gpus.is_not(None)).exists().label("has_pool_limits"),
@@ -542,6 +526,22 @@ _CAP_READ = (
 )
 _HINT = "wait for jobs to start or cancel some"
 
+# Postgres: the cap check's serialisation (issue #27 finding 3). Transaction-scoped advisory
+# locks, held until the submission commits, so a second submission counts only after the
+# first one's jobs are visible: first the user's (the per-user caps span every account),
+# then the root of the account's tree (every account cap, on the account or an ancestor,
+# counts inside that tree). Always user before account, so two submissions never wait for
+# each other both ways; nothing else takes these locks. The user lock is taken in the
+# inner query, which the outer row needs first: the order is fixed by the plan's shape, not
+# by the order the select list happens to be evaluated in. Keys are a stable hash of
+# namespaced names; a collision only serialises two unrelated submissions.
+_LOCK_UP = up_cte("cap_lock_chain")
+_BY_USER = select(func.pg_advisory_xact_lock(func.hashtextextended(
+    literal("isthmus.caps.user:", String) + bindparam("username", type_=String), 0)).label("locked")).offset(0)
+_CAP_LOCK = (select(func.pg_advisory_xact_lock(func.hashtextextended(
+    literal("isthmus.caps.account:", String) + _LOCK_UP.c.name, 0)))
+    .select_from(_BY_USER.subquery("by_user")).join(_LOCK_UP, literal(True)).where(_LOCK_UP.c.parent.is_(None)))
+
 
 def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
                with_key: bool, now=None, adding: int = 1) -> list[Any]:
@@ -549,8 +549,10 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
 
     One round trip unless an admin set a cap on the account or an ancestor (then two);
     each count is an index range scan stopped at the cap. ``adding`` jobs are about to be
-    written (an array's tasks). Checked without a lock, so
-    concurrent submissions may pass a cap by at most the number in flight (docs/jobs.md).
+    written (an array's tasks). On Postgres one more statement first takes the user's and
+    the account tree's advisory locks (``_CAP_LOCK``), held to the end of the transaction:
+    concurrent submissions are counted one after another and never pass a cap together.
+    SQLite serialises writers itself.
 
     Returns:
         The account chain read, leaf first (name, caps, GPU-hour budget); empty for an
@@ -563,6 +565,8 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
     hint = _HINT if adding == 1 else f"this request adds {adding}; {_HINT}"
     # Without a key, "since" is in the future: the key count is an empty index probe.
     since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(_CAP_LOCK, {"leaf": account, "username": username})
     chain = session.execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
                                         "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
                                         "cap_keys": caps.keys_per_user, "keys_since": since}).all()
@@ -577,7 +581,7 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
                             f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {hint}")
     checks: list[tuple[Any, int, str]] = []
     for i, row in enumerate(chain):
-        in_subtree = _JOB_C.account_name.in_(_subtree(row.name, str(i)))  # a limit caps the account's subtree
+        in_subtree = _JOB_C.account_name.in_(subtree_names(row.name, name=f"cap_sub_{i}"))  # caps the subtree
         if row.max_queued_jobs is not None:
             checks.append((_count_upto(Job.__table__, row.max_queued_jobs, in_subtree, _WAITING), row.max_queued_jobs,
                            f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of {row.name}); "
@@ -599,6 +603,25 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
     return chain
 
 
+def check_caller(principal: Principal, account: str) -> None:
+    """Who may record jobs for ``account``: a member (or an admin) with a POSIX user to run as.
+
+    The one rule for single jobs and job sets (gateway/flows/service.py). Raises Forbidden.
+    """
+    if not principal.may_use(account):
+        raise Forbidden(f"you are not a member of account {account!r}")
+    if not principal.username:
+        raise Forbidden("this caller has no POSIX user mapped; jobs cannot run as it")
+
+
+def time_limit_of(time_limit: str | None, *, default_s: int, max_s: int) -> int:
+    """A job's time limit in seconds: the spec's, else the site default; never above the site maximum."""
+    time_limit_s = parse_duration_s(time_limit) if time_limit else default_s
+    if time_limit_s > max_s:
+        raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_s} s")
+    return time_limit_s
+
+
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
            max_time_limit_s: int, idempotency_key: str | None = None,
            caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch",
@@ -609,18 +632,13 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     (with ``caps``) gets the account chain the cap check read, root first, and returns why
     the job is held (its state reason becomes "held: ..."), or None; it may raise to refuse.
     """
-    if not principal.may_use(spec.account):
-        raise Forbidden(f"you are not a member of account {spec.account!r}")
-    if not principal.username:
-        raise Forbidden("this caller has no POSIX user mapped; jobs cannot run as it")
+    check_caller(principal, spec.account)
     digest = spec_hash(spec)
     if idempotency_key is not None:
         existing = repository.get_idempotency(session, principal.subject, idempotency_key)
         if existing is not None:
             return _replay(session, existing, digest), False
-    time_limit_s = parse_duration_s(spec.time_limit) if spec.time_limit else default_time_limit_s
-    if time_limit_s > max_time_limit_s:
-        raise Invalid("body.time_limit", f"exceeds this gateway's maximum of {max_time_limit_s} s")
+    time_limit_s = time_limit_of(spec.time_limit, default_s=default_time_limit_s, max_s=max_time_limit_s)
     if caps is not None:
         chain = check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
                            caps=caps, with_key=idempotency_key is not None)
@@ -629,14 +647,14 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
             waiting_reason = f"held: {held}"
     resolved = None
     if spec.depends_on:
-        from gateway.flows import graph as flows
+        from gateway.jobs import graph as flows
 
         resolved = flows.resolve(session, principal=principal, depends_on=spec.depends_on)
     normalised = spec.stored()
     now = utcnow()
     values = dict(
         id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
-        username=principal.username, requested_backend=spec.pool, backend=None,
+        username=principal.username, requested_pool=spec.pool, pool=None,
         state=JobState.PENDING.value, state_reason=waiting_reason, spec=normalised,
         workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
@@ -664,13 +682,13 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     record_event(session, job, actor=principal.subject, kind="state", to_state=job.state,
                  reason="submitted", data={"idempotency_key": idempotency_key} if idempotency_key else None)
     if resolved is not None:
-        from gateway.flows import graph as flows
+        from gateway.jobs import graph as flows
 
         flows.add_dependencies(session, [job.id], resolved)
     return job, True
 
 
-_NEW_JOB_COLS = ("id", "name", "account_name", "submitted_by", "username", "requested_backend", "backend", "state",
+_NEW_JOB_COLS = ("id", "name", "account_name", "submitted_by", "username", "requested_pool", "pool", "state",
                  "state_reason", "spec", "workers", "gpus_per_worker", "total_gpus", "time_limit_s", "priority",
                  "routing_reason", "dispatch_attempts", "created_at", "updated_at")
 _SUBMIT = dict(from_state=None, to_state=JobState.PENDING, reason=literal("submitted", type_=String()), data=null())
@@ -743,11 +761,11 @@ def cancel(session: Session, *, principal: Principal, job_id: str, reason: str =
         raise Conflict(f"job already {job.state}")
     why = reason or f"cancelled by {principal.username or principal.subject}"
     if cascade:
-        from gateway.flows.graph import dependents_for_cascade
+        from gateway.jobs.graph import dependents_for_cascade
 
         # Newest first: a dependency always names an older job, so by descending id every
         # dependent is cancelled before what it waits for, and none is released meanwhile.
-        for dependent in sorted(dependents_for_cascade(session, job), key=lambda j: j.id, reverse=True):
+        for dependent in sorted(dependents_for_cascade(session, job, principal=principal), key=lambda j: j.id, reverse=True):
             cancel_job(session, job=dependent, actor=principal.subject, reason=f"{why} (cascade from job {job.id})")
     cancel_job(session, job=job, actor=principal.subject, reason=why)
     return job

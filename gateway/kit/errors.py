@@ -166,7 +166,7 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "Bad request", 401: "Missing or invalid bearer token", 403: "Not allowed for this caller",
         404: "Not found (or not visible to this caller)", 409: "Conflict with the current state",
         413: "Request body too large", 422: "Invalid input; `errors` names each bad field",
-        429: "A cap on pending jobs or idempotency keys is reached; `detail` names it",
+        429: "A cap is reached (pending jobs, idempotency keys, open streams); `detail` names it",
         503: "A dependency is unavailable",
     }
     return {c: {"model": Problem, "description": descriptions.get(c, "Error"),

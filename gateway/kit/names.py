@@ -16,3 +16,5 @@ JOB_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 # A pool's name: a DNS label (pools are data: the ``pool`` table, docs/pools.md).
 POOL_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 POOL_NAME = re.compile(POOL_NAME_RE)
+# The width of every column that holds a pool name (the pattern allows 63 characters).
+POOL_NAME_LEN = 63

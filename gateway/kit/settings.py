@@ -1,13 +1,20 @@
-"""All settings in one place (env prefix ``ISTHMUS_``)."""
+"""All settings in one place (env prefix ``ISTHMUS_``), and their groups.
+
+``Settings`` is read from the environment, flat, as it always was. Its groups
+(``settings.dispatch``, ``settings.webhooks``, ...) are frozen read-only views built from
+those flat fields, one per owner, so a component is handed only its own group by the
+composition root (gateway/app.py, gateway/cli.py). Nothing else calls :func:`get_settings`
+(tests/layout/test_settings_reads.py). Groups: docs/operations.md, "Settings".
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,9 +80,6 @@ class Settings(BaseSettings):
     # Each job looked at costs a few ledger queries (budget, admission per pool).
     scheduling_window: int = Field(default=128, ge=1, le=100000)
     scheduling_per_account: int = Field(default=16, ge=1, le=100000)
-    # Fault-injection hooks for the crash tests (docs/dispatch.md); keep 0 in production.
-    debug_pause_after_claim_s: float = Field(default=0.0, ge=0, le=600)
-    debug_pause_after_submit_s: float = Field(default=0.0, ge=0, le=600)
     # Routing policy: preference weight per pool (higher wins ties), see docs/dispatch.md.
     # Multiplies the pool's own weight (pools file, PATCH /v1/admin/pools/{name}); kept for old configs.
     routing_weights: str = '{"slurm": 1.0, "kubernetes": 1.0}'
@@ -118,6 +122,12 @@ class Settings(BaseSettings):
     # the request line + headers may be at most this large (a token is up to 16 KiB).
     max_connections: int = Field(default=1000, ge=1, le=100000)
     max_header_bytes: int = Field(default=32 * 1024, ge=8 * 1024, le=1024 * 1024)
+    # Open streams (GET /v1/events/stream, /ui/events, logs?follow=true), per gateway process
+    # (docs/security.md, 27.4): per caller (429 beyond), and in all (503 beyond). max_streams
+    # 0: three quarters of max_connections; it must stay below max_connections, so streams
+    # never take the connections /healthz and the API need.
+    max_streams_per_subject: int = Field(default=10, ge=1, le=100000)
+    max_streams: int = Field(default=0, ge=0, le=100000)
     # With `--workers N`, uvicorn's supervisor pings each worker process and kills one that
     # does not answer in time, resetting every connection it holds. uvicorn's 5 s default
     # killed a healthy worker on a loaded 2-core machine (CI, session 5): 30 s by default.
@@ -128,8 +138,6 @@ class Settings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     access_log: bool = True  # one line per HTTP request: method, path, status, duration
 
-    # /metrics (docs/operations.md): computed from the registry at scrape time and cached
-    # this long; when a token is set, scrapers must send it as a bearer token.
     # Server-sent events (GET /v1/events/stream, docs/logs.md): a comment line after this much
     # silence keeps proxies from closing the stream; a stream ends after max_stream_s and the
     # client reconnects with Last-Event-ID (its token is checked again then).
@@ -140,7 +148,13 @@ class Settings(BaseSettings):
     # dispatcher (`isthmus worker`) must see the same directory.
     output_keep_dir: Path = Path("./isthmus-output")
     output_keep_mib: int = Field(default=8, ge=1, le=1024)
+    # /metrics (docs/operations.md): computed from the registry at scrape time and cached this long.
     metrics_ttl_s: float = Field(default=5.0, ge=0, le=300)
+    # /metrics names every account and its activity (docs/security.md, 27.8). "token": a
+    # scraper must send metrics_token as a bearer token, and outside dev mode the gateway
+    # refuses to start without one (dev mode without a token: open). "open": no token, by
+    # the operator's explicit choice (restrict /metrics at the network). "off": 404.
+    metrics_access: Literal["token", "open", "off"] = "token"
     metrics_token: str = Field(default="", repr=False)
 
     # The /ui dashboard (docs/ui.md): it logs people in with this issuer's authorization code
@@ -155,9 +169,24 @@ class Settings(BaseSettings):
     # `isthmus serve` too when webhooks_in_serve is set.
     webhooks_in_serve: bool = False
     webhook_interval_s: float = Field(default=0.5, gt=0, le=60)  # how often the outbox is read
-    webhook_batch: int = Field(default=200, ge=1, le=10000)  # deliveries claimed per round
-    webhook_concurrency: int = Field(default=8, ge=1, le=64)  # deliveries sent at once per worker
-    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)  # connect + response, per attempt
+    # Deliveries one endpoint's claim sends, one after another, before its slot goes back to
+    # the fair queue (each endpoint has at most one attempt in flight, across workers).
+    webhook_batch: int = Field(default=20, ge=1, le=10000)
+    webhook_concurrency: int = Field(default=16, ge=1, le=256)  # attempts in flight at once per process
+    # Attempts in flight at once for one account's endpoints, per process: an account whose
+    # receivers hang holds at most this many of the process's slots.
+    webhook_account_concurrency: int = Field(default=4, ge=1, le=256)
+    # The hard deadline of one attempt: connect + TLS + request + whole answer (the socket is
+    # shut down when it passes, however slowly the receiver trickles).
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    # Endpoints one account may register (a 429 names it beyond); admin endpoints are not counted.
+    webhook_max_endpoints_per_account: int = Field(default=10, ge=0, le=10000)
+    # An endpoint is suspended when the subject holding it (creator or last re-enabler) has
+    # not been seen holding its account for this long (7 days), or at once when seen without it.
+    webhook_holder_unseen_s: float = Field(default=7 * 86400.0, gt=0, le=365 * 86400.0)
+    # How often a subject's accounts are written to membership_seen while they stay the same
+    # (at most one write per subject per this many seconds per process; a change is written at once).
+    membership_seen_write_s: float = Field(default=300.0, ge=0, le=86400)
     # A claimed delivery is due again this long after its claim if its worker died; > timeout.
     webhook_lease_s: float = Field(default=60.0, gt=0, le=3600)
     webhook_backoff_base_s: float = Field(default=5.0, gt=0, le=3600)
@@ -177,16 +206,211 @@ class Settings(BaseSettings):
     def _check(self) -> "Settings":
         if self.default_time_limit_s > self.max_time_limit_s:
             raise ValueError("default_time_limit_s exceeds max_time_limit_s")
+        if self.max_streams >= self.max_connections:
+            raise ValueError("max_streams must be below max_connections (streams would take every connection)")
         if self.webhook_lease_s <= self.webhook_timeout_s:
             raise ValueError("webhook_lease_s must exceed webhook_timeout_s")
-        from gateway.webhooks.address import Allowlist
+        if self.membership_seen_write_s * 2 > self.webhook_holder_unseen_s:
+            raise ValueError("membership_seen_write_s must be well under webhook_holder_unseen_s")
+        return self  # the webhook allow-list is checked by create_app (gateway/webhooks/address.py)
 
-        Allowlist.parse(self.webhook_allowlist)  # a typo fails at start, not at the first delivery
-        return self
+    @property
+    def stream_budget(self) -> int:
+        """Open streams one process allows in all (max_streams, else 3/4 of max_connections)."""
+        return self.max_streams or self.max_connections * 3 // 4
 
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    # --- the groups (read-only views; a new flat field must join one: tests/ops/test_settings_groups.py)
+
+    @property
+    def core(self) -> CoreSettings:
+        return CoreSettings.of(self)
+
+    @property
+    def identity(self) -> IdentitySettings:
+        return IdentitySettings.of(self)
+
+    @property
+    def dispatch(self) -> DispatchSettings:
+        return DispatchSettings.of(self)
+
+    @property
+    def limits(self) -> LimitSettings:
+        return LimitSettings.of(self)
+
+    @property
+    def server(self) -> ServerSettings:
+        return ServerSettings.of(self)
+
+    @property
+    def metrics(self) -> MetricsSettings:
+        return MetricsSettings.of(self)
+
+    @property
+    def ui(self) -> UISettings:
+        return UISettings.of(self)
+
+    @property
+    def webhooks(self) -> WebhookSettings:
+        return WebhookSettings.of(self)
+
+
+# ------------------------------------------------------------------------------ groups
+# Read-only views of the flat settings above, one per owner (docs/operations.md, "Settings").
+# The environment and every flat attribute stay as they are; a component that owns a group
+# (the dispatcher and its parts, the webhook deliverer) is handed its group by the
+# composition root (gateway/app.py, gateway/cli.py) instead of the whole Settings. Each flat
+# setting is in exactly one group (tests/ops/test_settings_groups.py).
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Derived values a group carries besides its flat settings (not settings themselves).
+    DERIVED: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def of(cls, settings: "Settings") -> Self:
+        return cls(**{name: getattr(settings, name) for name in cls.model_fields})
+
+
+class CoreSettings(_Group):
+    """The process: database, dev mode, pools, which loops run in ``serve``, logging."""
+
+    database_url: str
+    database_pool_size: int
+    dev_mode: bool
+    dev_accounts: str
+    pools_file: str
+    backends: str
+    dispatch_in_serve: bool
+    webhooks_in_serve: bool
+    log_level: Literal["debug", "info", "warning", "error"]
+    log_format: Literal["json", "text"]
+    access_log: bool
+    is_sqlite: bool
+
+    DERIVED = ("is_sqlite",)
+
+
+class IdentitySettings(_Group):
+    """Token validation (gateway/identity/): OIDC issuers and the dev issuer."""
+
+    oidc_issuers: str
+    audience: str
+    leeway_s: int
+    dev_issuer: str
+    dev_key_path: Path
+
+
+class DispatchSettings(_Group):
+    """The dispatcher and its parts (gateway/dispatch/): rounds, leases, retries, scheduling,
+    routing, fair share, following jobs, the ledger's accrual and the output it keeps."""
+
+    dispatch_interval_s: float
+    dispatch_batch: int
+    dispatch_concurrency: int
+    dispatch_lease_s: int
+    retry_backoff_base_s: float
+    retry_backoff_max_s: float
+    capacity_ttl_s: float
+    reconcile_resync_s: float
+    held_job_fail_after_s: float
+    usage_accrual_interval_s: float
+    pool_queue_depth: int
+    scheduling_policy: Literal["reservation", "greedy"]
+    reservation_depth: int
+    scheduling_window: int
+    scheduling_per_account: int
+    routing_weights: str
+    routing_cost_factor: float
+    fairshare_half_life_s: int
+    output_keep_dir: Path
+    output_keep_mib: int
+    is_sqlite: bool  # no FOR UPDATE SKIP LOCKED: one dispatcher at a time
+
+    DERIVED = ("is_sqlite",)
+
+
+class LimitSettings(_Group):
+    """What a submission may ask for (gateway/jobs/admission.py, gateway/flows/)."""
+
+    min_job_uid: int
+    denied_job_users: str
+    max_pending_jobs_per_user: int
+    max_pending_jobs_per_account: int
+    max_idempotency_keys_per_user: int
+    idempotency_key_window_s: int
+    max_array_tasks: int
+    max_sweep_points: int
+    default_time_limit_s: int
+    max_time_limit_s: int
+
+
+class ServerSettings(_Group):
+    """HTTP: request bodies, connections, headers, open streams and their budget, event streams."""
+
+    max_body_bytes: int
+    body_timeout_s: float
+    max_connections: int
+    max_header_bytes: int
+    max_streams_per_subject: int
+    max_streams: int
+    worker_healthcheck_s: int
+    events_heartbeat_s: float
+    events_max_stream_s: float
+    stream_budget: int
+
+    DERIVED = ("stream_budget",)
+
+
+class MetricsSettings(_Group):
+    """``/metrics`` (gateway/metrics/)."""
+
+    metrics_ttl_s: float
+    metrics_access: Literal["token", "open", "off"]
+    metrics_token: str = Field(repr=False)
+
+
+class UISettings(_Group):
+    """The ``/ui`` dashboard (gateway/ui/)."""
+
+    ui_oidc_issuer: str
+    ui_client_id: str
+    ui_client_secret: str = Field(repr=False)
+    ui_session_secret: str = Field(repr=False)
+
+
+class WebhookSettings(_Group):
+    """Webhooks (gateway/webhooks/): the deliverer, endpoint limits and holders, the SSRF guard."""
+
+    webhook_interval_s: float
+    webhook_batch: int
+    webhook_concurrency: int
+    webhook_account_concurrency: int
+    webhook_timeout_s: float
+    webhook_max_endpoints_per_account: int
+    webhook_holder_unseen_s: float
+    membership_seen_write_s: float
+    webhook_lease_s: float
+    webhook_backoff_base_s: float
+    webhook_backoff_max_s: float
+    webhook_disable_after_failures: int
+    webhook_settle_s: float
+    webhook_allowlist: str
+    webhook_ca_file: str
+    is_sqlite: bool  # claims without SKIP LOCKED
+
+    DERIVED = ("is_sqlite",)
+
+
+GROUPS: dict[str, type[_Group]] = {
+    "core": CoreSettings, "identity": IdentitySettings, "dispatch": DispatchSettings, "limits": LimitSettings,
+    "server": ServerSettings, "metrics": MetricsSettings, "ui": UISettings, "webhooks": WebhookSettings,
+}
 
 
 def default_dev_key_path() -> Path:

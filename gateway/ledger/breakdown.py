@@ -20,7 +20,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gateway.ledger.models import UsageBucket
+from gateway.accounts.tree import walk_up
+from gateway.models.ledger import UsageBucket
 
 _HORIZON_HALF_LIVES = 20
 
@@ -60,12 +61,8 @@ def raw_usage_by_pool(tree: dict[str, str | None], own_usage: dict[str, float],
             own[name] = {pool: used * v / total for pool, v in w.items()}
     out: dict[str, dict[str, float]] = {name: {} for name in tree}
     for name, parts in own.items():
-        seen: set[str] = set()
-        node: str | None = name
-        while node is not None and node in out and node not in seen:  # the account and its ancestors
-            seen.add(node)
+        for node in walk_up(tree, name, partial=True) or ():  # the account and its ancestors
             acc = out[node]
             for pool, v in parts.items():
                 acc[pool] = acc.get(pool, 0.0) + v
-            node = tree.get(node)
     return out

@@ -8,8 +8,9 @@ from datetime import date, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.accounts import service as accounts
-from gateway.ledger.models import LedgerEntry, UsageBucket
+from gateway.accounts.tree import subtree_names
+from gateway.kit.timeutil import utcnow
+from gateway.models.ledger import GpuBillingWeight, LedgerEntry, UsageBucket
 
 
 def list_entries(session: Session, *, account: str | None = None, include_subaccounts: bool = False,
@@ -19,7 +20,7 @@ def list_entries(session: Session, *, account: str | None = None, include_subacc
     stmt = select(LedgerEntry).where(LedgerEntry.id > after_id)
     if account:
         if include_subaccounts:
-            stmt = stmt.where(LedgerEntry.account_name.in_(accounts.subtree_select(account)))
+            stmt = stmt.where(LedgerEntry.account_name.in_(subtree_names(account)))
         else:
             stmt = stmt.where(LedgerEntry.account_name == account)
     if job_id:
@@ -55,3 +56,19 @@ def usage_report(session: Session, *, since: date, until: date, period: str = "m
         row["net_gpu_seconds"] += b.gpu_seconds
     return [{"account": a, "pool": p or None, "period": k, **v, "net_gpu_hours": round(v["net_gpu_seconds"] / 3600, 3)}
             for (a, p, k), v in sorted(agg.items())]
+
+
+def billing_weights(session: Session) -> list[GpuBillingWeight]:
+    """Every GPU billing weight, by pool and GPU type."""
+    return list(session.scalars(select(GpuBillingWeight).order_by(GpuBillingWeight.pool, GpuBillingWeight.gpu_type)))
+
+
+def set_billing_weight(session: Session, *, pool: str, gpu_type: str, weight: float) -> GpuBillingWeight:
+    """Create or change one weight (``gpu_type`` already normalised; ``*`` is the pool's default)."""
+    w = session.get(GpuBillingWeight, (pool, gpu_type))
+    if w is None:
+        w = GpuBillingWeight(pool=pool, gpu_type=gpu_type, weight=weight, updated_at=utcnow())
+        session.add(w)
+    w.weight, w.updated_at = weight, utcnow()
+    session.flush()
+    return w

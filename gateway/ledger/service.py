@@ -14,25 +14,31 @@ dispatchers can never both see room for the last gang (docs/ledger.md, "Concurre
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, literal, select, update
+from sqlalchemy import String, bindparam, case, func, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm import Session, object_session
 
 from gateway.accounts import service as accounts
-from gateway.accounts.models import Account, AccountPoolQuota, AccountQuota
-from gateway.jobs.schemas import normalise_gpu_type
+from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
+from gateway.accounts.tree import MAX_DEPTH, subtree_names, up_cte
+from gateway.domain.fairshare import FairShare, compute_fairshare, decay
+from gateway.models.specs import field_of
+from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit import bulk
 from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
 from gateway.kit.timeutil import as_utc, utcnow
-from gateway.ledger.models import (
+from gateway.models.ledger import (
     AccountBalance, AccountPoolBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket,
 )
-from gateway.pools.models import Pool
+from gateway.models.pools import Pool
+from gateway.pools.service import require_known
 
 
 def _now(now: datetime | None) -> datetime:
@@ -41,14 +47,6 @@ def _now(now: datetime | None) -> datetime:
 
 def _hours(gpu_seconds: float) -> str:
     return f"{gpu_seconds / 3600:.1f}"
-
-
-def _half_life_s(half_life_s: float | None) -> float:
-    if half_life_s is not None:
-        return float(half_life_s)
-    from gateway.kit.settings import get_settings
-
-    return float(get_settings().fairshare_half_life_s)
 
 
 # ----------------------------------------------------------------- locking
@@ -81,17 +79,9 @@ def _insert_missing_balances(session: Session, names: list[str]) -> None:
                     .on_conflict_do_nothing(index_elements=["account_name"]))
 
 
-def _chain_cte():
-    """Recursive CTE of the account bound as ``:leaf`` and its ancestors, with depth below it."""
-    up = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
-          .where(Account.name == bindparam("leaf")).cte("up", recursive=True))
-    a = aliased(Account)
-    return up.union_all(select(a.name, a.parent_name, up.c.depth + 1).where(a.name == up.c.parent, up.c.depth < 64))
-
-
 # Built once: rebuilding these recursive statements per call cost ~2 ms of SQLAlchemy
 # cache-key work on every reservation (bench/bench_ledger.py).
-_UP = _chain_cte()
+_UP = up_cte("up")  # the account bound as :leaf and its ancestors (accounts/tree.py)
 _CHAIN_NAMES = select(_UP.c.name).order_by(_UP.c.depth.desc())
 _CHAIN_ACCOUNT = aliased(Account, name="chain_account")
 # How every ledger writer locks an account chain: one statement locks each chain account's
@@ -138,7 +128,7 @@ def _locked_chain_rows(session: Session, account_name: str, execute) -> list:
         names = list(session.scalars(_CHAIN_NAMES, {"leaf": account_name}))
         if not names:
             raise NotFound(f"no account {account_name!r}")
-        if len(names) > accounts.MAX_DEPTH:
+        if len(names) > MAX_DEPTH:
             raise Conflict(f"account tree has a cycle above {account_name!r}")
         locked = [r.name for r in rows]
         missing = [n for n in names if n not in locked]
@@ -176,14 +166,6 @@ def routable_pools(session: Session) -> list[str]:
                                 .order_by(Pool.name)))
 
 
-def check_pool(session: Session, pool: str, field: str = "pool") -> str:
-    """``pool`` if the gateway knows it (any state), else Invalid naming ``field`` and the known pools."""
-    if session.get(Pool, pool) is None:
-        known = ", ".join(session.scalars(select(Pool.name).order_by(Pool.name))) or "none"
-        raise Invalid(field, f"unknown pool {pool!r}; known: {known}")
-    return pool
-
-
 def pool_balances(session: Session, account: str) -> dict[str, int]:
     """GPUs ``account`` and its subtree hold, per pool (pools with a row only)."""
     return {p: int(n) for p, n in session.execute(select(AccountPoolBalance.pool, AccountPoolBalance.reserved_gpus)
@@ -212,13 +194,8 @@ def period_label(period: str, window_days: int) -> str:
     return "this month" if period == "month" else f"in the last {window_days} days"
 
 
-def _subtree_names():
-    sub = select(Account.name.label("name")).where(Account.name == bindparam("root")).cte("subtree", recursive=True)
-    return select(sub.union_all(select(Account.name).where(Account.parent_name == sub.c.name)).c.name)
-
-
 _CHARGED_SINCE = select(func.coalesce(func.sum(UsageBucket.gpu_seconds), 0)).where(
-    UsageBucket.account_name.in_(_subtree_names()), UsageBucket.day >= bindparam("since"))
+    UsageBucket.account_name.in_(subtree_names()), UsageBucket.day >= bindparam("since"))
 
 
 def charged_in_period(session: Session, account_name: str, since: date) -> int:
@@ -229,7 +206,7 @@ def charged_in_period(session: Session, account_name: str, since: date) -> int:
 def _queued_by_user(session: Session, account_name: str, username: str) -> int:
     stmt = select(func.count()).select_from(Reservation).where(
         Reservation.username == username, Reservation.status == "reserved",
-        Reservation.account_name.in_(accounts.subtree_select(account_name)))
+        Reservation.account_name.in_(subtree_names(account_name)))
     return int(session.scalar(stmt) or 0)
 
 
@@ -293,10 +270,7 @@ def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountB
 
 
 # The account chain with its GPU-hour budgets in one round trip (this runs on every submission).
-_BUDGET_UP = (select(Account.name.label("name"), Account.parent_name.label("parent"), literal(0).label("depth"))
-              .where(Account.name == bindparam("leaf")).cte("budget_chain", recursive=True))
-_BUDGET_UP = _BUDGET_UP.union_all(select(Account.name, Account.parent_name, _BUDGET_UP.c.depth + 1)
-                                  .where(Account.name == _BUDGET_UP.c.parent, _BUDGET_UP.c.depth < 32))
+_BUDGET_UP = up_cte("budget_chain")
 _BUDGET_READ = (
     select(_BUDGET_UP.c.name, AccountQuota.budget_gpu_seconds, AccountQuota.budget_period,
            AccountQuota.budget_window_days)
@@ -354,25 +328,8 @@ def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, ti
 
 
 def _job_pool(session: Session, job: Any, pool: str | None) -> str | None:
-    pool = pool or job.backend
-    return check_pool(session, pool) if pool is not None else None
-
-
-def chain_has_limits(session: Session, account: str) -> bool:
-    """Whether any limit (quota, budget, queue cap, per-pool limit) is set on ``account`` or an ancestor.
-
-    False means :func:`admission_check` admits the job in every pool, so routing over many
-    pools can skip asking pool by pool.
-    """
-    names = [a.name for a in accounts.chain(session, account)]
-    q = session.scalar(select(func.count()).select_from(AccountQuota).where(
-        AccountQuota.account_name.in_(names),
-        (AccountQuota.max_gpus.isnot(None)) | (AccountQuota.budget_gpu_seconds.isnot(None))
-        | (AccountQuota.max_queued_jobs.isnot(None)) | (AccountQuota.max_queued_jobs_per_user.isnot(None))))
-    if q:
-        return True
-    return bool(session.scalar(select(func.count()).select_from(AccountPoolQuota).where(
-        AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None))))
+    pool = pool or job.pool
+    return require_known(session, pool, "pool") if pool is not None else None
 
 
 def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None,
@@ -396,7 +353,7 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
     names = [a.name for a in accounts.chain(session, job.account_name)]
     balances = {b.account_name: b for b in session.scalars(
         select(AccountBalance).where(AccountBalance.account_name.in_(names)))}
-    gpu_type = normalise_gpu_type((job.spec or {}).get("gpu_type"))
+    gpu_type = normalise_gpu_type(field_of(job, "gpu_type", session))
     weight = billing_weight(session, pool, gpu_type) if pool else min(
         (billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
     gpus = job.total_gpus if gpus is None else gpus
@@ -507,24 +464,7 @@ _RESERVE_LOCK = (
     .order_by(_UP.c.depth.desc())
     .with_for_update(of=[AccountBalance, _CHAIN_ACCOUNT], key_share=True)
 )
-_RESERVATION_T = Reservation.__table__
-_ENTRY_T = LedgerEntry.__table__
 _BALANCE_T = AccountBalance.__table__
-
-
-_RESERVE_DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs")
-# Built once with bind parameters, so SQLAlchemy's statement cache is hit on every call.
-_RESERVE_BALANCES = (
-    _BALANCE_T.update().where(_BALANCE_T.c.account_name.in_(bindparam("names", expanding=True)))
-    .values(**{c: _BALANCE_T.c[c] + bindparam(f"d_{c}") for c in _RESERVE_DELTA_COLS}, updated_at=bindparam("now"))
-)
-_RESERVE_WRITES_PG = _RESERVE_BALANCES.add_cte(
-    _RESERVATION_T.insert().values({c.name: bindparam(f"r_{c.name}", type_=c.type) for c in _RESERVATION_T.c})
-    .cte("new_reservation"),
-    _ENTRY_T.insert().values({c.name: bindparam(f"e_{c.name}", type_=c.type)
-                              for c in _ENTRY_T.c if c.name not in ("id", "data")})
-    .cte("new_entry"),
-)
 
 
 def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime | None = None,
@@ -551,22 +491,19 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
     # Never less than asked: a caller cannot make a gang cheaper than its request.
     held = job.total_gpus if gpus is None else max(int(gpus), job.total_gpus)
-    # Hot path (bench/bench_ledger.py): Core statements, three round trips while the chain
-    # is locked (four with a GPU-hour budget in the chain), instead of ORM objects.
+    # Hot path (bench/bench_ledger.py): Core statements, two round trips while the chain is
+    # locked (three with a GPU-hour budget in the chain), instead of ORM objects; the write
+    # is the dispatch round's (write_reservations), a batch of one.
     conn = session.connection()
-    gpu_type = normalise_gpu_type((job.spec or {}).get("gpu_type"))
+    gpu_type = normalise_gpu_type(field_of(job, "gpu_type", session))
     params = {"leaf": job.account_name, "job_id": job.id, "pool": pool, "gpu_type": gpu_type or "*"}
     rows = _locked_chain_rows(session, job.account_name, lambda: conn.execute(_RESERVE_LOCK, params).all())
     names = [r.name for r in rows]
     r_status, r_pool, weight = rows[0].r_status, rows[0].r_pool, float(rows[0].weight)
     if rows[0].pool_known is None:
-        check_pool(session, pool)
-    if r_status in ("reserved", "started"):
-        if r_pool != pool:
-            raise Conflict(f"job {job.id} already holds a reservation in pool {r_pool}")
+        require_known(session, pool, "pool")
+    if not _again_or_refuse(r_status, r_pool, job.id, pool):
         return
-    if r_status == "finished":
-        raise Conflict(f"job {job.id} already finished; it cannot reserve again")
     balances = {r.name: _BalanceView(**{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
     quotas = {r.name: _QuotaView(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
     committed = committed_for(held, job.time_limit_s, weight)
@@ -577,25 +514,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         raise QuotaExceeded(why)
     row, entry = reserve_rows(job=job, pool=pool, gpu_type=gpu_type, held=held, weight=weight,
                               committed=committed, actor=actor, now=now)
-    deltas = {"names": names, "now": now, "d_reserved_gpus": held, "d_committed_gpu_seconds": committed,
-              "d_queued_jobs": 1}
-    if r_status is None and conn.dialect.name == "postgresql":
-        # All three writes in one round trip: the locks are held for one fewer wait each.
-        conn.execute(_RESERVE_WRITES_PG, {**{f"r_{k}": v for k, v in row.items()},
-                                          **{f"e_{k}": v for k, v in entry.items()}, **deltas})
-    else:
-        if r_status is None:
-            conn.execute(_RESERVATION_T.insert(), row)
-        else:  # released earlier (e.g. a submission the backend refused): reserve again
-            conn.execute(_RESERVATION_T.update().where(_RESERVATION_T.c.job_id == job.id), row)
-        conn.execute(_ENTRY_T.insert(), entry)
-        conn.execute(_RESERVE_BALANCES, deltas)
-    _apply_pool(session, names, pool, held)
-    # Core writes bypass the session: drop any stale copies it holds of what we changed.
-    for obj in list(session.identity_map.values()):
-        if isinstance(obj, (AccountBalance, AccountPoolBalance, Reservation)) and (
-                getattr(obj, "account_name", None) in names or getattr(obj, "job_id", None) == job.id):
-            session.expire(obj)
+    write_reservations(session, [ReservationWrite(job, pool, tuple(names), row, entry)], now=now)
 
 
 def reserve_rows(*, job: Any, pool: str, gpu_type: str | None, held: int, weight: float, committed: int,
@@ -613,6 +532,168 @@ def reserve_rows(*, job: Any, pool: str, gpu_type: str | None, held: int, weight
                  committed_gpu_seconds=committed, gpu_seconds=0, billing_weight=weight, actor=actor,
                  reason=f"{held} GPUs{why_held} x {job.time_limit_s} s x weight {weight:g}")
     return row, entry
+
+
+@functools.lru_cache(maxsize=8)
+def _flush_sql(dialect, res_cols: tuple[str, ...], entry_cols: tuple[str, ...]) -> Any:
+    """Postgres: reservations (one job's or a dispatch round's) in one statement.
+
+    ``:rows`` holds one record per job: its reservation row (``res_cols``, as
+    :func:`ledger.reserve_rows` makes it), its entry (``e_`` + ``entry_cols``), its chain
+    (root first) and its place in the round. The reservation is inserted, or written again
+    over a released one (``ON CONFLICT ... WHERE.status = 'released'``); a job that holds
+    one already is left out of everything (RETURNING tells the caller which were written).
+    For the written ones: the entries in the round's order, the deltas added to every chain
+    account's balance, and the GPUs held per chain account and pool upserted. The chains'
+    balance rows are locked by the caller first, root-first.
+    """
+    from sqlalchemy import text
+
+    res_t, entry_t = Reservation.__table__, LedgerEntry.__table__
+    quote = dialect.identifier_preparer.quote
+
+    def typed(table, names, prefix=""):
+        return ", ".join(f"{quote(prefix + n)} {table.c[n].type.compile(dialect=dialect)}" for n in names)
+
+    cols = ", ".join(quote(c) for c in res_cols)
+    return text(f"""
+WITH r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json))
+           AS r({typed(res_t, res_cols)}, {typed(entry_t, entry_cols, "e_")}, chain text[], ord integer)),
+written AS (
+    INSERT INTO {quote(res_t.name)} ({cols}) SELECT {", ".join(f"r.{quote(c)}" for c in res_cols)} FROM r ORDER BY r.ord
+    ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in res_cols if c != "job_id")}
+    WHERE {quote(res_t.name)}.status = 'released'
+    RETURNING job_id),
+ok AS (SELECT r.* FROM r JOIN written ON written.job_id = r.job_id),
+entries AS (
+    INSERT INTO {quote(entry_t.name)} ({", ".join(quote(c) for c in entry_cols)})
+    SELECT {", ".join(f"ok.{quote('e_' + c)}" for c in entry_cols)} FROM ok ORDER BY ok.ord),
+up AS (SELECT c.name AS account_name, ok.pool, ok.gpus, ok.committed_gpu_seconds
+       FROM ok CROSS JOIN LATERAL unnest(ok.chain) AS c(name)),
+balances AS (
+    UPDATE account_balance SET reserved_gpus = account_balance.reserved_gpus + d.g,
+        committed_gpu_seconds = account_balance.committed_gpu_seconds + d.c,
+        queued_jobs = account_balance.queued_jobs + d.q, updated_at = :b_now
+    FROM (SELECT account_name, sum(gpus) AS g, sum(committed_gpu_seconds) AS c, count(*) AS q
+          FROM up GROUP BY account_name) AS d
+    WHERE account_balance.account_name = d.account_name),
+per_pool AS (
+    INSERT INTO account_pool_balance (account_name, pool, reserved_gpus)
+    SELECT account_name, pool, sum(gpus) FROM up WHERE gpus <> 0 GROUP BY account_name, pool
+    ON CONFLICT (account_name, pool)
+    DO UPDATE SET reserved_gpus = account_pool_balance.reserved_gpus + EXCLUDED.reserved_gpus)
+SELECT job_id FROM written""")
+
+# The reservations a round's jobs already have: ``= ANY(array)`` on Postgres, one parameter
+# whatever the batch size (an expanding IN binds, and renders, one per job).
+_HAVE_PG = select(Reservation.job_id, Reservation.status, Reservation.pool).where(
+    Reservation.job_id == func.any(bindparam("ids", type_=ARRAY(String))))
+
+_DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs")
+_ADD_DELTAS = (
+    _BALANCE_T.update().where(_BALANCE_T.c.account_name == bindparam("b_name"))
+    .values(**{c: _BALANCE_T.c[c] + bindparam(f"d_{c}") for c in _DELTA_COLS}, updated_at=bindparam("b_now"))
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationWrite:
+    """One admitted gang's reservation, ready to write: its rows (:func:`reserve_rows`) and its
+    chain, root first."""
+
+    job: Any
+    pool: str
+    names: tuple[str, ...]
+    row: dict[str, Any]
+    entry: dict[str, Any]
+
+
+def write_reservations(session: Session, items: list[ReservationWrite], *, now: datetime) -> None:
+    """THE writer of reservations: :func:`reserve`'s one job and a dispatch round's many.
+
+    The caller has locked every chain's balance rows, root first, and decided (the
+    per-job rule, or a chain without limits: gateway/ledger/round.py). Writes the
+    reservations (or again over released ones), their entries, the chains' balance
+    deltas and per-pool rows; a job that already holds the same reservation is skipped
+    (idempotent), one holding another is a Conflict. Postgres: one statement; else one
+    per table.
+    """
+    if not items:
+        return
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        _write_pg(conn, items, now)
+    else:
+        _write(session, conn, items, now)
+    touched = {n for it in items for n in it.names}
+    ids = {it.job.id for it in items}
+    for obj in list(session.identity_map.values()):  # Core writes: drop stale copies
+        if isinstance(obj, (AccountBalance, AccountPoolBalance)) and obj.account_name in touched or (
+                isinstance(obj, Reservation) and obj.job_id in ids):
+            session.expire(obj)
+
+
+def _again_or_refuse(status: str | None, r_pool: str | None, job_id: str, pool: str) -> bool:
+    """What reserving does with a job that has a reservation row (``status``): False to
+    skip it (reserved or started in the same pool: idempotent), True to reserve again
+    (none yet, or released earlier, e.g. a submission the backend refused); a Conflict otherwise."""
+    if status in ("reserved", "started"):
+        if r_pool != pool:
+            raise Conflict(f"job {job_id} already holds a reservation in pool {r_pool}")
+        return False
+    if status == "finished":
+        raise Conflict(f"job {job_id} already finished; it cannot reserve again")
+    return True
+
+
+def _write_pg(conn, items: list[ReservationWrite], now: datetime) -> None:
+    """Postgres: the reservations, their entries, the chains' balance deltas and per-pool
+    rows in ONE statement (``_flush_sql``); only the jobs whose reservation row was
+    written (new, or released before) count. A job left out already had a reservation:
+    skipped when it is the same one (reserve() is idempotent), else a Conflict."""
+    doc = [{**it.row, **{f"e_{k}": v for k, v in it.entry.items()}, "chain": list(it.names), "ord": i}
+           for i, it in enumerate(items)]
+    sql = _flush_sql(conn.dialect, tuple(items[0].row), tuple(items[0].entry))
+    written = set(conn.execute(sql, {"rows": bulk.document(doc), "b_now": now}).scalars())
+    left = [it for it in items if it.job.id not in written]
+    if left:
+        have = {j: (st, p) for j, st, p in conn.execute(_HAVE_PG, {"ids": [it.job.id for it in left]})}
+        for it in left:
+            if _again_or_refuse(*have.get(it.job.id, (None, None)), it.job.id, it.pool):
+                raise Conflict(f"job {it.job.id}: its reservation changed during the dispatch round; retry")
+
+
+def _write(session: Session, conn, items: list[ReservationWrite], now: datetime) -> None:
+    """SQLite: the reservations a round's jobs already have read first, then one statement per table."""
+    ids = [it.job.id for it in items]
+    have = {j: (st, p) for j, st, p in conn.execute(
+        select(Reservation.job_id, Reservation.status, Reservation.pool).where(Reservation.job_id.in_(ids)))}
+    new_rows, again, entries = [], [], []
+    deltas: dict[str, list[int]] = {}
+    pool_deltas: dict[tuple[str, str], int] = {}
+    for it in items:
+        status, r_pool = have.get(it.job.id, (None, None))
+        if status is not None and not _again_or_refuse(status, r_pool, it.job.id, it.pool):
+            continue
+        (again if status is not None else new_rows).append(it.row)
+        entries.append(it.entry)
+        for n in it.names:
+            d = deltas.setdefault(n, [0, 0, 0])
+            d[0] += it.row["gpus"]
+            d[1] += it.row["committed_gpu_seconds"]
+            d[2] += 1
+            if it.row["gpus"]:
+                pool_deltas[(n, it.pool)] = pool_deltas.get((n, it.pool), 0) + it.row["gpus"]
+    reservation_t = Reservation.__table__
+    bulk.insert_rows(conn, reservation_t, new_rows)
+    for row in again:  # released earlier (e.g. a submission the backend refused): reserve again
+        conn.execute(reservation_t.update().where(reservation_t.c.job_id == row["job_id"]), row)
+    bulk.insert_rows(conn, LedgerEntry.__table__, entries)
+    if deltas:
+        conn.execute(_ADD_DELTAS, [{"b_name": n, "b_now": now, **{f"d_{c}": v for c, v in zip(_DELTA_COLS, d)}}
+                                   for n, d in deltas.items()])
+    if pool_deltas:
+        add_pool_deltas(session, pool_deltas)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -666,7 +747,7 @@ def record_start(session: Session, *, job: Any, started_at: datetime, actor: str
 
 
 def record_finish(session: Session, *, job: Any, started_at: datetime | None, ended_at: datetime, actor: str,
-                  half_life_s: float | None = None) -> None:
+                  half_life_s: float) -> None:
     """Charge the real usage and release the rest of the reservation. Idempotent per job.
 
     used = total_gpus x clamp(ended - started, 0, time_limit_s) x billing weight (0 if never
@@ -706,13 +787,13 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
     _apply_pool(session, names, r.pool, -r.gpus)
     if charge:
         _add_bucket(session, r.account_name, ended_at.date(), r.pool, charge, usage=charge, jobs=1)
-        _add_decayed_usage(session, r.account_name, charge, ended_at, _half_life_s(half_life_s))
+        _add_decayed_usage(session, r.account_name, charge, ended_at, float(half_life_s))
     elif used:
         _add_bucket(session, r.account_name, ended_at.date(), r.pool, 0, usage=0, jobs=1)
     session.flush()
 
 
-def accrue_usage(session: Session, *, job: Any, now: datetime, actor: str, half_life_s: float | None = None) -> int:
+def accrue_usage(session: Session, *, job: Any, now: datetime, actor: str, half_life_s: float) -> int:
     """Charge a running gang's usage so far, so budgets and fair share see long jobs as they run.
 
     Slurm accrues usage every PriorityCalcPeriod; without this, a three-day job would count
@@ -739,7 +820,7 @@ def accrue_usage(session: Session, *, job: Any, now: datetime, actor: str, half_
     r.accrued_gpu_seconds, r.accrued_at = (r.accrued_gpu_seconds or 0) + delta, now
     _apply(balances, names, utcnow(), committed_gpu_seconds=-delta, charged_gpu_seconds=delta)
     _add_bucket(session, r.account_name, now.date(), r.pool, delta, usage=delta)
-    _add_decayed_usage(session, r.account_name, delta, now, _half_life_s(half_life_s))
+    _add_decayed_usage(session, r.account_name, delta, now, float(half_life_s))
     session.flush()
     return delta
 
@@ -781,7 +862,7 @@ def adjust(session: Session, *, account: str, kind: str, gpu_seconds: int, actor
     if not reason or not reason.strip():
         raise Invalid("body.reason", "say why: the reason is kept in the ledger")
     if pool is not None:
-        check_pool(session, pool, "body.pool")
+        require_known(session, pool, "body.pool")
     accounts.get_or_raise(session, name=account, field="body.account")
     names, balances = _lock_chain(session, account)
     if kind == "refund":
@@ -817,10 +898,6 @@ def _add_bucket(session: Session, account: str, day: date, pool: str, gpu_second
     b.usage_gpu_seconds += usage
     b.adjustment_gpu_seconds += adjustment
     b.jobs += jobs
-
-
-def decay(value: float, since: datetime, until: datetime, half_life_s: float) -> float:
-    return value * 2.0 ** (-(until - since).total_seconds() / half_life_s)
 
 
 def _add_decayed_usage(session: Session, account: str, gpu_seconds: float, at: datetime, half_life_s: float) -> None:
@@ -862,59 +939,13 @@ def move_subtree(session: Session, *, account: str, new_parent: str | None, acto
 # ----------------------------------------------------------------- reading
 
 
-@dataclasses.dataclass
-class FairShare:
-    account: str
-    parent: str | None
-    shares: int  # raw shares of the account
-    level_shares: int  # sum of raw shares of the account and its siblings
-    norm_shares: float  # S: product down the tree of shares / level_shares
-    raw_usage: float  # decayed GPU-seconds of the subtree at `now`
-    norm_usage: float  # U_A: raw_usage / total decayed usage
-    effective_usage: float  # U_E (classic: children of the root use U_A)
-    factor: float  # F = 2^(-U_E / S)
-
-
-def compute_fairshare(tree: dict[str, tuple[str | None, int]], own_usage: dict[str, float]) -> dict[str, FairShare]:
-    """Slurm's classic fair-share over a tree (pure function; docs/ledger.md)."""
-    kids: dict[str | None, list[str]] = {}
-    for name, (parent, _) in tree.items():
-        kids.setdefault(parent if parent in tree else None, []).append(name)
-    raw: dict[str, float] = {}
-    order: list[str] = []
-    stack = list(kids.get(None, []))
-    while stack:  # pre-order; reversed gives children before parents
-        n = stack.pop()
-        order.append(n)
-        stack.extend(kids.get(n, []))
-    for n in reversed(order):
-        raw[n] = own_usage.get(n, 0.0) + sum(raw[k] for k in kids.get(n, []))
-    total = sum(raw[k] for k in kids.get(None, []))
-    # Each level's share sum once per parent, not once per child: O(accounts), not
-    # O(accounts x siblings) (1,000 siblings under one root cost 220 ms per round).
-    level_of = {parent: sum(tree[s][1] for s in siblings) for parent, siblings in kids.items()}
-    out: dict[str, FairShare] = {}
-    for n in order:  # parents before children
-        parent, shares = tree[n]
-        parent = parent if parent in tree else None
-        level = level_of[parent]
-        frac = shares / level if level > 0 else 0.0
-        norm_s = frac * (out[parent].norm_shares if parent else 1.0)
-        ua = raw[n] / total if total > 0 else 0.0
-        ue = ua if parent is None else ua + (out[parent].effective_usage - ua) * frac
-        factor = 2.0 ** (-ue / norm_s) if norm_s > 0 else 0.0
-        out[n] = FairShare(account=n, parent=parent, shares=shares, level_shares=level, norm_shares=norm_s,
-                           raw_usage=raw[n], norm_usage=ua, effective_usage=ue, factor=factor)
-    return out
-
-
-def fairshare(session: Session, *, now: datetime | None = None, half_life_s: float | None = None) -> dict[str, FairShare]:
+def fairshare(session: Session, *, now: datetime | None = None, half_life_s: float) -> dict[str, FairShare]:
     """The fair-share factor of every account and its inputs, at ``now``.
 
     Reads one materialised decayed-usage row per account (not the entries): O(accounts).
     """
     now = _now(now)
-    h = _half_life_s(half_life_s)
+    h = float(half_life_s)
     tree: dict[str, tuple[str | None, int]] = {}
     own: dict[str, float] = {}
     # One statement (asked every dispatch round): usage rows of accounts that no longer
@@ -991,7 +1022,7 @@ def verify(session: Session) -> list[str]:
 
 
 def account_usage(session: Session, *, account: str, now: datetime | None = None,
-                  half_life_s: float | None = None) -> dict[str, Any]:
+                  half_life_s: float) -> dict[str, Any]:
     """Usage, remaining budget and fair share of one account (for "why is my job waiting")."""
     now = _now(now)
     eff = accounts.effective_quota(session, account)
@@ -1022,7 +1053,7 @@ class Requeued:
 
 
 def record_requeue(session: Session, *, job: Any, started_at: datetime | None, requeued_at: datetime, actor: str,
-                   half_life_s: float | None = None, now: datetime | None = None) -> int:
+                   half_life_s: float, now: datetime | None = None) -> int:
     """:func:`requeue`, returning only the segment's GPU-seconds (the re-admission still applies)."""
     return requeue(session, job=job, started_at=started_at, requeued_at=requeued_at, actor=actor,
                    half_life_s=half_life_s, now=now).charged_gpu_seconds
@@ -1053,7 +1084,7 @@ def _requeue_refusal(session: Session, *, names: list[str], balances: dict[str, 
 
 
 def requeue(session: Session, *, job: Any, started_at: datetime | None, requeued_at: datetime, actor: str,
-            half_life_s: float | None = None, now: datetime | None = None) -> Requeued:
+            half_life_s: float, now: datetime | None = None) -> Requeued:
     """Charge the segment a gang ran before the backend requeued it, and re-admit it.
 
     The gang held its GPUs from ``started_at`` to ``requeued_at``: that segment is charged
@@ -1109,7 +1140,7 @@ def requeue(session: Session, *, job: Any, started_at: datetime | None, requeued
     if charge:
         # jobs=0: the job is counted once, in the bucket of the day it ends.
         _add_bucket(session, r.account_name, requeued_at.date(), r.pool, charge, usage=charge)
-        _add_decayed_usage(session, r.account_name, charge, requeued_at, _half_life_s(half_life_s))
+        _add_decayed_usage(session, r.account_name, charge, requeued_at, float(half_life_s))
     session.flush()
     return Requeued(used, refusal)
 

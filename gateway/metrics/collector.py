@@ -24,12 +24,12 @@ from prometheus_client.registry import Collector
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.jobs.models import Job
-from gateway.jobs.states import JobState
+from gateway.models.jobs import Job
+from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry, Reservation, UsageBucket
+from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
 # Queue wait (submitted -> every worker running), seconds.
@@ -55,8 +55,9 @@ class RegistryCollector(Collector):
     """Yields every Isthmus metric family from one consistent read of the database."""
 
     def __init__(self, sessions: sessionmaker[Session], *, pools: Callable[[], dict] | None = None,
-                 ttl_s: float = 5.0, clock: Callable[[], datetime] = utcnow):
+                 half_life_s: float, ttl_s: float = 5.0, clock: Callable[[], datetime] = utcnow):
         self.sessions = sessions
+        self.half_life_s = half_life_s  # the fair-share half-life of the settings the app was built with
         self.pools = pools  # () -> {name: PoolView-like}, the capacity the dispatcher sees
         self.ttl_s = ttl_s
         self.clock = clock
@@ -96,8 +97,8 @@ class RegistryCollector(Collector):
                                     labels=["account", "reason"])
         totals: dict[str, int] = {}
         for state, pool, account, n in s.execute(
-                select(Job.state, Job.backend, Job.account_name, func.count())
-                .group_by(Job.state, Job.backend, Job.account_name)):
+                select(Job.state, Job.pool, Job.account_name, func.count())
+                .group_by(Job.state, Job.pool, Job.account_name)):
             labels = [state, pool or NONE, account]
             (finished if state in FINAL else active).add_metric(labels, n)
             totals[account] = totals.get(account, 0) + n
@@ -123,8 +124,8 @@ class RegistryCollector(Collector):
         else:
             wait = func.extract("epoch", Job.started_at - Job.created_at)
         cols = [func.sum(case((wait <= b, 1), else_=0)) for b in WAIT_BUCKETS]
-        rows = s.execute(select(Job.backend, func.count(), func.coalesce(func.sum(wait), 0.0), *cols)
-                         .where(and_(started, Job.backend.is_not(None))).group_by(Job.backend)).all()
+        rows = s.execute(select(Job.pool, func.count(), func.coalesce(func.sum(wait), 0.0), *cols)
+                         .where(and_(started, Job.pool.is_not(None))).group_by(Job.pool)).all()
         for pool, count, total, *le in rows:
             buckets = [(str(b), int(n or 0)) for b, n in zip(WAIT_BUCKETS, le)] + [("+Inf", int(count))]
             fam.add_metric([pool], buckets, float(total or 0.0))
@@ -134,7 +135,7 @@ class RegistryCollector(Collector):
         factor = GaugeMetricFamily("isthmus_account_fairshare_factor",
                                    "Fair-share factor (1 = no recent usage, towards 0 = over its share).",
                                    labels=["account"])
-        for name, fs in sorted(ledger.fairshare(s, now=now).items()):
+        for name, fs in sorted(ledger.fairshare(s, now=now, half_life_s=self.half_life_s).items()):
             factor.add_metric([name], fs.factor)
         in_use = GaugeMetricFamily("isthmus_account_gpus_reserved",
                                    "GPUs held by an account's gangs (reserved or running), per pool.",

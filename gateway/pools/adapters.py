@@ -18,13 +18,16 @@ from adapters.base import Backend, registered
 
 log = logging.getLogger("isthmus.backends")
 
-# Keyed by pool KIND, never by pool name. Importing the adapter package registers it
-# (adapters.base.register). Each adapter takes its own settings dataclass; a pool's
-# settings are that dataclass's fields.
+# Where each pool KIND's adapter lives (never a pool name). Importing it registers the
+# adapter class in the one registry (adapters.base.register), which also knows its settings
+# dataclass (``settings_class``): a pool's settings are that dataclass's fields. Imported
+# lazily: a site without Kubernetes pools never loads the Kubernetes client.
 ADAPTER_MODULES = {"slurm": "adapters.slurm", "kubernetes": "adapters.kubernetes"}
-SETTINGS_CLASSES = {"slurm": "SlurmSettings", "kubernetes": "KubernetesSettings"}
-# Settings that only make sense from Python (callables), not from JSON/YAML.
-_NOT_FROM_JSON = {"slurm": {"token"}}
+
+
+def adapter_class(kind: str) -> type[Backend]:
+    importlib.import_module(ADAPTER_MODULES[kind])
+    return registered()[kind]
 
 
 class BackendConfigError(ValueError):
@@ -38,9 +41,9 @@ def settings_of(kind: str, options: dict[str, Any], *, where: str) -> Any:
     def at(field: str | None) -> str:
         return where + (f", field {field!r}" if field else "")
 
-    module = importlib.import_module(ADAPTER_MODULES[kind])
-    cls = getattr(module, SETTINGS_CLASSES[kind])
-    known = [f.name for f in dataclasses.fields(cls) if f.name not in _NOT_FROM_JSON.get(kind, ())]
+    adapter = adapter_class(kind)
+    cls = adapter.settings_class
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in adapter.code_only_settings]
     for key in options:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
@@ -58,14 +61,13 @@ def settings_of(kind: str, options: dict[str, Any], *, where: str) -> Any:
 
 
 def build_backend(kind: str, settings: Any, *, where: str) -> Backend:
-    importlib.import_module(ADAPTER_MODULES[kind])
-    cls = registered()[kind]
+    cls = adapter_class(kind)
     try:
         backend = cls(settings)
     except (TypeError, ValueError) as exc:
         raise BackendConfigError(f"{where}: {exc}") from None
     # Settings an adapter can check only by loading them (a kubeconfig's content).
-    for field, message in getattr(backend, "config_problems", list)():
+    for field, message in backend.config_problems():
         backend.close()
         raise BackendConfigError(f"{where}, field {field!r}: {message}")
     return backend

@@ -6,7 +6,7 @@ the adapter settings; an entry may carry ``kind``; without one, the key must its
 kind, ``slurm`` or ``kubernetes``). Setting both is refused: one source of truth.
 
 Every mistake is one line naming the source, the pool and the field, the style of
-gateway/dispatch/backends.py. Settings are validated by the adapter's own dataclass; they
+gateway/pools/adapters.py. Settings are validated by the adapter's own dataclass; they
 may hold credentials' paths, so :meth:`PoolConfig.public` never carries them.
 """
 
@@ -77,7 +77,7 @@ def _pool(source: str, name: Any, kind: Any, options: Any, extra: dict[str, Any]
     if not isinstance(gpu_types, list) or not all(isinstance(t, str) and _GPU_TYPE.fullmatch(t) for t in gpu_types):
         raise BackendConfigError(f"{_where(source, name, 'gpu_types')}: must be a list of GPU type names, e.g. "
                                  f"[a100, h100] (got {gpu_types!r})")
-    from gateway.jobs.schemas import normalise_gpu_type
+    from gateway.domain.shapes import normalise_gpu_type
 
     state = extra.get("state") or "active"
     if state not in POOL_STATES:

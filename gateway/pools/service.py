@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from adapters.base import Backend
-from gateway.routing.service import PoolView
+from gateway.domain.routing import PoolView
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +33,24 @@ def health_of(view: PoolView) -> PoolHealth:
     return PoolHealth(view.name, kind, True, view.describe().split(": ", 1)[-1], view)
 
 
+def require_known(session, pool: str, field: str, *, or_auto: bool = False) -> str:
+    """``pool`` when the gateway knows it (the ``pool`` table), else Invalid naming ``field``.
+
+    The one unknown-pool check: jobs and job sets naming a pool, per-pool quotas and billing
+    weights. A pool known but not configured now is accepted (its jobs wait, as with no pool).
+    """
+    from sqlalchemy import select
+
+    from gateway.kit.errors import Invalid
+    from gateway.models.pools import Pool
+
+    if session.get(Pool, pool) is None:
+        known = ", ".join(session.scalars(select(Pool.name).where(Pool.configured.is_(True)).order_by(Pool.name)))
+        raise Invalid(field, f"unknown pool {pool!r}; this gateway has: {known or 'no pool yet'} (GET /v1/pools)"
+                             + (", or use auto" if or_auto else ""))
+    return pool
+
+
 def probe(name: str, backend: Backend) -> PoolHealth:
     """Ask the backend now (start-up; tests)."""
     return health_of(PoolView.snapshot(name, backend))
@@ -47,6 +65,11 @@ def current(dispatcher) -> dict[str, PoolHealth]:
 
 
 # ----------------------------------------------------------------- the pool table
+
+# What a job waits for, and GET /v1/pools says, while no pool is configured.
+NO_POOL = ("no pool is configured on this gateway (ISTHMUS_POOLS_FILE or ISTHMUS_BACKENDS); jobs wait in pending "
+           "until one is")
+
 
 ACTIVE_JOB_STATES = ("dispatching", "queued", "starting", "running", "requeued", "cancelling")
 
@@ -63,16 +86,16 @@ def reconcile(session, pools, *, now=None) -> list[str]:
     from sqlalchemy import func, select
 
     from gateway.pools.adapters import BackendConfigError
-    from gateway.jobs.models import Job
-    from gateway.pools.models import Pool
+    from gateway.models.jobs import Job
+    from gateway.models.pools import Pool
 
     rows = {p.name: p for p in session.scalars(select(Pool))}
     configured = {p.name for p in pools}
     vanished = [name for name, row in rows.items() if row.configured and name not in configured]
     if vanished:
         active = dict(session.execute(
-            select(Job.backend, func.count()).where(Job.backend.in_(vanished), Job.state.in_(ACTIVE_JOB_STATES))
-            .group_by(Job.backend)).all())
+            select(Job.pool, func.count()).where(Job.pool.in_(vanished), Job.state.in_(ACTIVE_JOB_STATES))
+            .group_by(Job.pool)).all())
         stranded = sorted(active)
         if stranded:
             what = ", ".join(f"pool {n!r} has {active[n]} active job(s)" for n in stranded)
@@ -113,11 +136,11 @@ def pool_meta(session, *, queued_states: tuple[str, ...]) -> tuple[dict[str, dic
     snapshot (columns, not ORM objects). A pool with jobs but no row still gets its count."""
     from sqlalchemy import func, select
 
-    from gateway.jobs.models import Job
-    from gateway.pools.models import Pool
+    from gateway.models.jobs import Job
+    from gateway.models.pools import Pool
 
-    depth = (select(Job.backend.label("pool"), func.count().label("n")).where(Job.state.in_(queued_states))
-             .group_by(Job.backend).subquery("queued"))
+    depth = (select(Job.pool.label("pool"), func.count().label("n")).where(Job.state.in_(queued_states))
+             .group_by(Job.pool).subquery("queued"))
     meta: dict[str, dict] = {}
     counts: dict[str, int] = {}
     for name, kind, state, weight, cost, gpu_types, pool, n in session.execute(
@@ -129,3 +152,59 @@ def pool_meta(session, *, queued_states: tuple[str, ...]) -> tuple[dict[str, dic
         if pool is not None:
             counts[pool] = n
     return meta, counts
+
+
+def all_pools(session) -> list:
+    """Every pool the gateway knows (configured now or in the past), by name."""
+    from sqlalchemy import select
+
+    from gateway.models.pools import Pool
+
+    return list(session.scalars(select(Pool).order_by(Pool.name)))
+
+
+def get(session, name: str):
+    """The pool row named ``name``, or None."""
+    from gateway.models.pools import Pool
+
+    return session.get(Pool, name)
+
+
+# A pool's stored limits older than this are not trusted at submit time: no dispatcher has
+# looked at the pool lately, so the cluster may have changed (grown) since.
+LIMITS_FRESH_S = 300.0
+# How often a dispatcher re-writes limits that did not change (keeps them fresh).
+LIMITS_REFRESH_S = 60.0
+
+
+def record_limits(session, limits: dict[str, dict], *, now) -> None:
+    """Store each pool's static limits as a dispatcher just saw them (PoolView.limits)."""
+    from sqlalchemy import update
+
+    from gateway.models.pools import Pool
+
+    for name, value in limits.items():
+        # updated_at stays: it says when the pool's configuration last changed, not this.
+        session.execute(update(Pool).where(Pool.name == name).values(limits=value, limits_at=now,
+                                                                      updated_at=Pool.updated_at))
+
+
+def stored_views(session, *, now) -> tuple[dict[str, PoolView], set[str]]:
+    """(Views of the configured pools whose stored limits are fresh, the names of every
+    configured pool): for the submit-time never-fits check in a process without a dispatcher.
+    A pool missing from the views has no known limits: nothing may be refused on its account."""
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from gateway.kit.timeutil import as_utc
+    from gateway.models.pools import Pool
+
+    views: dict[str, PoolView] = {}
+    configured: set[str] = set()
+    for name, kind, state, limits, at in session.execute(
+            select(Pool.name, Pool.kind, Pool.state, Pool.limits, Pool.limits_at).where(Pool.configured.is_(True))):
+        configured.add(name)
+        if limits and at is not None and as_utc(at) >= now - timedelta(seconds=LIMITS_FRESH_S):
+            views[name] = PoolView.from_limits(name, limits, {"kind": kind, "state": state})
+    return views, configured

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import re
 import secrets
 import warnings
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
@@ -27,20 +29,27 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.accounts import service as accounts
+from gateway.models.specs import spec_of
 from gateway.identity.authn import InvalidToken
+from gateway.identity.dependency import note_seen
 from gateway.identity.principal import Principal
 from gateway.jobs import repository as jobs_repo, service as jobs
-from gateway.jobs.models import Job
-from gateway.jobs.states import JobState
+from gateway.models.jobs import Job
+from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid
+from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository as ledger_repo, service as ledger
 from gateway.pools import service as pools
-from gateway.ui import plots
+from gateway.ui import plots, session as ui_sessions
+from gateway.ui.headers import UiHeadersMiddleware
 from gateway.ui.session import UiSessionMiddleware
 
 HERE = Path(__file__).resolve().parent
+log = logging.getLogger("isthmus.ui")
+# The login-failure page's only text: never the provider's error_description (#27, finding 10).
+LOGIN_FAILED = "The login did not complete. Try again; if it keeps failing, ask your administrator."
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -49,7 +58,7 @@ WAITING = ("pending", "dispatching", "queued", "requeued")
 
 def job_pool(job: Job) -> str:
     """The pool a job runs on (or asked for): one place for the pools rework to re-point."""
-    return job.backend or job.requested_backend
+    return job.pool or job.requested_pool
 
 
 def estimate_of(job: Job) -> dict[str, Any] | None:
@@ -89,10 +98,8 @@ class LoginRequired(Exception):
 
 
 def csrf_token(request: Request) -> str:
-    token = request.session.get("csrf")
-    if not token:
-        token = request.session["csrf"] = secrets.token_urlsafe(32)
-    return token
+    """The logged-in session's CSRF token (kept in its server-side row); set by principal_of."""
+    return getattr(request.state, "ui_csrf", "")
 
 
 async def posted_csrf(request: Request) -> str:
@@ -102,7 +109,7 @@ async def posted_csrf(request: Request) -> str:
 
 
 def check_csrf(request: Request, token: str) -> None:
-    expected = request.session.get("csrf") or ""
+    expected = csrf_token(request)
     origin = request.headers.get("origin")
     if origin and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
         raise Forbidden("cross-site form refused")
@@ -111,14 +118,25 @@ def check_csrf(request: Request, token: str) -> None:
 
 
 def principal_of(request: Request) -> Principal:
-    token = request.session.get("access_token")
-    if not token:
+    """The caller of a /ui request: its session's row (not revoked, not expired) and that row's
+    token, checked like a bearer token. Blocking (a query, maybe a key fetch): sync routes only."""
+    sid = request.session.get("sid")
+    if not sid:
         raise LoginRequired
-    try:
-        return request.app.state.authenticator.authenticate(token)
-    except InvalidToken:
-        request.session.pop("access_token", None)
-        raise LoginRequired from None
+    principal = None
+    with transaction(request.app.state.sessionmaker) as session:
+        row = ui_sessions.get(session, sid=sid)
+        if row is not None:
+            try:
+                principal = request.app.state.authenticator.authenticate(row.access_token)
+                request.state.ui_csrf = row.csrf
+            except InvalidToken:  # its token expired or was revoked: so is the session
+                ui_sessions.revoke(session, sid=sid)
+    if principal is None:  # logged out, expired, or never ours
+        request.session.clear()
+        raise LoginRequired
+    note_seen(request, principal)  # a /ui visit keeps the caller's webhooks alive, as an API call does
+    return principal
 
 
 def oauth_client(request: Request):
@@ -143,18 +161,35 @@ async def callback(request: Request):
         return render(request, "unconfigured.html", {}, status=503)
     try:
         token = await client.authorize_access_token(request)
-        request.app.state.authenticator.authenticate(token["access_token"])
+        principal = request.app.state.authenticator.authenticate(token["access_token"])
     except (OAuthError, InvalidToken) as exc:
-        return error_page(request, status=401, title="Login failed", detail=str(exc))
+        # The provider's text is whatever the query string said (anyone can craft the link):
+        # it goes to the log, and the page says only what happened (docs/ui.md).
+        log.warning("ui login failed: %s", str(exc)[:500])
+        return error_page(request, status=401, title="Login failed", detail=LOGIN_FAILED)
+    expires = token.get("expires_at")
     nxt = request.session.pop("next", "/ui/")
-    request.session.clear()
-    request.session.update(access_token=token["access_token"], csrf=secrets.token_urlsafe(32))
+
+    def store() -> str:
+        with transaction(request.app.state.sessionmaker) as session:
+            return ui_sessions.create(session, access_token=token["access_token"], subject=principal.subject,
+                                      token_expires_at=datetime.fromtimestamp(expires, UTC) if expires else None)
+
+    sid = await anyio.to_thread.run_sync(store)
+    request.session.clear()  # the login's OAuth state goes; the cookie now holds only the session id
+    request.session["sid"] = sid
     return RedirectResponse(nxt, status_code=303)
 
 
 @router.post("/logout", name="ui_logout")
 def logout(request: Request, csrf: str = Depends(posted_csrf)):
-    check_csrf(request, csrf)
+    sid = request.session.get("sid")
+    with transaction(request.app.state.sessionmaker) as session:
+        row = ui_sessions.get(session, sid=sid) if sid else None
+        if row is not None:  # a session that is already gone has nothing to end
+            request.state.ui_csrf = row.csrf
+            check_csrf(request, csrf)
+            ui_sessions.revoke(session, sid=sid)  # the old cookie, replayed, finds nothing
     request.session.clear()
     # Not straight back to /ui/login: the provider's own session would log the person in again.
     return RedirectResponse("/ui/logged-out", status_code=303)
@@ -181,7 +216,7 @@ def jobs_page(request: Request, state: str = "", account: str = "", pool: str = 
     principal = principal_of(request)
     with transaction(request.app.state.sessionmaker) as session:
         rows = jobs_repo.list_readable(session, principal, states=[state] if state else (),
-                                       account=account or None, backend=pool or None, limit=200)
+                                       account=account or None, pool=pool or None, limit=200)
         items = [{"id": j.id, "name": j.name, "account": j.account_name, "user": j.username, "state": j.state,
                   "why": j.state_reason or "", "estimate": estimate_of(j), "pool": job_pool(j) or "",
                   "created_at": j.created_at}
@@ -201,7 +236,7 @@ def job_page(request: Request, job_id: str, partial: str = ""):
     with transaction(request.app.state.sessionmaker) as session:
         job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
         events = jobs_repo.list_events(session, job.id)
-        ctx = {"job": job, "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
+        ctx = {"job": job, "spec": spec_of(job, session), "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
                "events": [{"at": e.at, "kind": e.kind, "actor": e.actor, "from": e.from_state,
                            "to": e.to_state, "reason": e.reason} for e in events]}
         return render(request, "job_live.html" if partial == "live" else "job.html", ctx, principal=principal)
@@ -230,7 +265,7 @@ def output(request: Request, job_id: str,
 
         def job_final() -> bool:
             with sessions() as s:
-                return s.get(Job, job.id).state in logs.FINAL_STATES
+                return jobs_repo.is_final(s, job.id, logs.FINAL_STATES)
 
         body = logs.open_output(getattr(request.app.state, "backends", None) or {}, job, worker,
                                 keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=False,
@@ -253,8 +288,6 @@ async def events_stream(request: Request, after: Annotated[int | None, Query(ge=
     reconnect, or ``after``) and bounds as the API's stream (docs/logs.md); a reconnect
     checks the session's token again.
     """
-    import anyio
-
     from gateway.jobs import events
 
     principal = await anyio.to_thread.run_sync(principal_of, request)  # may fetch the provider's keys
@@ -263,10 +296,11 @@ async def events_stream(request: Request, after: Annotated[int | None, Query(ge=
         if not re.fullmatch(r"[0-9]{1,19}", last):
             raise Invalid("header.Last-Event-ID", "must be an event id sent by this stream")
         after = int(last)
+    permit = request.app.state.streams.acquire(principal.subject)  # counts with the API's streams
     body = events.sse(events.get_hub(request.app), principal, after_id=after,
                       max_stream_s=request.app.state.settings.events_max_stream_s)
-    return StreamingResponse(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return HeldStreamingResponse(body, permit=permit, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 @router.post("/jobs/{job_id}/cancel", name="ui_cancel")
@@ -315,11 +349,7 @@ def pools_page(request: Request):
     principal = principal_of(request)
     health = pools.current(getattr(request.app.state, "dispatcher", None))
     with transaction(request.app.state.sessionmaker) as session:
-        from sqlalchemy import func, select
-
-        waiting = dict(session.execute(
-            select(func.coalesce(Job.backend, Job.requested_backend), func.count())
-            .where(Job.state.in_(WAITING)).group_by(func.coalesce(Job.backend, Job.requested_backend))).all())
+        waiting = jobs_repo.waiting_per_pool(session, WAITING)
     items = [{"name": name, "kind": h.kind, "ok": h.ok, "reason": h.reason, "total_gpus": h.view.total_gpus,
               "free_gpus": h.view.free_gpus, "total_nodes": h.view.total_nodes, "idle_nodes": h.view.idle_nodes,
               "waiting": waiting.get(name, 0)} for name, h in health.items()]
@@ -388,6 +418,7 @@ def install(app: FastAPI) -> None:
                        client_kwargs=kwargs)
         app.state.ui_oauth = oauth.isthmus
     app.add_middleware(UiSessionMiddleware, secret=secret)
+    app.add_middleware(UiHeadersMiddleware)  # CSP, framing, referrer, nosniff on every /ui answer
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     app.include_router(router)
     _html_error_pages(app)

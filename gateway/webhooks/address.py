@@ -25,6 +25,16 @@ class Refused(ValueError):
     """The URL may not be used; the message says why, in a user's words."""
 
 
+def check_allowlist(settings) -> None:
+    """Start-up: ``ISTHMUS_WEBHOOK_ALLOWLIST`` must parse (one line naming the bad entry)."""
+    from gateway.identity.errors import ConfigurationError
+
+    try:
+        Allowlist.parse(settings.webhook_allowlist)
+    except ValueError as exc:
+        raise ConfigurationError(f"ISTHMUS_WEBHOOK_ALLOWLIST: {exc}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Allowlist:
     """Admin exceptions (``ISTHMUS_WEBHOOK_ALLOWLIST``): CIDRs and host names that may be
@@ -34,7 +44,7 @@ class Allowlist:
     hosts: frozenset[str] = frozenset()
 
     @classmethod
-    def parse(cls, text: str) -> "Allowlist":
+    def parse(cls, text: str) -> Allowlist:
         networks: list[Network] = []
         hosts: set[str] = set()
         for item in (p.strip() for p in text.split(",")):
@@ -64,10 +74,35 @@ class Target:
     address: str  # the checked address to connect to
 
 
-def forbidden_reason(addr: IPAddress) -> str | None:
-    """Why an address is not a public one (None when it is)."""
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
+# IPv6 forms that carry an IPv4 address a translator or tunnel delivers to: the IPv4 address
+# is what the connection reaches, so it is judged as that address (issue #27, finding 7).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052 well-known prefix
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215 local-use prefix
+_SIX_TO_FOUR = ipaddress.ip_network("2002::/16")  # RFC 3056
+_TEREDO = ipaddress.ip_network("2001::/32")  # RFC 4380
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # RFC 4291, deprecated (::a.b.c.d)
+
+
+def embedded_ipv4(addr: IPAddress) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """The IPv4 addresses an IPv6 address embeds or maps to, each with its form's name."""
+    if not isinstance(addr, ipaddress.IPv6Address):
+        return []
+    low32 = ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    if addr.ipv4_mapped is not None:
+        return [("IPv4-mapped", addr.ipv4_mapped)]
+    if addr in _IPV4_COMPATIBLE and int(addr) > 1:  # not :: and ::1, which are what they say
+        return [("IPv4-compatible", low32)]
+    if addr in _NAT64 or addr in _NAT64_LOCAL:
+        return [("NAT64", low32)]
+    if addr in _SIX_TO_FOUR:
+        return [("6to4", ipaddress.IPv4Address((int(addr) >> 80) & 0xFFFFFFFF))]
+    if addr in _TEREDO:  # the server in bits 32-63, the client obfuscated (XOR) in the last 32
+        return [("Teredo server", ipaddress.IPv4Address((int(addr) >> 64) & 0xFFFFFFFF)),
+                ("Teredo client", ipaddress.IPv4Address(int(low32) ^ 0xFFFFFFFF))]
+    return []
+
+
+def _own_reason(addr: IPAddress) -> str | None:
     for attr, words in (("is_unspecified", "unspecified"), ("is_loopback", "loopback"),
                         ("is_link_local", "link-local"), ("is_multicast", "multicast"),
                         ("is_private", "private")):
@@ -78,6 +113,19 @@ def forbidden_reason(addr: IPAddress) -> str | None:
     if not addr.is_global:
         return "not globally routable"
     return None
+
+
+def forbidden_reason(addr: IPAddress) -> str | None:
+    """Why an address is not a public one (None when it is).
+
+    An IPv6 address that embeds an IPv4 address is refused when that IPv4 address would be,
+    and also when the IPv6 address itself is not public.
+    """
+    for form, v4 in embedded_ipv4(addr):
+        why = _own_reason(v4)
+        if why:
+            return f"{why} (the {form} form of {v4})"
+    return _own_reason(addr)
 
 
 def parse_url(url: str) -> tuple[str, str, int, str]:
@@ -140,6 +188,6 @@ def resolve(url: str, allow: Allowlist) -> Target:
     for addr in addresses:
         why = forbidden_reason(addr)
         if why and not (host_allowed or allow.allows_address(addr)):
-            raise Refused(f"host {host!r} resolves to a {why} address ({addr}); an admin may allow it "
+            raise Refused(f"host {host!r} resolves to {addr}, which is {why}; an admin may allow it "
                           "with ISTHMUS_WEBHOOK_ALLOWLIST")
     return Target(scheme=scheme, host=host, port=port, path=path, address=str(addresses[0]))

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.kit.timeutil import as_utc
-from gateway.webhooks.models import WebhookDelivery, WebhookEndpoint
+from gateway.models.webhooks import WebhookDelivery, WebhookEndpoint
 
 
 class DeliveryStatus(str, enum.Enum):
@@ -53,6 +53,9 @@ class WebhookOut(BaseModel):
     pending_deliveries: int = Field(description="Deliveries not yet acknowledged by the receiver.")
     created_at: datetime
     created_by: str
+    held_by: str = Field(description="The subject whose hold on the account keeps the endpoint alive: its creator "
+                                     "or whoever re-enabled it last. When they no longer hold the account the "
+                                     "endpoint is suspended (`enabled` false, `disabled_reason` says why).")
 
 
 class WebhookCreated(WebhookOut):
@@ -90,7 +93,8 @@ def endpoint_out(ep: WebhookEndpoint, pending: int = 0, *, secret: bool = False)
                   enabled=ep.enabled, consecutive_failures=ep.consecutive_failures, last_error=ep.last_error or "",
                   last_error_at=as_utc(ep.last_error_at), last_success_at=as_utc(ep.last_success_at),
                   disabled_at=as_utc(ep.disabled_at), disabled_reason=ep.disabled_reason or "",
-                  pending_deliveries=pending, created_at=as_utc(ep.created_at), created_by=ep.created_by)
+                  pending_deliveries=pending, created_at=as_utc(ep.created_at), created_by=ep.created_by,
+                  held_by=ep.held_by)
     return WebhookCreated(**fields, secret=ep.secret) if secret else WebhookOut(**fields)
 
 

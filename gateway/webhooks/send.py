@@ -9,6 +9,8 @@ import http.client
 import secrets
 import socket
 import ssl
+import threading
+import time
 
 from gateway.webhooks.address import Target
 
@@ -36,25 +38,88 @@ def tls_context(ca_file: str | None) -> ssl.SSLContext:
     return ctx
 
 
+class _Deadline:
+    """A hard deadline for one attempt: when it passes, the socket is shut down.
+
+    A socket timeout bounds each read, so a receiver answering one byte every few seconds
+    would hold an attempt for ever; shutting the socket down from a timer thread makes the
+    blocked read return at once, whatever the receiver does.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.passed = False
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def left(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return left
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.passed:
+                self._shutdown()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.passed = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._sock is not None:
+            try:
+                # The plain socket's shutdown, also for an SSLSocket: its own shutdown()
+                # would tear down the TLS object under the thread reading from it.
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 class _PinnedHTTPS(http.client.HTTPSConnection):
     """Connects to the checked address; TLS still verifies the certificate for the host name."""
 
-    def __init__(self, target: Target, *, timeout: float, context: ssl.SSLContext):
-        super().__init__(target.host, target.port, timeout=timeout, context=context)
+    def __init__(self, target: Target, *, deadline: _Deadline, context: ssl.SSLContext):
+        super().__init__(target.host, target.port, timeout=deadline.seconds, context=context)
         self._address = target.address
+        self._deadline = deadline
 
     def connect(self) -> None:
-        sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        sock = _connect(self._address, self.port, self._deadline)
+        tls = self._context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+        self._deadline.watch(tls)  # the descriptor moved to the TLS socket
+        self.sock = tls
+        tls.settimeout(self._deadline.left())
+        tls.do_handshake()
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
-    def __init__(self, target: Target, *, timeout: float):
-        super().__init__(target.host, target.port, timeout=timeout)
+    def __init__(self, target: Target, *, deadline: _Deadline):
+        super().__init__(target.host, target.port, timeout=deadline.seconds)
         self._address = target.address
+        self._deadline = deadline
 
     def connect(self) -> None:
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = _connect(self._address, self.port, self._deadline)
+
+
+def _connect(address: str, port: int, deadline: _Deadline) -> socket.socket:
+    sock = socket.create_connection((address, port), deadline.left())
+    deadline.watch(sock)
+    # A reused connection sends small requests back to back: without this, Nagle's algorithm
+    # and the receiver's delayed ACK add ~40 ms to each.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class SendError(Exception):
@@ -65,31 +130,95 @@ class SendError(Exception):
         self.status = status
 
 
-def post(target: Target, headers: dict[str, str], body: str, *, timeout_s: float,
-         context: ssl.SSLContext) -> int:
-    """POST ``body``; return the 2xx status or raise SendError. No redirects are followed."""
-    conn: http.client.HTTPConnection
-    if target.scheme == "https":
-        conn = _PinnedHTTPS(target, timeout=timeout_s, context=context)
-    else:
-        conn = _PinnedHTTP(target, timeout=timeout_s)
-    try:
+class Sender:
+    """POSTs to one endpoint's receiver, keeping the connection open between attempts.
+
+    One per slot (not thread-safe): an endpoint's burst pays one TLS handshake, not one per
+    delivery. A connection is reused only for the same scheme, host, port and checked
+    address; a receiver that closed it while idle gets the request again on a new one.
+    """
+
+    def __init__(self, context: ssl.SSLContext):
+        self.context = context
+        self._conn: _PinnedHTTP | _PinnedHTTPS | None = None
+        self._key: tuple[str, str, int, str] | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = self._key = None
+
+    def _open(self, target: Target, deadline: _Deadline) -> _PinnedHTTP | _PinnedHTTPS:
+        self.close()
+        if target.scheme == "https":
+            self._conn = _PinnedHTTPS(target, deadline=deadline, context=self.context)
+        else:
+            self._conn = _PinnedHTTP(target, deadline=deadline)
+        self._key = (target.scheme, target.host, target.port, target.address)
+        return self._conn
+
+    def post(self, target: Target, headers: dict[str, str], body: str, *, timeout_s: float) -> int:
+        """POST ``body``; return the 2xx status or raise SendError. No redirects are followed.
+
+        ``timeout_s`` bounds the whole attempt (connect, TLS, request and answer), not each read.
+        """
+        deadline = _Deadline(timeout_s)
+        conn = self._conn
+        reused = conn is not None and conn.sock is not None and self._key == (
+            target.scheme, target.host, target.port, target.address)
+        try:
+            if reused:
+                conn._deadline = deadline
+                deadline.watch(conn.sock)
+                conn.sock.settimeout(deadline.left())
+            else:
+                conn = self._open(target, deadline)
+            try:
+                resp = self._exchange(conn, target, headers, body)
+            except (OSError, http.client.HTTPException):
+                if not reused or deadline.passed:
+                    raise
+                # The receiver closed the idle connection (seen as a reset, an EOF or a TLS
+                # EOF, depending on timing): once more, on a new one.
+                conn = self._open(target, deadline)
+                resp = self._exchange(conn, target, headers, body)
+            if resp.will_close or not resp.isclosed():
+                self.close()
+            if not 200 <= resp.status < 300:
+                raise SendError(f"HTTP {resp.status} {resp.reason}".strip(), status=resp.status)
+            return resp.status
+        except SendError:
+            raise
+        except Exception as exc:
+            self.close()
+            if deadline.passed or isinstance(exc, TimeoutError):
+                raise SendError(f"timed out: no complete answer within {timeout_s:g} s "
+                                "(the deadline for the whole attempt)") from exc
+            if isinstance(exc, ssl.SSLError):
+                raise SendError(f"TLS error: {exc.reason or type(exc).__name__}") from exc
+            if isinstance(exc, OSError):
+                raise SendError(f"connection failed: {exc.strerror or type(exc).__name__}") from exc
+            if isinstance(exc, http.client.HTTPException):
+                raise SendError(f"bad HTTP response: {type(exc).__name__}") from exc
+            raise
+        finally:
+            deadline.cancel()
+
+    @staticmethod
+    def _exchange(conn: http.client.HTTPConnection, target: Target, headers: dict[str, str], body: str
+                  ) -> http.client.HTTPResponse:
         conn.request("POST", target.path, body=body.encode(), headers={
             **headers, "Content-Type": "application/json", "User-Agent": USER_AGENT})
         resp = conn.getresponse()
-        resp.read(64 * 1024)  # a little of the body, so the connection closes cleanly
-        if not 200 <= resp.status < 300:
-            raise SendError(f"HTTP {resp.status} {resp.reason}".strip(), status=resp.status)
-        return resp.status
-    except SendError:
-        raise
-    except ssl.SSLError as exc:
-        raise SendError(f"TLS error: {exc.reason or type(exc).__name__}") from exc
-    except TimeoutError as exc:
-        raise SendError(f"timed out after {timeout_s:g} s") from exc
-    except OSError as exc:
-        raise SendError(f"connection failed: {exc.strerror or type(exc).__name__}") from exc
-    except http.client.HTTPException as exc:
-        raise SendError(f"bad HTTP response: {type(exc).__name__}") from exc
+        resp.read(64 * 1024)  # a little of the body; a longer one closes the connection
+        return resp
+
+
+def post(target: Target, headers: dict[str, str], body: str, *, timeout_s: float,
+         context: ssl.SSLContext) -> int:
+    """One POST on a new connection (see ``Sender.post``)."""
+    sender = Sender(context)
+    try:
+        return sender.post(target, headers, body, timeout_s=timeout_s)
     finally:
-        conn.close()
+        sender.close()

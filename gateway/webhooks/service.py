@@ -8,29 +8,28 @@ killed mid-send leaves the row due again when the lease runs out.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import random
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gateway.jobs.models import Job, JobEvent
-from gateway.kit.errors import Invalid, NotFound
+from gateway.models.jobs import Job, JobEvent
+from gateway.models.accounts import Account
+from gateway.models.identity import ADMIN_ROLE, ANY_ACCOUNT, MembershipSeen
+from gateway.kit.errors import Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.webhooks.address import Allowlist, Refused, resolve
-from gateway.webhooks.models import WebhookCursor, WebhookDelivery, WebhookEndpoint
+from gateway.models.webhooks import WebhookCursor, WebhookDelivery, WebhookEndpoint
 from gateway.webhooks.send import new_secret
 
 CURSOR = "job_event"
 EVENT_TYPE = "job.state_changed"
 PENDING, DELIVERED = "pending", "delivered"
-
-
-def job_pool(job: Job) -> str | None:
-    """The pool a job was routed to (one place, for the pools-as-data rename)."""
-    return job.backend
 
 
 # --- endpoints -------------------------------------------------------------------------
@@ -43,11 +42,25 @@ def check_url(url: str, allow: Allowlist, *, field: str = "body.url") -> None:
 
 
 def create(session: Session, *, account: str | None, url: str, description: str, created_by: str,
-           allow: Allowlist) -> WebhookEndpoint:
+           allow: Allowlist, max_per_account: int) -> WebhookEndpoint:
+    """Raises:
+        Invalid: the URL is refused (naming ``body.url``).
+        LimitExceeded: the account already has ``max_per_account`` endpoints.
+    """
     check_url(url, allow)
+    if account is not None:
+        # The account row is the lock: two concurrent registrations cannot both take the last place.
+        session.get(Account, account, with_for_update=True)
+        n = session.scalar(select(func.count()).select_from(WebhookEndpoint)
+                           .where(WebhookEndpoint.account_name == account)) or 0
+        if n >= max_per_account:
+            raise LimitExceeded(f"account {account!r} has {n} webhook endpoints, the limit "
+                                f"(ISTHMUS_WEBHOOK_MAX_ENDPOINTS_PER_ACCOUNT = {max_per_account}); "
+                                "delete one first")
+    now = utcnow()
     endpoint = WebhookEndpoint(account_name=account, url=url, description=description, secret=new_secret(),
-                               created_by=created_by, created_at=utcnow(), enabled=True, consecutive_failures=0,
-                               last_error="", disabled_reason="")
+                               created_by=created_by, held_by=created_by, created_at=now, events_from_at=now,
+                               enabled=True, consecutive_failures=0, last_error="", disabled_reason="")
     session.add(endpoint)
     session.flush()
     return endpoint
@@ -68,14 +81,21 @@ def get_or_raise(session: Session, *, account: str | None, endpoint_id: int, for
     return endpoint
 
 
-def update_(session: Session, *, endpoint: WebhookEndpoint, enabled: bool | None, description: str | None) -> None:
+def update_(session: Session, *, endpoint: WebhookEndpoint, enabled: bool | None, description: str | None,
+            caller: str) -> None:
+    """Re-enabling makes ``caller`` (who holds the account: the routes' tenancy) its holder."""
     if description is not None:
         endpoint.description = description
     if enabled is True and not endpoint.enabled:
         endpoint.enabled = True
+        endpoint.held_by = caller
+        if endpoint.suspended_at is not None:
+            endpoint.suspended_at = None
+            endpoint.events_from_at = utcnow()
         endpoint.consecutive_failures = 0
         endpoint.disabled_at = None
         endpoint.disabled_reason = ""
+        endpoint.blocked_until = None
         # What waited while it was disabled goes out now, not after its old backoff.
         session.execute(update(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint.id,
                                                       WebhookDelivery.status == PENDING)
@@ -116,12 +136,12 @@ def payload(event: JobEvent, job: Job) -> str:
     return json.dumps({
         "type": EVENT_TYPE, "timestamp": at,
         "data": {"event_id": event.id, "job_id": job.id, "job_name": job.name, "account": job.account_name,
-                 "pool": job_pool(job), "from_state": event.from_state, "to_state": event.to_state,
+                 "pool": job.pool, "from_state": event.from_state, "to_state": event.to_state,
                  "reason": event.reason or "", "at": at},
     }, separators=(",", ":"), sort_keys=True)
 
 
-def fan_out(session: Session, *, settle_s: float, limit: int = 1000) -> int:
+def fan_out(session: Session, *, settle_s: float, unseen_s: float, limit: int = 1000) -> int:
     """Turn new job state events into delivery rows; return how many were written.
 
     The cursor row is locked for the whole transaction, so workers fan out one at a time.
@@ -132,6 +152,7 @@ def fan_out(session: Session, *, settle_s: float, limit: int = 1000) -> int:
     """
     cursor = session.execute(select(WebhookCursor).where(WebhookCursor.name == CURSOR).with_for_update()
                              ).scalar_one_or_none()
+    suspend_unheld(session, unseen_s=unseen_s)
     if cursor is None:  # the migration writes it; a wiped table starts over from the oldest event
         cursor = WebhookCursor(name=CURSOR, last_event_id=0, updated_at=utcnow())
         session.add(cursor)
@@ -147,7 +168,7 @@ def fan_out(session: Session, *, settle_s: float, limit: int = 1000) -> int:
             last = event.id
         else:
             advancing = False
-    endpoints = list(session.scalars(select(WebhookEndpoint)))
+    endpoints = list(session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.suspended_at.is_(None))))
     written = 0
     if endpoints:
         ids = [e.id for e, _ in rows]
@@ -160,8 +181,8 @@ def fan_out(session: Session, *, settle_s: float, limit: int = 1000) -> int:
             for ep in endpoints:
                 if ep.account_name not in (None, job.account_name) or (ep.id, event.id) in seen:
                     continue
-                if as_utc(event.at) < as_utc(ep.created_at):
-                    continue  # events from before the endpoint existed are not sent to it
+                if as_utc(event.at) < as_utc(ep.events_from_at or ep.created_at):
+                    continue  # from before the endpoint existed, or while it was suspended
                 body = body or payload(event, job)
                 session.add(WebhookDelivery(endpoint_id=ep.id, event_id=event.id, msg_id=f"msg_{event.id}",
                                             event_type=EVENT_TYPE, job_id=job.id, payload=body, status=PENDING,
@@ -174,10 +195,46 @@ def fan_out(session: Session, *, settle_s: float, limit: int = 1000) -> int:
     return written
 
 
+def suspend_unheld(session: Session, *, unseen_s: float) -> int:
+    """Suspend enabled endpoints whose holder no longer holds their account; return how many.
+
+    Held means seen (gateway/identity/seen.py) with the account in the token (an admin
+    endpoint: with the admin role; an admin holds every account) within ``unseen_s``, and
+    not seen since without it. A suspended endpoint is disabled, queues nothing, and says why.
+    """
+    endpoints = list(session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.enabled)))
+    if not endpoints:
+        return 0
+    now = utcnow()
+    seen = {(r.subject, r.account): as_utc(r.last_seen_at) for r in session.scalars(
+        select(MembershipSeen).where(MembershipSeen.subject.in_(sorted({e.held_by for e in endpoints}))))}
+    suspended = 0
+    for ep in endpoints:
+        what = f"account {ep.account_name}" if ep.account_name is not None else "the admin role"
+        keys = [(ep.held_by, ADMIN_ROLE)] + ([(ep.held_by, ep.account_name)] if ep.account_name is not None else [])
+        held_at = max((seen[k] for k in keys if k in seen), default=None)
+        last_seen = seen.get((ep.held_by, ANY_ACCOUNT))
+        if held_at is None or (now - held_at).total_seconds() > unseen_s:
+            reason = (f"suspended: its holder {ep.held_by} has not been seen holding {what} for "
+                      f"{unseen_s / 86400:g} days (ISTHMUS_WEBHOOK_HOLDER_UNSEEN_S)")
+        elif last_seen is not None and held_at < last_seen:
+            reason = (f"suspended: its holder {ep.held_by} was seen at {last_seen.isoformat(timespec='seconds')} "
+                      f"without {what}")
+        else:
+            continue
+        ep.enabled = False
+        ep.disabled_at = ep.suspended_at = now
+        ep.disabled_reason = reason + "; someone who holds it may re-enable the endpoint and becomes its holder"
+        suspended += 1
+    session.flush()
+    return suspended
+
+
 @dataclasses.dataclass(frozen=True)
 class Claimed:
     delivery_id: int
     endpoint_id: int
+    account: str | None
     attempt: int
     msg_id: str
     payload: str
@@ -185,23 +242,72 @@ class Claimed:
     secret: str = dataclasses.field(repr=False)
 
 
-def claim(session: Session, *, limit: int, lease_s: float, postgres: bool) -> list[Claimed]:
-    """Due deliveries of enabled endpoints, leased to this worker (commit before sending)."""
+def _claimable(now: datetime):
+    return (WebhookEndpoint.enabled,
+            or_(WebhookEndpoint.blocked_until.is_(None), WebhookEndpoint.blocked_until <= now))
+
+
+def fair_order(rows: list[tuple[int, str | None]], *, slots: int, busy: Mapping[str | None, int],
+               account_slots: int) -> list[int]:
+    """Endpoint ids to claim: one per account in turn, accounts in the order given (earliest due
+    first), none for an account that already has ``account_slots`` attempts in flight."""
+    queues: dict[str | None, list[int]] = {}
+    for endpoint_id, account in rows:
+        queues.setdefault(account, []).append(endpoint_id)
+    taken = collections.Counter(busy)
+    chosen: list[int] = []
+    while queues and len(chosen) < slots:
+        for account in list(queues):
+            ids = queues[account]
+            if len(chosen) >= slots:
+                break
+            if taken[account] >= account_slots or not ids:
+                del queues[account]
+                continue
+            chosen.append(ids.pop(0))
+            taken[account] += 1
+    return chosen
+
+
+def claim(session: Session, *, slots: int, busy: Mapping[str | None, int], account_slots: int, lease_s: float,
+          postgres: bool) -> list[Claimed]:
+    """The oldest due delivery of up to ``slots`` endpoints, taken fairly across accounts, each
+    endpoint leased to this worker (commit before sending).
+
+    An endpoint is leased by moving its ``blocked_until`` one lease ahead, so no worker claims
+    any of its deliveries while an attempt is in flight: at most one per endpoint. ``busy``
+    counts this worker's attempts in flight per account.
+    """
     now = utcnow()
-    q = (select(WebhookDelivery, WebhookEndpoint).join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
-         .where(WebhookDelivery.status == PENDING, WebhookDelivery.next_attempt_at <= now, WebhookEndpoint.enabled)
-         .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(limit))
-    if postgres:  # SQLite serialises writers with BEGIN IMMEDIATE instead
-        q = q.with_for_update(of=WebhookDelivery, skip_locked=True)
-    out = []
-    for d, ep in session.execute(q).tuples():
-        d.attempts += 1
-        d.last_attempt_at = now
-        d.next_attempt_at = now + timedelta(seconds=lease_s)
-        out.append(Claimed(delivery_id=d.id, endpoint_id=ep.id, attempt=d.attempts, msg_id=d.msg_id,
-                           payload=d.payload, url=ep.url, secret=ep.secret))
+    due = (select(func.min(WebhookDelivery.next_attempt_at))
+           .where(WebhookDelivery.endpoint_id == WebhookEndpoint.id, WebhookDelivery.status == PENDING)
+           .correlate(WebhookEndpoint).scalar_subquery())
+    rows = session.execute(select(WebhookEndpoint.id, WebhookEndpoint.account_name)
+                           .where(*_claimable(now), due <= now).order_by(due, WebhookEndpoint.id)).all()
+    chosen = fair_order([(r[0], r[1]) for r in rows], slots=slots, busy=busy, account_slots=account_slots)
+    if not chosen:
+        return []
+    q = select(WebhookEndpoint).where(WebhookEndpoint.id.in_(chosen), *_claimable(now)).order_by(WebhookEndpoint.id)
+    if postgres:  # another worker's claim holds the row or has moved blocked_until; SQLite serialises writers
+        q = q.with_for_update(skip_locked=True)
+    out = [c for ep in session.scalars(q).all() if (c := _lease_next(session, ep, now=now, lease_s=lease_s))]
     session.flush()
     return out
+
+
+def _lease_next(session: Session, ep: WebhookEndpoint, *, now: datetime, lease_s: float) -> Claimed | None:
+    """Lease the endpoint (locked by the caller) and its oldest due delivery; None if none is due."""
+    d = session.scalars(select(WebhookDelivery).where(
+        WebhookDelivery.endpoint_id == ep.id, WebhookDelivery.status == PENDING, WebhookDelivery.next_attempt_at <= now)
+        .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id).limit(1)).first()
+    if d is None:
+        ep.blocked_until = None
+        return None
+    d.attempts += 1
+    d.last_attempt_at = now
+    d.next_attempt_at = ep.blocked_until = now + timedelta(seconds=lease_s)
+    return Claimed(delivery_id=d.id, endpoint_id=ep.id, account=ep.account_name, attempt=d.attempts,
+                   msg_id=d.msg_id, payload=d.payload, url=ep.url, secret=ep.secret)
 
 
 def backoff_s(attempt: int, *, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
@@ -211,13 +317,20 @@ def backoff_s(attempt: int, *, base_s: float, max_s: float, rng: random.Random |
 
 
 def record(session: Session, *, claimed: Claimed, ok: bool, status_code: int | None, error: str,
-           base_s: float, max_s: float, disable_after: int, now: datetime | None = None) -> None:
-    """Store one attempt's outcome; count failures on the endpoint and disable it after too many."""
-    now = now or utcnow()
+           base_s: float, max_s: float, disable_after: int, lease_s: float, more: bool) -> Claimed | None:
+    """Store one attempt's outcome as soon as it is known; on success with ``more``, lease the
+    endpoint's next due delivery in the same transaction and return it.
+
+    A failure backs off the delivery (by its attempts) and the whole endpoint (by its failures
+    in a row), and disables the endpoint after ``disable_after`` failures in a row: its
+    ``disabled_reason`` and the failed delivery's ``last_error`` say so.
+    """
+    now = utcnow()
     ep = session.get(WebhookEndpoint, claimed.endpoint_id, with_for_update=True)  # endpoint first: one lock order
     d = session.get(WebhookDelivery, claimed.delivery_id, with_for_update=True)
     if d is None or ep is None or d.status == DELIVERED:
-        return  # deleted meanwhile, or another worker's later attempt already succeeded
+        return None  # deleted meanwhile, or another worker's later attempt already succeeded
+    ours = d.attempts == claimed.attempt  # nobody re-claimed it after the lease ran out
     d.last_status_code = status_code
     if ok:
         d.status, d.delivered_at, d.last_error = DELIVERED, now, ""
@@ -225,7 +338,7 @@ def record(session: Session, *, claimed: Claimed, ok: bool, status_code: int | N
         ep.last_success_at = now
     else:
         d.last_error = error
-        if d.attempts == claimed.attempt:  # still ours: nobody re-claimed it after the lease ran out
+        if ours:
             d.next_attempt_at = now + timedelta(seconds=backoff_s(claimed.attempt, base_s=base_s, max_s=max_s))
         ep.consecutive_failures += 1
         ep.last_error, ep.last_error_at = error, now
@@ -233,34 +346,15 @@ def record(session: Session, *, claimed: Claimed, ok: bool, status_code: int | N
             ep.enabled = False
             ep.disabled_at = now
             ep.disabled_reason = f"{ep.consecutive_failures} failed deliveries in a row; last: {error}"
-    session.flush()
-
-
-def record_many(session: Session, *, outcomes: list[tuple[Claimed, bool, int | None, str]], base_s: float,
-                max_s: float, disable_after: int) -> None:
-    """A round's outcomes: successes in one UPDATE per status code, failures one by one (rare).
-
-    Endpoints are locked first, in id order, so concurrent workers cannot deadlock.
-    """
-    now = utcnow()
-    endpoint_ids = sorted({c.endpoint_id for c, *_ in outcomes})
-    endpoints = {ep.id: ep for ep in session.scalars(
-        select(WebhookEndpoint).where(WebhookEndpoint.id.in_(endpoint_ids)).order_by(WebhookEndpoint.id)
-        .with_for_update())}
-    by_code: dict[int | None, list[int]] = {}
-    for c, ok, code, _error in outcomes:
-        if ok:
-            by_code.setdefault(code, []).append(c.delivery_id)
-            ep = endpoints.get(c.endpoint_id)
-            if ep is not None:
-                ep.consecutive_failures = 0
-                ep.last_success_at = now
-    for code, ids in by_code.items():
-        session.execute(update(WebhookDelivery).where(WebhookDelivery.id.in_(ids), WebhookDelivery.status == PENDING)
-                        .values(status=DELIVERED, delivered_at=now, last_error="", last_status_code=code)
-                        .execution_options(synchronize_session=False))
-    for c, ok, code, error in outcomes:
+            d.last_error = (f"{error}; the endpoint was disabled after {ep.consecutive_failures} failed "
+                            "deliveries in a row")
+    nxt = None
+    if ours:
         if not ok:
-            record(session, claimed=c, ok=False, status_code=code, error=error, base_s=base_s, max_s=max_s,
-                   disable_after=disable_after, now=now)
+            ep.blocked_until = now + timedelta(seconds=backoff_s(ep.consecutive_failures, base_s=base_s, max_s=max_s))
+        elif more and ep.enabled:
+            nxt = _lease_next(session, ep, now=now, lease_s=lease_s)
+        else:
+            ep.blocked_until = None
     session.flush()
+    return nxt

@@ -90,7 +90,11 @@ else
   echo $! >"$PIDFILE"
   deadline=$(( $(date +%s) + ${ISTHMUS_OIDC_START_TIMEOUT_S:-300} ))
   until curl -sf -o /dev/null --max-time 2 "$BASE_URL/realms/master/.well-known/openid-configuration"; do
-    if ! kc_alive; then
+    # Whether the process we just started is still there. Not kc_alive: until the forked
+    # shell has exec'd kc.sh, its command line is this script's, and a check in that instant
+    # took a starting Keycloak for a dead one (a clean-clone CI run, 2026-12-03).
+    pid=$(cat "$PIDFILE")
+    if [ ! -r "/proc/$pid/stat" ] || grep -q ') Z ' "/proc/$pid/stat"; then  # gone, or a zombie
       log "Keycloak exited during start; last log lines:"; tail -n 30 "$STATE/log/stdout.log" >&2; exit 1
     fi
     if [ "$(date +%s)" -ge "$deadline" ]; then

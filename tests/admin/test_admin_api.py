@@ -119,7 +119,7 @@ def test_delete_refused_with_active_jobs_then_allowed(api):
         job_id = add_job(s, "sub", gpus=1).id
     body = _problem(api.delete("/v1/admin/accounts/sub", headers=api.admin), 409)
     assert "active job" in body["detail"]
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
     with transaction(api.factory) as s:
         s.delete(s.get(Job, job_id))
@@ -137,7 +137,7 @@ def test_credits_ledger_pages_usage_csv_and_fairshare(api):
             start = now - timedelta(hours=1)
             ledger.reserve(s, job=job, pool=pool, actor="test", now=start)
             ledger.record_start(s, job=job, started_at=start, actor="test")
-            ledger.record_finish(s, job=job, started_at=start, ended_at=now, actor="test")
+            ledger.record_finish(s, job=job, started_at=start, ended_at=now, actor="test", half_life_s=7 * 86400)
     r = api.post("/v1/admin/ledger/adjustments", headers=api.admin,
                  json={"account": "team-a", "kind": "credit", "gpu_hours": 1.5, "reason": "outage"})
     assert r.status_code == 201 and r.json()["gpu_seconds"] == -5400 and r.json()["actor"] == "dev:root"

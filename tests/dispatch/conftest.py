@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Gateway, _clean, missing_system, read_env_file
+from tests.conftest import REPO, Gateway, fresh_database, missing_system, read_env_file
 
 
 def slurm_env(version: str = "22.05") -> dict[str, str]:
@@ -51,24 +51,23 @@ def wired_gateway(database_url: str, dev_key_path, backends: dict, **overrides):
                         dev_accounts="team-a,team-b", backends=json.dumps(backends), dispatch_in_serve=False,
                         retry_backoff_base_s=0.2, retry_backoff_max_s=1.0, capacity_ttl_s=0,
                         **overrides)
+    fresh_database(database_url)  # each wired gateway starts on a fresh copy of the migrated schema
     app = create_app(settings)
     with TestClient(app) as client:
-        _clean(app)
         try:
             yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
         finally:
             _cancel_leftovers(app)
-            _clean(app)
 
 
 def _cancel_leftovers(app) -> None:
     """A failed test must not leave jobs holding the shared clusters' nodes or quota."""
     from sqlalchemy import select
 
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
     with app.state.sessionmaker() as s:
-        live = s.execute(select(Job.backend, Job.backend_job_id).where(
+        live = s.execute(select(Job.pool, Job.backend_job_id).where(
             Job.state.notin_(["succeeded", "failed", "cancelled"]), Job.backend_job_id.isnot(None))).all()
     for pool, backend_job_id in live:
         try:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from adapters.slurm import SlurmBackend, SlurmSettings
-from gateway.jobs.models import Job, JobEvent
+from gateway.models.jobs import Job, JobEvent
 from tests.conftest import REPO, postgres_database
 from tests.dispatch.conftest import slurm_backend_options, wired_gateway
 from tests.e2e.conftest import ISTHMUS
@@ -137,7 +137,7 @@ def ledger_problems(gw) -> list[str]:
 
 def test_kill_9_after_claim_before_submit(gateway, workers, pg_url, slurm_backend):
     [job] = submit(gateway)
-    w = workers.start(debug_pause_after_claim_s=30)
+    w = workers.start(test_pause_after_claim_s=30)
     wait_states(pg_url, [job], {"dispatching"}, 30)
     os.kill(w.pid, signal.SIGKILL)
     w.wait()
@@ -150,7 +150,7 @@ def test_kill_9_after_claim_before_submit(gateway, workers, pg_url, slurm_backen
 
 def test_kill_9_after_submit_before_recording(gateway, workers, pg_url, slurm_backend):
     [job] = submit(gateway)
-    w = workers.start(debug_pause_after_submit_s=30)
+    w = workers.start(test_pause_after_submit_s=30)
     deadline = time.monotonic() + 60
     while slurm_backend.find_by_gateway_id(job) is None:  # on Slurm, registry does not know it yet
         assert time.monotonic() < deadline, "submission never reached Slurm"

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from adapters.slurm.parse import job_status
-from gateway.dispatch.status import Seen, held_since, hold_failure_reason, hold_verdict
-from gateway.jobs.states import JobState
+from gateway.domain.status import Seen, held_since, hold_failure_reason, hold_verdict
+from gateway.domain.states import JobState
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from gateway.ledger.models import LedgerEntry
+from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import (
     KWOK_EXIT_CODE,
     KWOK_RUN_FOR,
@@ -82,7 +82,7 @@ def test_a_spoofed_job_in_another_namespace_is_ignored(gw):
 
     victim = submit(gw)  # no run-for label: runs until cancelled
     dispatcher = gw.app.state.dispatcher
-    dispatcher.LIST_THRESHOLD = 0  # follow through one listing, as with more than 5 jobs
+    dispatcher.reconciler.LIST_THRESHOLD = 0  # follow through one listing, as with more than 5 jobs
     running = drive_until(gw, lambda: job_state(gw, victim, "running"), timeout_s=60)
     backend = gw.app.state.backends["kubernetes"]
     body = render_job(SubmitRequest(gateway_job_id=victim, name="spoof", account="team-b", user="bob",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from gateway.jobs.models import Job, JobEvent
+from gateway.models.jobs import Job, JobEvent
 from tests.dispatch.conftest import (
     KWOK_RUN_FOR,
     drive_until,
@@ -92,7 +92,7 @@ def test_fair_share_orders_both_pools_and_quota_spans_them(gw):
     assert order[4:] == ["team-a", "team-a"], order
     # team-c's two gangs ran at the same time, one in each pool
     c1, c2 = (jobs[j] for j in wave["team-c"])
-    assert {c1.backend, c2.backend} == {"slurm", "kubernetes"}
+    assert {c1.pool, c2.pool} == {"slurm", "kubernetes"}
     # team-a's quota (32 GPUs across both pools) serialised its two gangs
     a1, a2 = sorted((jobs[j] for j in wave["team-a"]), key=lambda j: j.started_at)
     assert a2.started_at >= a1.ended_at, (a1.started_at, a1.ended_at, a2.started_at)

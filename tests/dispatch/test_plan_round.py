@@ -189,8 +189,8 @@ def test_the_greedy_policy_lets_the_stream_take_the_freed_node(database_url, dev
 def test_free_now_never_counts_a_dispatched_job_twice():
     """A job the registry has as queued may or may not be in the snapshot yet: free + releases stays <= total."""
     from adapters.base import Capacity, PoolCapacity
-    from gateway.dispatch.planning import free_now
-    from gateway.routing.service import PoolView
+    from gateway.domain.plan_inputs import free_now
+    from gateway.domain.routing import PoolView
 
     def view(idle):
         cap = Capacity(backend="slurm", pools=(PoolCapacity("gpu", 4, idle, 32, 8 * idle, 8),))
@@ -210,9 +210,9 @@ def test_units_of_a_gang_that_just_ended_but_still_show_as_used_free_soon_so_the
     from datetime import timezone
 
     from adapters.base import Capacity, PoolCapacity
-    from gateway.dispatch.planning import RECENT_END_S, free_now, lagging_ends
-    from gateway.routing.service import PoolView
-    from gateway.scheduling.planner import Candidate, PoolModel, Release, plan
+    from gateway.domain.plan_inputs import RECENT_END_S, free_now, lagging_ends
+    from gateway.domain.routing import PoolView
+    from gateway.domain.planner import Candidate, PoolModel, Release, plan
 
     now = datetime(2026, 12, 1, 23, 59, 11, tzinfo=timezone.utc)
     t = now.timestamp()

@@ -8,9 +8,21 @@ import subprocess
 
 import pytest
 
-from gateway.dispatch.backends import BackendConfigError, build_backends, parse_settings
+from gateway.pools.adapters import BackendConfigError
+from gateway.pools.config import build, from_backends_json
+
 from tests.dispatch.conftest import drive_until, slurm_backend_options, wired_gateway
 from tests.e2e.conftest import ISTHMUS, free_port
+
+
+def parse_settings(config_json: str) -> dict:
+    """Each ISTHMUS_BACKENDS pool's validated adapter settings, as the gateway reads them."""
+    return {p.name: p.settings for p in from_backends_json(config_json)}
+
+
+def build_backends(config_json: str) -> dict:
+    return build(from_backends_json(config_json))
+
 
 KEY = __file__  # any readable file stands in for a key where only its presence is checked
 

@@ -62,8 +62,8 @@ def dispatcher(url: str, **settings):
     with transaction(sessions) as s:
         reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in POOLS])
     d = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t) for n, k, t, _ in POOLS},
-                   settings=Settings(database_url=url, capacity_ttl_s=0, routing_weights="{}", **settings))
-    d._submit_all = lambda *a, **kw: None  # the backend side is not what is counted here
+                   settings=Settings(database_url=url, capacity_ttl_s=0, routing_weights="{}", **settings).dispatch)
+    d.submitter.submit_all = lambda *a, **kw: None  # the backend side is not what is counted here
     d.engine = engine
     try:
         yield d
@@ -72,14 +72,14 @@ def dispatcher(url: str, **settings):
 
 
 def add_jobs(d, account: str, n: int, *, gpus: int = 8, time_limit_s: int = 3600) -> list[str]:
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.timeutil import new_id, utcnow
 
     ids = []
     with transaction(d.sessions) as s:
         for i in range(n):
             job = Job(id=new_id(), name="j", account_name=account, submitted_by="dev:alice", username="alice",
-                      requested_backend="auto", backend=None, state="pending", state_reason="",
+                      requested_pool="auto", pool=None, state="pending", state_reason="",
                       spec={"command": ["true"], "gpu_type": ("a100", "h100", None)[i % 3]},
                       workers=1, gpus_per_worker=gpus, total_gpus=gpus, time_limit_s=time_limit_s, priority=0,
                       routing_reason="", dispatch_attempts=0, created_at=utcnow(), updated_at=utcnow())
@@ -113,9 +113,9 @@ def setup_accounts(d, n: int, prefix: str = "") -> list[str]:
 
 
 def ledger_state(d, accounts=()) -> dict:
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.ledger import service as ledger
-    from gateway.ledger.models import Reservation
+    from gateway.models.ledger import Reservation
 
     with transaction(d.sessions) as s:
         return {"problems": ledger.verify(s),
@@ -177,7 +177,7 @@ def test_a_reservation_round_asks_no_admission_check_per_pool_without_limits(url
 
 def test_limits_still_refuse_and_hold_with_the_ledgers_words(url):
     """Accounts with a limit in their chain take the per-job rules: same refusals, same reasons."""
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
     with dispatcher(url, scheduling_policy="greedy", dispatch_batch=100) as d:
         with transaction(d.sessions) as s:
@@ -209,8 +209,8 @@ def test_limits_still_refuse_and_hold_with_the_ledgers_words(url):
 
 def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
     """The batch is written under the chains' locks only if nothing it relied on changed."""
-    from gateway.accounts.models import Account, AccountQuota
-    from gateway.jobs.models import Job
+    from gateway.models.accounts import Account, AccountQuota
+    from gateway.models.jobs import Job
     from gateway.kit.timeutil import utcnow
     from gateway.ledger import service as ledger
     from gateway.ledger.round import RoundLedger
@@ -243,7 +243,7 @@ def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
     """Concurrent rounds on shared chains: every job claimed and reserved once, totals = entries."""
     import threading
 
-    from gateway.jobs.models import JobEvent
+    from gateway.models.jobs import JobEvent
 
     if url.startswith("sqlite"):
         pytest.skip("SQLite serialises writers (BEGIN IMMEDIATE): nothing runs at once")
@@ -285,7 +285,7 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
     from datetime import datetime, timedelta, timezone
 
     from gateway.dispatch import planning
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
     with dispatcher(url) as d:
         setup_accounts(d, 1)
@@ -301,7 +301,7 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
         with transaction(d.sessions) as s:
             for job_id, (state, pool, started, updated, held, limit) in zip(ids, gangs):
                 s.execute(Job.__table__.update().where(Job.id == job_id).values(
-                    state=state, backend=pool, started_at=started, updated_at=updated, held_gpus=held,
+                    state=state, pool=pool, started_at=started, updated_at=updated, held_gpus=held,
                     time_limit_s=limit, workers=2))
         views = {v.name: v for v in d.views(fresh=True).values()}
         with transaction(d.sessions) as s:
@@ -322,7 +322,7 @@ def test_the_pick_takes_each_accounts_share_in_fair_share_order_and_locks_only_t
     from datetime import timedelta
 
     from gateway.dispatch.claim import pending_order
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.timeutil import utcnow
 
     pg = url.startswith("postgresql")
@@ -355,7 +355,7 @@ def test_the_pick_takes_each_accounts_share_in_fair_share_order_and_locks_only_t
 
 def test_a_rounds_claims_and_their_events_are_written_whole_and_in_fair_share_order(url):
     """jobs.Claims.flush (one statement on Postgres): every field of the claim, one event each, in the round's order."""
-    from gateway.jobs.models import Job, JobEvent
+    from gateway.models.jobs import Job, JobEvent
 
     with dispatcher(url, scheduling_policy="greedy", dispatch_batch=12) as d:
         for a in setup_accounts(d, 3):
@@ -370,8 +370,8 @@ def test_a_rounds_claims_and_their_events_are_written_whole_and_in_fair_share_or
         for e in events:
             job = jobs[e.job_id]
             assert (e.kind, e.from_state, e.actor) == ("state", "pending", "system:dispatcher")
-            assert e.reason == job.state_reason == job.routing_reason and e.reason.startswith(f"routed to {job.backend}")
-            assert e.data["pool"] == job.backend and job.held_gpus == 8 and job.dispatch_attempts == 1
+            assert e.reason == job.state_reason == job.routing_reason and e.reason.startswith(f"routed to {job.pool}")
+            assert e.data["pool"] == job.pool and job.held_gpus == 8 and job.dispatch_attempts == 1
             assert job.state == "dispatching" and job.next_attempt_at is not None and job.estimated_start is None
             assert abs((job.updated_at.replace(tzinfo=None) - e.at.replace(tzinfo=None)).total_seconds()) < 1e-6
 
@@ -379,7 +379,7 @@ def test_a_rounds_claims_and_their_events_are_written_whole_and_in_fair_share_or
 def test_the_jobs_a_round_holds_back_get_their_reason_estimate_and_one_event(url):
     """Waiting notes (jobs.Claims.note_waiting / note_estimate, written with the claims): reason, estimate,
     one ``waiting`` event when the reason changes, none when only the fair-share position moves."""
-    from gateway.jobs.models import Job, JobEvent
+    from gateway.models.jobs import Job, JobEvent
 
     with dispatcher(url, scheduling_policy="reservation", dispatch_batch=12, scheduling_window=20,
                     scheduling_per_account=10) as d:

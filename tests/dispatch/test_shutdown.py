@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 def test_sigterm_finishes_the_inflight_submission_and_claims_nothing_new(gateway, workers, pg_url, slurm_backend):
     first = submit(gateway, n=1, command=("sleep", "2"))[0]
     # The worker pauses between claiming and submitting: SIGTERM lands with a claim in hand.
-    w = workers.start(debug_pause_after_claim_s=4)
+    w = workers.start(test_pause_after_claim_s=4)
     wait_states(pg_url, [first], {"dispatching"}, 30)
     w.send_signal(signal.SIGTERM)
     later = submit(gateway, n=1, command=("true",))[0]  # arrives after the signal

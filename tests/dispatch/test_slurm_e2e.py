@@ -14,7 +14,7 @@ from sqlalchemy import select
 from adapters.base import BackendState
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry
+from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
 
 pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry, Reservation
+from gateway.models.ledger import LedgerEntry, Reservation
 from tests.dispatch.conftest import (
     drive_until,
     job_state,

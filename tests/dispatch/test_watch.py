@@ -8,7 +8,6 @@ change must reach the registry within seconds, so only the watch can have carrie
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import threading
 import time
 
@@ -18,9 +17,9 @@ from sqlalchemy import select
 from adapters.base import BackendUnavailable
 from adapters.kubernetes import KubernetesBackend, KubernetesSettings
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry
-from tests.conftest import REPO
+from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import KWOK_RUN_FOR, job_state, kube_backend_options, wired_gateway
+from tests.kube_lock import kube_pool_lock
 
 pytestmark = pytest.mark.kubernetes
 FINAL = ("succeeded", "failed", "cancelled")
@@ -30,13 +29,10 @@ PROMPT_S = 30  # well inside the 60 s poll interval
 
 @contextlib.contextmanager
 def whole_pool():
-    """Hold .stack/kube/test.lock while a test needs the whole ClusterQueue (as the adapter suite does)."""
-    with open(REPO / ".stack" / "kube" / "test.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """Hold .stack/kube/test.lock while a test needs the whole ClusterQueue (as the adapter
+    suite does; re-entrant in this process: tests/kube_lock.py)."""
+    with kube_pool_lock():
+        yield
 
 
 @contextlib.contextmanager

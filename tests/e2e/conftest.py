@@ -57,15 +57,16 @@ def start_gateway(env: dict[str, str], port: int, log: Path) -> subprocess.Popen
     raise RuntimeError(f"gateway did not become ready: {log.read_text()[-2000:]}")
 
 
-@pytest.fixture(scope="session")
-def running_gateway(gateway_session, database_url, dev_key_path, tmp_path_factory):
+@pytest.fixture(scope="module")
+def running_gateway(module_gateway, database_url, dev_key_path, tmp_path_factory):
+    """``isthmus serve`` on this module's database, beside the module's in-process gateway."""
     port = free_port()
     env = {**os.environ, "ISTHMUS_DATABASE_URL": database_url, "ISTHMUS_DEV_MODE": "true",
            "ISTHMUS_DEV_KEY_PATH": str(dev_key_path), "ISTHMUS_DEV_ACCOUNTS": "team-a,team-b"}
     log = tmp_path_factory.mktemp("gateway") / "gateway.log"
     proc = start_gateway(env, port, log)
     try:
-        yield RunningGateway(f"http://127.0.0.1:{port}", env, gateway_session)
+        yield RunningGateway(f"http://127.0.0.1:{port}", env, module_gateway.gateway)
     finally:
         proc.terminate()
         try:

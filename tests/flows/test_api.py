@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from gateway.flows.models import JobDependency, JobSet
+from gateway.models.flows import JobDependency, JobSet
 from gateway.jobs import service as jobs
-from gateway.jobs.models import Job, JobEvent
-from gateway.jobs.states import JobState
-from gateway.ledger.models import LedgerEntry, Reservation
+from gateway.models.jobs import Job, JobEvent
+from gateway.domain.states import JobState
+from gateway.models.ledger import LedgerEntry, Reservation
 
 BASE = {"name": "t", "account": "team-a", "command": ["true"], "gpus_per_worker": 1, "time_limit": "10m"}
 
@@ -242,3 +242,23 @@ def test_an_array_counts_each_task_against_the_caps(gw):
     r = post(gw, "/v1/job-sets", {**BASE, "array": {"count": limit + 1}})
     assert r.status_code in (422, 429), r.text
     assert rows(gw, Job) == 0
+
+
+def test_a_set_whose_tasks_exceed_max_gpus_is_refused_like_the_same_single_job(gw):
+    # Issue #28: the set path skipped the never-admissible check, so a set of 4-GPU tasks under a
+    # 2-GPU max_gpus was accepted and its tasks waited forever, while the single job got a 422.
+    admin = gw.headers("root", (), admin=True)
+    r = gw.client.put("/v1/admin/accounts/team-a/quota", json={"max_gpus": 2}, headers=admin)
+    assert r.status_code == 200, r.text
+    task = {**BASE, "gpus_per_worker": 4}
+    single = post(gw, "/v1/jobs", task)
+    array = post(gw, "/v1/job-sets", {**task, "array": {"count": 3}})
+    sweep = post(gw, "/v1/job-sets", {**task, "command": ["echo", "{{ lr }}"], "sweep": {"lr": ["1", "2"]}})
+    for r in (single, array, sweep):
+        assert r.status_code == 422, r.text
+        problem = r.json()
+        assert problem["errors"][0]["field"] == "body.workers", problem
+        assert "max_gpus = 2" in problem["errors"][0]["message"], problem
+    assert rows(gw, JobSet) == 0 and rows(gw, Job) == 0
+    # Within the limit the same set is accepted.
+    assert post(gw, "/v1/job-sets", {**BASE, "gpus_per_worker": 2, "array": {"count": 3}}).status_code == 202

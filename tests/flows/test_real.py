@@ -10,8 +10,8 @@ from datetime import datetime
 import pytest
 from sqlalchemy import func, select
 
-from gateway.jobs.models import Job, JobEvent
-from gateway.ledger.models import LedgerEntry, Reservation
+from gateway.models.jobs import Job, JobEvent
+from gateway.models.ledger import LedgerEntry, Reservation
 from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, kube_backend_options, slurm_backend_options, wired_gateway
 
 pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes]

@@ -118,7 +118,7 @@ def issuer_configs(env: dict[str, str], **overrides) -> list[dict]:
 
 
 def _migrate_and_seed(url: str) -> None:
-    from gateway.accounts.models import Account
+    from gateway.models.accounts import Account
     from gateway.cli import run_migrations
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
 
@@ -141,6 +141,7 @@ def make_client(tmp_path) -> Iterator[Callable[..., TestClient]]:
     def build(*, issuers: list[dict] | None = None, extra_routers=(), **settings) -> TestClient:
         url = f"sqlite:///{tmp_path}/gw-{len(stack)}.db"
         _migrate_and_seed(url)
+        settings.setdefault("metrics_token", "test-metrics-token")  # outside dev mode /metrics needs one
         app = create_app(Settings(database_url=url, oidc_issuers=json.dumps(issuers or []),
                                   dev_key_path=tmp_path / "dev-key.pem", **settings))
         for r in extra_routers:
@@ -165,7 +166,7 @@ def bearer(token: str) -> dict[str, str]:
 
 
 def job_count(client: TestClient) -> int:
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
     with client.app.state.sessionmaker() as session:
         return session.scalar(select(func.count()).select_from(Job))

@@ -76,3 +76,11 @@ def test_missing_subject_is_refused():
 def test_unknown_mapping_fields_are_refused():
     with pytest.raises(ValidationError):
         ClaimsMapping(group_claim="groups")  # typo of groups_claim
+
+
+def test_a_subject_longer_than_oidc_allows_is_refused():
+    # OIDC Core caps sub at 255 characters and every subject column is that wide: a longer one
+    # must be a clean refusal, not a database error at the first write (issue #28).
+    assert principal({"sub": "s" * 255, "preferred_username": "alice"}).subject == "s" * 255
+    with pytest.raises(ClaimsError, match="longer than 255"):
+        principal({"sub": "s" * 256, "preferred_username": "alice"})

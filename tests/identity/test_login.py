@@ -37,7 +37,7 @@ def keycloak_gateway(oidc_env, tmp_path_factory):
     url = f"sqlite:///{tmp}/gw.db"
     _migrate_and_seed(url)
     app = create_app(Settings(database_url=url, oidc_issuers=json.dumps(issuer_configs(oidc_env)),
-                              dev_key_path=tmp / "dev-key.pem"))
+                              dev_key_path=tmp / "dev-key.pem", metrics_token="test-metrics-token"))
     with serving(app) as base:
         yield base
 

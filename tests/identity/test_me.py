@@ -48,7 +48,8 @@ def test_readyz_is_unavailable_when_no_issuer_can_validate_a_token(tmp_path):
     run_migrations(url)
     issuers = [{"issuer": "https://sso.example/realms/x", "jwks_uri": f"http://127.0.0.1:{dead}/certs",
                 "http_timeout_s": 1}]
-    with TestClient(create_app(Settings(database_url=url, oidc_issuers=json.dumps(issuers)))) as client:
+    with TestClient(create_app(Settings(database_url=url, oidc_issuers=json.dumps(issuers),
+                                                   metrics_token="test-metrics-token"))) as client:
         r = client.get("/readyz")
     assert r.status_code == 503 and r.json()["status"] == "unavailable", r.json()
     assert "no token can be validated" in r.json()["identity_note"]

@@ -7,7 +7,7 @@ import concurrent.futures
 import pytest
 from sqlalchemy import func, select
 
-from gateway.jobs.models import IdempotencyKey, Job, JobEvent
+from gateway.models.jobs import IdempotencyKey, Job, JobEvent
 
 SPEC = {"name": "train", "account": "team-a", "command": ["python", "train.py"], "workers": 4,
         "gpus_per_worker": 8, "cpus_per_worker": 16, "memory_per_worker": "64Gi", "time_limit": "2h"}

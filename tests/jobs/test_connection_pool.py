@@ -58,7 +58,7 @@ def test_an_unknown_account_is_refused_by_the_foreign_key_and_writes_nothing(gw)
     assert r.headers["content-type"].startswith("application/problem+json")
     assert [e["field"] for e in r.json()["errors"]] == ["body.account"]
     assert count(gw) == 0
-    from gateway.jobs.models import JobEvent
+    from gateway.models.jobs import JobEvent
 
     assert count(gw, JobEvent) == 0
     # The transaction was rolled back cleanly: the next submission works.

@@ -172,3 +172,98 @@ def test_cli_job_watch_prints_each_change_as_it_happens_and_ends_with_the_job(gw
         proc.kill()
     assert "pending -> cancelled" in out, out
     assert proc.returncode == 1 and f"job {job} cancelled" in err, err
+
+
+# ------------------------------------------- one caller cannot take every connection (#27, 4)
+
+
+class OpenStream:
+    """One GET /v1/events/stream held open on its own connection (after ': connected'), or its refusal."""
+
+    def __init__(self, base: str, token: str):
+        self.client = httpx.Client(timeout=httpx.Timeout(10, read=10))
+        self._cm = self.client.stream("GET", base + "/v1/events/stream", headers={"Authorization": f"Bearer {token}"})
+        self.response = self._cm.__enter__()
+        self.status = self.response.status_code
+        self.problem: dict | None = None
+        if self.status == 200:
+            self.lines = self.response.iter_lines()  # kept: closing it would close the stream
+            while not next(self.lines).startswith(": connected"):
+                pass
+        else:
+            self.problem = json.loads(self.response.read())
+            self.close()
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+        self.client.close()
+
+
+def test_one_caller_cannot_take_every_connection_and_health_stays_reachable(tmp_path, dev_key_path):
+    """A real `isthmus serve` with 20 connections: 10 streams per caller, 15 in all, the rest stay free."""
+    import os
+    import subprocess
+
+    from gateway.identity.setup import build_dev_issuer
+    from gateway.kit.settings import Settings
+    from tests.e2e.conftest import free_port, start_gateway
+
+    with pytest.raises(ValueError, match="max_streams must be below max_connections"):
+        Settings(max_connections=20, max_streams=20)  # streams must never take every connection
+    assert Settings(max_connections=20).stream_budget == 15
+    issuer = build_dev_issuer(Settings(dev_key_path=dev_key_path))
+
+    def token(user: str) -> str:
+        return issuer.mint(user=user, groups=["team-a"])
+
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")},
+           "ISTHMUS_DATABASE_URL": f"sqlite:///{tmp_path}/gw.db", "ISTHMUS_DEV_MODE": "true",
+           "ISTHMUS_DEV_KEY_PATH": str(dev_key_path), "ISTHMUS_DEV_ACCOUNTS": "team-a",
+           "ISTHMUS_MAX_CONNECTIONS": "20", "ISTHMUS_EVENTS_HEARTBEAT_S": "1", "ISTHMUS_ACCESS_LOG": "false"}
+    proc = start_gateway(env, port, tmp_path / "gateway.log")
+    base = f"http://127.0.0.1:{port}"
+    held: list[OpenStream] = []
+    try:
+        alice = [OpenStream(base, token("alice")) for _ in range(10)]
+        held += alice
+        assert [s.status for s in alice] == [200] * 10
+        eleventh = OpenStream(base, token("alice"))
+        held.append(eleventh)
+        assert eleventh.status == 429, eleventh.problem
+        assert eleventh.response.headers["content-type"] == "application/problem+json"
+        assert "ISTHMUS_MAX_STREAMS_PER_SUBJECT=10" in eleventh.problem["detail"]
+        # Another user's stream, health and the API still work.
+        bob = OpenStream(base, token("bob"))
+        held.append(bob)
+        assert bob.status == 200
+        assert httpx.get(base + "/healthz", timeout=10).status_code == 200
+        assert httpx.get(base + "/v1/jobs", headers={"Authorization": f"Bearer {token('alice')}"},
+                         timeout=10).status_code == 200
+        # Many callers together fill the process's stream budget (3/4 of 20), never the connections.
+        others = [OpenStream(base, token(f"user{i}")) for i in range(5)]
+        held += others
+        assert [s.status for s in others] == [200] * 4 + [503], [s.status for s in others]
+        assert "ISTHMUS_MAX_STREAMS=15" in others[-1].problem["detail"]
+        assert httpx.get(base + "/healthz", timeout=10).status_code == 200
+        assert httpx.get(base + "/readyz", timeout=10).status_code == 200
+        # A stream that closes frees its place at once.
+        alice[0].close()
+        held.remove(alice[0])
+        deadline = time.monotonic() + 10
+        while True:
+            again = OpenStream(base, token("alice"))
+            if again.status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        held.append(again)
+        assert again.status == 200, again.problem
+    finally:
+        for s in held:
+            if s.status == 200:
+                s.close()
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

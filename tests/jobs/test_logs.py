@@ -100,7 +100,7 @@ def test_a_pool_without_output_files_or_streams_answers_501():
         def capacity(self): raise NotImplementedError
         def find_by_gateway_id(self, gateway_job_id, *, request=None): raise NotImplementedError
 
-    job = SimpleNamespace(id="0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e", workers=1, state="running", backend="plain",
+    job = SimpleNamespace(id="0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e", workers=1, state="running", pool="plain",
                           backend_job_id="x")
     with pytest.raises(GatewayError) as err:
         open_output({"plain": Plain()}, job, 0, keep_dir="/nonexistent", tail=None, follow=False,
@@ -116,7 +116,7 @@ def test_a_streaming_pool_serves_live_output_then_the_kept_copy(tmp_path):
 
     job_id = "0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e"
     pool = _StreamingPool({0: b"hello\nworld\n"})
-    job = SimpleNamespace(id=job_id, workers=2, state="running", backend="kube", backend_job_id="ns/job")
+    job = SimpleNamespace(id=job_id, workers=2, state="running", pool="kube", backend_job_id="ns/job")
 
     async def read(stream) -> bytes:
         return b"".join([c async for c in stream])
@@ -130,6 +130,107 @@ def test_a_streaming_pool_serves_live_output_then_the_kept_copy(tmp_path):
         serve(job, worker=1)
     keep_output(pool.backend, job_id, "ns/job", 2, tmp_path, keep_bytes=1024)
     pool.backend.stream_output = lambda *a, **k: iter([b"not the kept copy\n"])
-    ended = SimpleNamespace(id=job_id, workers=2, state="succeeded", backend="kube", backend_job_id="ns/job")
+    ended = SimpleNamespace(id=job_id, workers=2, state="succeeded", pool="kube", backend_job_id="ns/job")
     assert serve(ended) == b"hello\nworld\n"
     assert serve(ended, tail=1) == b"world\n"
+
+
+# ------------------------------------------- follows: counted as streams, idle without polling (#27, 4)
+
+
+class _FilePool:
+    """A pool whose jobs write their output to files the gateway reads (like Slurm), in a directory."""
+
+    def __init__(self, root):
+        from adapters.base import Backend
+
+        class Pool(Backend):
+            name = "test-files"
+
+            def submit(self, request): raise NotImplementedError
+            def status(self, backend_job_id): raise NotImplementedError
+            def cancel(self, backend_job_id): raise NotImplementedError
+            def capacity(self): raise NotImplementedError
+            def find_by_gateway_id(self, gateway_job_id, *, request=None): raise NotImplementedError
+
+            def output_file(self, gateway_job_id, worker):
+                return str(root / f"{gateway_job_id}-{worker}.out")
+
+        self.backend = Pool()
+
+
+def _set_job(gw, job_id: str, **values) -> None:
+    from sqlalchemy import update
+
+    from gateway.models.jobs import Job
+    from gateway.kit.db import transaction
+
+    with transaction(gw.app.state.sessionmaker) as s:  # as the dispatcher would leave it, without its checks
+        s.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def test_an_idle_follow_rarely_asks_the_database_and_counts_as_one_of_the_callers_streams(gw, tmp_path, database_url):
+    if not database_url.startswith("sqlite"):
+        pytest.skip("the follow's polling does not depend on the database; SQLite is enough")
+    import threading
+    import time
+
+    import httpx
+    from sqlalchemy import event
+
+    from tests.jobs.live import served
+    from tests.jobs.test_events_stream import OpenStream
+
+    job = gw.client.post("/v1/jobs", json=BODY, headers=gw.headers()).json()["id"]
+    _set_job(gw, job, state="running", pool="files", backend_job_id="files-1")
+    (tmp_path / f"{job}-0.out").write_bytes(b"hello\n")
+    backends = gw.app.state.backends
+    gw.app.state.backends = {**backends, "files": _FilePool(tmp_path).backend}
+    queries: list[float] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and job in str(parameters):
+            queries.append(time.monotonic())
+
+    event.listen(gw.app.state.engine, "before_cursor_execute", count)
+    got: list[bytes] = []
+    held: list = []
+    try:
+        with served(gw.app) as url:
+            def follow():
+                with httpx.stream("GET", f"{url}/v1/jobs/{job}/logs", params={"follow": "true"},
+                                  headers=gw.headers(), timeout=httpx.Timeout(10, read=30)) as r:
+                    assert r.status_code == 200
+                    for chunk in r.iter_raw():
+                        got.append(chunk)  # noqa: PERF402 - read by the test while it streams
+            reader = threading.Thread(target=follow, daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 10
+            while b"".join(got) != b"hello\n":
+                assert time.monotonic() < deadline, got
+                time.sleep(0.05)
+            # Idle for 3 s: the follow used to ask the database whether the job ended 4 times a second.
+            start = time.monotonic()
+            time.sleep(3)
+            idle = [t for t in queries if t >= start]
+            assert len(idle) <= 2, f"{len(idle)} queries of the job in 3 s of an idle follow"
+            # The follow is one of alice's 10 streams: 9 event streams more, and the 11th is refused.
+            held += [OpenStream(url, gw.token()) for _ in range(9)]
+            assert [s.status for s in held] == [200] * 9
+            r = httpx.get(f"{url}/v1/jobs/{job}/logs", params={"follow": "true"}, headers=gw.headers(), timeout=10)
+            assert r.status_code == 429 and "ISTHMUS_MAX_STREAMS_PER_SUBJECT" in r.json()["detail"]
+            for s in held:
+                s.close()
+            # New output still arrives (the wait starts short again), and the follow ends with the job.
+            with open(tmp_path / f"{job}-0.out", "ab") as f:
+                f.write(b"world\n")
+            deadline = time.monotonic() + 10
+            while b"".join(got) != b"hello\nworld\n":
+                assert time.monotonic() < deadline, got
+                time.sleep(0.05)
+            _set_job(gw, job, state="succeeded")
+            reader.join(15)
+            assert not reader.is_alive(), "the follow did not end with the job"
+    finally:
+        event.remove(gw.app.state.engine, "before_cursor_execute", count)
+        gw.app.state.backends = backends

@@ -134,7 +134,93 @@ def test_named_pairs_depend_one_way(lower, upper):
     assert not {m for m in reach if m == upper or m.startswith(upper + ".")}, f"{lower} reaches {upper}"
 
 
-_ONCE_CYCLIC = ("gateway.dispatch", "gateway.accounts", "gateway.ledger", "gateway.identity", "adapters.kubernetes")
+def test_kit_is_the_bottom_layer():
+    """gateway.kit imports nothing from the rest of the gateway (issue #28): settings, errors,
+    the database and names are what every package builds on, so none of them may depend on
+    one. (Every other package's place: test_packages_import_only_downward.)"""
+    graph = import_graph()
+    upward = sorted((m, d) for m, deps in graph.items() if m.startswith("gateway.kit")
+                    for d in deps if d.startswith("gateway.") and not d.startswith("gateway.kit"))
+    assert upward == []
+
+
+# The gateway's package layers, bottom to top (issue #28; docs/architecture.md, "The
+# packages"). A package is a directory of gateway/ or a module directly in it ("gateway" is
+# gateway/__init__.py). A package imports only from layers below its own: never from above,
+# never from another package of its own layer. Every import counts, the ones inside
+# functions too (_imports), so a lazy import cannot hide an upward edge.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("gateway", "kit"),  # engine, errors, settings, names, time: what everything builds on
+    ("domain", "cli_login"),  # the pure decision core; the CLI's login (client side)
+    ("models", "cli_client"),  # every table and the reader of a job's stored spec; the CLI's HTTP client
+    ("identity", "pools"),  # who calls; pools as data and their health
+    ("accounts",),  # the account tree, members, quotas
+    ("ledger",),  # reservations, charges, budgets, fair share (reads the tree and the pools)
+    ("jobs",),  # the registry, its transitions, admission (asks the ledger), dependencies
+    ("flows",),  # job sets (create their tasks through jobs)
+    ("dispatch", "webhooks", "metrics", "admin"),  # the services that read and drive the jobs
+    ("api", "ui"),  # HTTP: the API's routers and the dashboard
+    ("app",),  # the app factory
+    ("cli",),  # the isthmus command (serves the app, runs workers, the admin CLI)
+)
+LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def package_of(module: str) -> str | None:
+    """gateway.jobs.service -> jobs, gateway.app -> app, gateway -> gateway; None outside gateway."""
+    parts = module.split(".")
+    if parts[0] != "gateway":
+        return None
+    return parts[1] if len(parts) > 1 else "gateway"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> the module edges that make it."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, deps in graph.items():
+        a = package_of(module)
+        for dep in deps:
+            b = package_of(dep)
+            if a and b and a != b:
+                edges.setdefault((a, b), []).append(f"{module} -> {dep}")
+    return edges
+
+
+def not_downward(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    """The module edges that import from the same layer or one above (unknown packages count as above)."""
+    return sorted(e for (a, b), made in edges.items()
+                  if LAYER_OF.get(b, len(LAYERS)) >= LAYER_OF.get(a, -1) for e in made)
+
+
+def test_the_layer_checker_refuses_upward_and_sideways_imports():
+    graph = {"gateway.kit.db": {"gateway.jobs.models"}, "gateway.jobs.service": {"gateway.kit.db"},
+             "gateway.dispatch.claim": {"gateway.webhooks.send"}, "gateway.api.jobs": {"gateway.newpkg.x"}}
+    assert not_downward(package_graph(graph)) == [
+        "gateway.api.jobs -> gateway.newpkg.x", "gateway.dispatch.claim -> gateway.webhooks.send",
+        "gateway.kit.db -> gateway.jobs.models"]
+    assert package_of("gateway") == "gateway" and package_of("gateway.cli") == "cli" and package_of("adapters.base") is None
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(m) for m in MODULES} - {None}
+    assert packages == set(LAYER_OF), "add the new package to LAYERS (and docs/architecture.md), or drop the gone one"
+
+
+def test_no_package_import_cycle():
+    edges = package_graph(import_graph())
+    graph: dict[str, set[str]] = {p: set() for p in LAYER_OF}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    assert cycles(graph) == []
+
+
+def test_packages_import_only_downward():
+    assert not_downward(package_graph(import_graph())) == []
+
+
+_ONCE_CYCLIC = ("gateway.dispatch", "gateway.accounts", "gateway.ledger", "gateway.identity", "adapters.kubernetes",
+                "gateway.jobs", "gateway.flows", "gateway.pools", "gateway.models", "gateway.domain", "gateway.api")
 
 
 _FIRST_IMPORT = """

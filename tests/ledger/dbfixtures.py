@@ -1,6 +1,7 @@
 """Database fixtures shared by tests/ledger and tests/admin: every test runs on SQLite and
-on the stack's real Postgres, each starting from an empty migrated schema. The Postgres
-database is created for the test session and dropped after it (tests/conftest.py)."""
+on the stack's real Postgres, each starting from an empty migrated schema: a copy of the
+SQLite template per test; on Postgres, a database per module (a copy of the session's
+migrated template, tests/conftest.py), its ledger tables emptied before each test."""
 
 from __future__ import annotations
 
@@ -14,18 +15,16 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
-from tests.conftest import postgres_database
 
 TABLES = ["ledger_entry", "ledger_reservation", "usage_bucket", "fairshare_usage", "gpu_billing_weight",
           "account_balance", "account_quota", "account_member", "job_event", "idempotency_key", "job", "account"]
 
 
-@pytest.fixture(scope="session")
-def ledger_pg_database() -> Iterator[str]:
-    """One migrated database for this test session's ledger and admin tests, created on the
-    stack's Postgres and dropped at the end (a missing server skips, or fails under
-    ISTHMUS_REQUIRE_STACK=1)."""
-    with postgres_database(migrated=True) as url:
+@pytest.fixture(scope="module")
+def ledger_pg_database(databases) -> Iterator[str]:
+    """This module's migrated Postgres database (a copy of the session's template), dropped
+    after the module (a missing server skips, or fails under ISTHMUS_REQUIRE_STACK=1)."""
+    with databases.create("postgres") as url:
         yield url
 
 
@@ -80,7 +79,8 @@ T0 = datetime(2026, 11, 2, 12, 0, tzinfo=timezone.utc)
 
 
 def add_account(session, name, parent=None, shares=1, **quota):
-    from gateway.accounts import lifecycle, service as accounts
+    from gateway.accounts import service as accounts
+    from gateway.admin import lifecycle
 
     lifecycle.create(session, name=name, parent_name=parent, shares=shares)
     if quota:
@@ -89,12 +89,12 @@ def add_account(session, name, parent=None, shares=1, **quota):
 
 def add_job(session, account, gpus=8, time_limit_s=3600, pool="slurm", username="alice", gpu_type=None,
             workers=1):
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.timeutil import new_id, utcnow
 
     spec = {"command": ["true"], "gpu_type": gpu_type, "cpus_per_worker": 1, "memory_per_worker": "1Gi"}
     job = Job(id=new_id(), name="j", account_name=account, submitted_by=f"dev:{username}", username=username,
-              requested_backend=pool, backend=pool, state="pending", state_reason="", spec=spec,
+              requested_pool=pool, pool=pool, state="pending", state_reason="", spec=spec,
               workers=workers, gpus_per_worker=gpus // workers, total_gpus=gpus, time_limit_s=time_limit_s,
               priority=0, routing_reason="", dispatch_attempts=0, created_at=utcnow(), updated_at=utcnow())
     session.add(job)

@@ -8,7 +8,7 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry, Reservation, UsageBucket
+from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
 H = 3600
@@ -34,17 +34,17 @@ def test_usage_is_charged_while_running_and_the_end_charges_the_rest(factory):
     job = _running_job(factory)
     with in_tx(factory) as s:
         assert _bal(s) == (8 * 4 * H, 0)
-        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=1), actor="t") == 8 * H
+        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=1), actor="t", half_life_s=7 * 86400) == 8 * H
         # moved from commitment to usage: charged + committed unchanged, so no quota check moves
         assert _bal(s) == (8 * 3 * H, 8 * H)
-        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=1), actor="t") == 0  # idempotent
+        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=1), actor="t", half_life_s=7 * 86400) == 0  # idempotent
         # fair share sees the running job now, not at its end
         fs = ledger.fairshare(s, now=T0 + timedelta(hours=1), half_life_s=7 * 24 * H)
         assert fs["team"].raw_usage > 0
         assert ledger.verify(s) == []
     with in_tx(factory) as s:
-        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=2), actor="t") == 8 * H
-        ledger.record_finish(s, job=job, started_at=T0, ended_at=T0 + timedelta(hours=2, minutes=30), actor="t")
+        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=2), actor="t", half_life_s=7 * 86400) == 8 * H
+        ledger.record_finish(s, job=job, started_at=T0, ended_at=T0 + timedelta(hours=2, minutes=30), actor="t", half_life_s=7 * 86400)
     with in_tx(factory) as s:
         kinds = [(e.kind, e.committed_gpu_seconds, e.gpu_seconds) for e in s.scalars(
             select(LedgerEntry).where(LedgerEntry.job_id == job.id).order_by(LedgerEntry.id))]
@@ -63,8 +63,8 @@ def test_an_end_reported_before_the_last_accrual_corrects_the_charge(factory):
     """The reconciler may learn of an end late; usage must follow the real end, not the accrual."""
     job = _running_job(factory)
     with in_tx(factory) as s:
-        ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=2), actor="t")
-        ledger.record_finish(s, job=job, started_at=T0, ended_at=T0 + timedelta(hours=1, minutes=30), actor="t")
+        ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=2), actor="t", half_life_s=7 * 86400)
+        ledger.record_finish(s, job=job, started_at=T0, ended_at=T0 + timedelta(hours=1, minutes=30), actor="t", half_life_s=7 * 86400)
     with in_tx(factory) as s:
         assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * 1.5 * H
         assert _bal(s) == (0, 8 * 1.5 * H)
@@ -74,12 +74,12 @@ def test_an_end_reported_before_the_last_accrual_corrects_the_charge(factory):
 def test_accrual_stops_at_the_time_limit_and_needs_a_running_job(factory):
     job = _running_job(factory, time_limit_s=H)
     with in_tx(factory) as s:
-        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=5), actor="t") == 8 * H
-        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=6), actor="t") == 0
+        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=5), actor="t", half_life_s=7 * 86400) == 8 * H
+        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=6), actor="t", half_life_s=7 * 86400) == 0
         assert _bal(s) == (0, 8 * H)
     with in_tx(factory) as s:
-        ledger.record_finish(s, job=job, started_at=T0, ended_at=T0 + timedelta(hours=5), actor="t")
-        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=7), actor="t") == 0  # finished
+        ledger.record_finish(s, job=job, started_at=T0, ended_at=T0 + timedelta(hours=5), actor="t", half_life_s=7 * 86400)
+        assert ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=7), actor="t", half_life_s=7 * 86400) == 0  # finished
         assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * H
         assert ledger.verify(s) == []
 
@@ -87,18 +87,18 @@ def test_accrual_stops_at_the_time_limit_and_needs_a_running_job(factory):
 def test_a_requeue_after_accrual_charges_the_segment_once_and_restores_the_commitment(factory):
     job = _running_job(factory, time_limit_s=2 * H)
     with in_tx(factory) as s:
-        ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=1), actor="t")
+        ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=1), actor="t", half_life_s=7 * 86400)
         assert ledger.record_requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(hours=1, minutes=30),
-                                     actor="t") == 8 * 1.5 * H
+                                     actor="t", half_life_s=7 * 86400) == 8 * 1.5 * H
         # the segment cost 1.5 h; the next run may again use its whole 2 h limit
         assert _bal(s) == (8 * 2 * H, 8 * 1.5 * H)
         assert ledger.last_requeue_at(s, job_id=job.id) == T0 + timedelta(hours=1, minutes=30)
         assert ledger.verify(s) == []
     with in_tx(factory) as s:
         ledger.record_start(s, job=job, started_at=T0 + timedelta(hours=3), actor="t")
-        ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=3, minutes=30), actor="t")
+        ledger.accrue_usage(s, job=job, now=T0 + timedelta(hours=3, minutes=30), actor="t", half_life_s=7 * 86400)
         ledger.record_finish(s, job=job, started_at=T0 + timedelta(hours=3), ended_at=T0 + timedelta(hours=4),
-                             actor="t")
+                             actor="t", half_life_s=7 * 86400)
     with in_tx(factory) as s:
         assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * 2.5 * H
         assert _bal(s) == (0, 8 * 2.5 * H)

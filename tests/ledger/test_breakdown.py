@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from gateway.ledger.breakdown import own_pool_weights, raw_usage_by_pool
-from gateway.ledger.models import UsageBucket
+from gateway.models.ledger import UsageBucket
 from gateway.kit.db import transaction
 
 DAY = 86400.0

@@ -19,7 +19,7 @@ def _as_utc(v):
 
 
 def test_inserted_rows_read_back_as_given(factory):
-    from gateway.ledger.models import LedgerEntry
+    from gateway.models.ledger import LedgerEntry
 
     at = datetime(2026, 11, 2, 12, 0, 0, 123456, tzinfo=timezone.utc)
     rows = [

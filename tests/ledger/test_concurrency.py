@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry, Reservation
+from gateway.models.ledger import LedgerEntry, Reservation
 from tests.ledger.dbfixtures import T0, add_account, add_job
 
 
@@ -23,7 +23,7 @@ def _setup(factory, n_jobs: int) -> list[str]:
 
 
 def _reserve_all(factory, job_ids, barrier=None) -> tuple[int, int, list[BaseException]]:
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
     ok = refused = 0
     errors: list[BaseException] = []
@@ -99,7 +99,7 @@ WORKER = """
 import sys
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import QuotaExceeded
-from gateway.jobs.models import Job
+from gateway.models.jobs import Job
 from gateway.ledger import service as ledger
 url, ids = sys.argv[1], sys.argv[2].split(",")
 f = make_sessionmaker(make_engine(url))
@@ -140,8 +140,8 @@ def test_reparenting_while_reserving_keeps_every_subtree_total_right(pg_url):
     account's running totals must still equal the sum of its subtree's entries, and no
     reservation may fail with a deadlock or lose its entry.
     """
-    from gateway.accounts import lifecycle as accounts
-    from gateway.accounts.models import Account
+    from gateway.admin import lifecycle as accounts
+    from gateway.models.accounts import Account
 
     engine = make_engine(pg_url, pool_size=12)
     factory = make_sessionmaker(engine)

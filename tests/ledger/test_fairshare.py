@@ -64,9 +64,3 @@ def test_classic_fairshare_worked_example(factory):
     for name, f in expect.items():
         assert fs[name].factor == pytest.approx(f, abs=1e-6), name
     assert fs["team-a"].effective_usage == pytest.approx(0.7)
-
-
-def test_zero_shares_and_idle_tree():
-    fs = ledger.compute_fairshare({"a": (None, 0), "b": (None, 2), "c": ("b", 1)}, {})
-    assert fs["a"].factor == 0.0 and fs["a"].norm_shares == 0.0
-    assert fs["b"].factor == 1.0 and fs["c"].factor == 1.0

@@ -10,12 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from gateway.accounts.models import AccountQuota
-from gateway.jobs.models import Job
+from gateway.models.accounts import AccountQuota
+from gateway.accounts.tree import subtree_names
+from gateway.models.jobs import Job
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, QuotaExceeded
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry
+from gateway.models.ledger import LedgerEntry
 from tests.ledger.dbfixtures import T0, add_account, add_job
 
 _run = itertools.count()
@@ -51,7 +52,7 @@ def _check(s, names: list[str]) -> None:
             charged = ledger.charged_in_period(s, name, T0.date().replace(day=1))
             remaining = q.budget_gpu_seconds - charged - b.committed_gpu_seconds
             if remaining < 0:  # only an admin debit may push a budget below zero
-                sub = ledger.accounts.subtree_select(name)
+                sub = subtree_names(name)
                 assert s.scalar(select(func.count()).select_from(LedgerEntry).where(
                     LedgerEntry.kind == "debit", LedgerEntry.account_name.in_(sub))) > 0, name
 
@@ -88,17 +89,17 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
                     elif o[0] == "requeue":
                         st_at = started.get(job.id)
                         ran = ledger.record_requeue(s, job=job, started_at=st_at,
-                                                    requeued_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop")
+                                                    requeued_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop", half_life_s=7 * 86400)
                         if st_at is not None and ledger.last_requeue_at(s, job_id=job.id) is not None:
                             started.pop(job.id)  # back in the queue: the next start is a new segment
                         assert ran <= job.total_gpus * min(o[2], job.time_limit_s)
                     elif o[0] == "accrue":
                         st_at = started.get(job.id)
-                        ledger.accrue_usage(s, job=job, now=(st_at or now) + timedelta(seconds=o[2]), actor="prop")
+                        ledger.accrue_usage(s, job=job, now=(st_at or now) + timedelta(seconds=o[2]), actor="prop", half_life_s=7 * 86400)
                     elif o[0] == "finish":
                         st_at = started.get(job.id)
                         ledger.record_finish(s, job=job, started_at=st_at,
-                                             ended_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop")
+                                             ended_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop", half_life_s=7 * 86400)
                     else:
                         ledger.release(s, job=job, actor="prop", reason="cancelled while queued")
                 elif o[0] in ("credit", "debit"):
@@ -113,7 +114,7 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
 
 def _check_charges(s, jobs: list[str]) -> None:
     """A job is never charged more than its GPUs for its time limit per run, nor below zero."""
-    from gateway.ledger.models import Reservation
+    from gateway.models.ledger import Reservation
 
     for job_id in jobs:
         r = s.get(Reservation, job_id)

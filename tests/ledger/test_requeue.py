@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from gateway.kit.errors import Invalid
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry, Reservation, UsageBucket
+from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
 
@@ -29,10 +29,10 @@ def test_requeued_job_pays_each_run_segment_not_the_queue_time_between(factory):
         ledger.record_start(s, job=job, started_at=T0 + timedelta(minutes=1), actor="t")
     with in_tx(factory) as s:  # ran 10 min, requeued, waits 30 min in the queue
         charged = ledger.record_requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=11),
-                                        actor="t")
+                                        actor="t", half_life_s=7 * 86400)
         assert charged == 8 * 600
         assert ledger.record_requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=12),
-                                     actor="t") == 0  # a repeated observation charges nothing more
+                                     actor="t", half_life_s=7 * 86400) == 0  # a repeated observation charges nothing more
         r = s.get(Reservation, job.id)
         assert (r.status, r.started_at, r.gpus, r.committed_gpu_seconds) == ("reserved", None, 8, 8 * 3600)
         bal = ledger.get_balance(s, "org")
@@ -44,7 +44,7 @@ def test_requeued_job_pays_each_run_segment_not_the_queue_time_between(factory):
     with in_tx(factory) as s:  # runs again 30 min later, for 20 min
         ledger.record_start(s, job=job, started_at=T0 + timedelta(minutes=41), actor="t")
         ledger.record_finish(s, job=job, started_at=T0 + timedelta(minutes=41), ended_at=T0 + timedelta(minutes=61),
-                             actor="t")
+                             actor="t", half_life_s=7 * 86400)
     with in_tx(factory) as s:
         assert _usage(s, job) == [
             ("reserve", 8, 8 * 3600, 0), ("start", 0, 0, 0), ("usage", 0, 0, 8 * 600),
@@ -71,8 +71,8 @@ def test_requeued_then_cancelled_before_rerun_keeps_the_first_segment_only(facto
         job = add_job(s, "org", gpus=4, time_limit_s=3600)
         ledger.reserve(s, job=job, pool="kubernetes", actor="t", now=T0)
         ledger.record_start(s, job=job, started_at=T0, actor="t")
-        ledger.record_requeue(s, job=job, started_at=T0, requeued_at=T0 + timedelta(seconds=90), actor="t")
-        ledger.record_finish(s, job=job, started_at=None, ended_at=T0 + timedelta(hours=2), actor="t")
+        ledger.record_requeue(s, job=job, started_at=T0, requeued_at=T0 + timedelta(seconds=90), actor="t", half_life_s=7 * 86400)
+        ledger.record_finish(s, job=job, started_at=None, ended_at=T0 + timedelta(hours=2), actor="t", half_life_s=7 * 86400)
         assert ledger.charged_gpu_seconds(s, job_id=job.id) == 4 * 90
         bal = ledger.get_balance(s, "org")
         assert (bal.reserved_gpus, bal.queued_jobs, bal.committed_gpu_seconds) == (0, 0, 0)
@@ -89,7 +89,7 @@ def test_requeue_of_a_job_that_never_started_charges_nothing(factory):
         add_account(s, "org")
         job = add_job(s, "org", gpus=4)
         ledger.reserve(s, job=job, pool="slurm", actor="t", now=T0)
-        assert ledger.record_requeue(s, job=job, started_at=None, requeued_at=T0, actor="t") == 0
+        assert ledger.record_requeue(s, job=job, started_at=None, requeued_at=T0, actor="t", half_life_s=7 * 86400) == 0
         assert [k for k, *_ in _usage(s, job)] == ["reserve"]
         assert ledger.last_requeue_at(s, job_id=job.id) is None
         assert ledger.verify(s) == []

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from gateway.kit.errors import Conflict, QuotaExceeded
 from gateway.ledger import service as ledger
-from gateway.ledger.models import GpuBillingWeight, LedgerEntry
+from gateway.models.ledger import GpuBillingWeight, LedgerEntry
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
 
@@ -75,8 +75,8 @@ def test_budget_counts_running_commitments_and_charges_real_time(factory):
         ledger.record_start(s, job=j1, started_at=T0, actor="t")
         ledger.record_start(s, job=j1, started_at=T0, actor="t")  # idempotent
     with in_tx(factory) as s:  # ran 30 min of the 2 h: charged 2 GPUs x 1800 s x 2.0
-        ledger.record_finish(s, job=j1, started_at=T0, ended_at=T0 + timedelta(minutes=30), actor="t")
-        ledger.record_finish(s, job=j1, started_at=T0, ended_at=T0 + timedelta(hours=5), actor="t")  # no-op
+        ledger.record_finish(s, job=j1, started_at=T0, ended_at=T0 + timedelta(minutes=30), actor="t", half_life_s=7 * 86400)
+        ledger.record_finish(s, job=j1, started_at=T0, ended_at=T0 + timedelta(hours=5), actor="t", half_life_s=7 * 86400)  # no-op
         assert [(e.kind, e.gpu_seconds, e.committed_gpu_seconds) for e in entries(s, j1)] == [
             ("reserve", 0, 28800), ("start", 0, 0), ("usage", 7200, -7200), ("release", 0, -21600)]
         ledger.reserve(s, job=j2, pool="kubernetes", actor="t", now=T0 + timedelta(minutes=31))
@@ -100,7 +100,7 @@ def test_release_is_idempotent_and_refuses_started_jobs(factory):
         with pytest.raises(Conflict):
             ledger.release(s, job=j2, actor="t", reason="x")
         # the released job may be dispatched again once there is room
-        ledger.record_finish(s, job=j2, started_at=None, ended_at=T0 + timedelta(hours=2), actor="t")
+        ledger.record_finish(s, job=j2, started_at=None, ended_at=T0 + timedelta(hours=2), actor="t", half_life_s=7 * 86400)
         ledger.reserve(s, job=j1, pool="kubernetes", actor="t", now=T0)
         kinds = [e.kind for e in entries(s)]
         assert kinds == ["reserve", "release", "reserve", "start", "usage", "release", "reserve"]
@@ -114,7 +114,7 @@ def test_finish_without_start_charges_nothing(factory):
         add_account(s, "org")
         j = add_job(s, "org", gpus=4)
         ledger.reserve(s, job=j, pool="slurm", actor="t", now=T0)
-        ledger.record_finish(s, job=j, started_at=None, ended_at=T0 + timedelta(minutes=5), actor="t")
+        ledger.record_finish(s, job=j, started_at=None, ended_at=T0 + timedelta(minutes=5), actor="t", half_life_s=7 * 86400)
         assert [(e.kind, e.gpus, e.gpu_seconds) for e in entries(s)] == [("reserve", 4, 0), ("release", -4, 0)]
         bal = ledger.get_balance(s, "org")
         assert (bal.reserved_gpus, bal.queued_jobs, bal.committed_gpu_seconds) == (0, 0, 0)
@@ -128,7 +128,7 @@ def test_admin_adjustments_move_the_budget(factory):
         j = add_job(s, "org", gpus=1, time_limit_s=3600)
         ledger.reserve(s, job=j, pool="slurm", actor="t", now=T0)
         ledger.record_start(s, job=j, started_at=T0, actor="t")
-        ledger.record_finish(s, job=j, started_at=T0, ended_at=T0 + timedelta(hours=1), actor="t")
+        ledger.record_finish(s, job=j, started_at=T0, ended_at=T0 + timedelta(hours=1), actor="t", half_life_s=7 * 86400)
         j2 = add_job(s, "org", gpus=1, time_limit_s=600)
         assert not ledger.admission_check(s, job=j2, pool="slurm", now=T0)[0]
         with pytest.raises(Invalid):
@@ -143,7 +143,7 @@ def test_admin_adjustments_move_the_budget(factory):
 
 
 def test_reparent_moves_running_totals(factory):
-    from gateway.accounts import lifecycle as accounts
+    from gateway.admin import lifecycle as accounts
     from gateway.kit.errors import Invalid
 
     with in_tx(factory) as s:
@@ -160,5 +160,5 @@ def test_reparent_moves_running_totals(factory):
     with in_tx(factory) as s:
         assert ledger.get_balance(s, "org-a").reserved_gpus == 0
         assert ledger.get_balance(s, "org-b").reserved_gpus == 4
-        ledger.record_finish(s, job=j, started_at=None, ended_at=T0, actor="t")
+        ledger.record_finish(s, job=j, started_at=None, ended_at=T0, actor="t", half_life_s=7 * 86400)
         assert ledger.verify(s) == []

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from gateway.kit.errors import Conflict
 from gateway.ledger import service as ledger
-from gateway.ledger.models import AccountPoolBalance, LedgerEntry, Reservation
+from gateway.models.ledger import AccountPoolBalance, LedgerEntry, Reservation
 from gateway.ledger.round import RoundLedger
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
@@ -108,7 +108,7 @@ def test_a_reservation_in_another_pool_or_finished_is_refused_and_nothing_is_wri
     if then == "finished":
         with in_tx(factory) as s:
             ledger.record_start(s, job=s.merge(job), started_at=T0, actor="t")
-            ledger.record_finish(s, job=s.merge(job), started_at=T0, ended_at=T0, actor="t")
+            ledger.record_finish(s, job=s.merge(job), started_at=T0, ended_at=T0, actor="t", half_life_s=7 * 86400)
     before = ledger_rows(factory, ["team-a"])
     with pytest.raises(Conflict, match="already holds a reservation in pool slurm" if then == "another pool"
                        else "already finished"):

@@ -54,6 +54,80 @@ def test_metrics_count_jobs_by_state_pool_and_account(gw):
             assert not {"user", "username", "job", "job_id"} & set(s.labels), s
 
 
+METRICS_TOKEN = "s3cret-scraper-" + "t" * 16
+
+
+def _production_env(tmp_path, **extra) -> dict:
+    """`isthmus serve` outside dev mode: an OIDC issuer (never reached here), no dev issuer."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_")}
+    env.update(ISTHMUS_DATABASE_URL=f"sqlite:///{tmp_path}/gw.db", ISTHMUS_DISPATCH_IN_SERVE="false",
+               ISTHMUS_OIDC_ISSUERS=json.dumps([{"issuer": "https://sso.example/realms/x", "http_timeout_s": 1,
+                                                 "jwks_uri": f"http://127.0.0.1:{dead}/certs"}]), **extra)
+    return env
+
+
+def test_outside_dev_mode_serve_refuses_to_start_without_a_metrics_token_in_one_line(tmp_path):
+    r = subprocess.run([ISTHMUS, "serve", "--port", str(free_port())], env=_production_env(tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "ISTHMUS_METRICS_TOKEN" in errors[0] and "ISTHMUS_METRICS_ACCESS" in errors[0], r.stderr
+
+
+def test_outside_dev_mode_metrics_answer_only_the_scrapers_token(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([ISTHMUS, "serve", "--port", str(port)], cwd=tmp_path,
+                            env=_production_env(tmp_path, ISTHMUS_METRICS_TOKEN=METRICS_TOKEN),
+                            stdout=(tmp_path / "gateway.log").open("w"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up():
+            assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
+            try:
+                return httpx.get(base + "/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(up, 60, "the gateway to start")
+        none = httpx.get(base + "/metrics", timeout=10)
+        assert none.status_code == 401 and none.headers["content-type"] == "application/problem+json"
+        assert "isthmus_jobs" not in none.text
+        wrong = httpx.get(base + "/metrics", headers={"Authorization": "Bearer " + METRICS_TOKEN[:-1]}, timeout=10)
+        assert wrong.status_code == 401
+        right = httpx.get(base + "/metrics", headers={"Authorization": "Bearer " + METRICS_TOKEN}, timeout=10)
+        assert right.status_code == 200 and "isthmus_job_submissions_total" in right.text
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def test_metrics_opened_or_turned_off_on_purpose(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.cli import run_migrations
+    from gateway.identity.errors import ConfigurationError
+    from gateway.kit.settings import Settings
+
+    url = f"sqlite:///{tmp_path}/gw.db"
+    run_migrations(url)
+    env = _production_env(tmp_path)
+    production = {"database_url": url, "oidc_issuers": env["ISTHMUS_OIDC_ISSUERS"], "dispatch_in_serve": False}
+    with pytest.raises(ConfigurationError, match="ISTHMUS_METRICS_TOKEN"):
+        create_app(Settings(**production))
+    with pytest.raises(ConfigurationError, match="both set"):
+        create_app(Settings(**production, metrics_access="open", metrics_token="x"))
+    with TestClient(create_app(Settings(**production, metrics_access="open"))) as client:
+        assert client.get("/metrics").status_code == 200
+    with TestClient(create_app(Settings(**production, metrics_access="off"))) as client:
+        assert client.get("/metrics").status_code == 404
+
+
 def test_a_metrics_token_is_enforced_when_set(gw):
     gw.app.state.settings.metrics_token = "s3cret-scraper"
     try:
@@ -109,7 +183,7 @@ def test_prometheus_scrapes_what_an_operator_charts(tmp_path, dev_key_path):
         env = {**os.environ, "ISTHMUS_DATABASE_URL": url, "ISTHMUS_DEV_MODE": "true",
                "ISTHMUS_DEV_KEY_PATH": str(dev_key_path), "ISTHMUS_DEV_ACCOUNTS": "team-a,team-b",
                "ISTHMUS_BACKENDS": json.dumps(backends), "ISTHMUS_DISPATCH_IN_SERVE": "false",
-               "ISTHMUS_METRICS_TTL_S": "0"}
+               "ISTHMUS_METRICS_TTL_S": "0", "ISTHMUS_METRICS_TOKEN": METRICS_TOKEN}
         procs = []
         try:
             procs.append(subprocess.Popen([ISTHMUS, "serve", "--dev", "--port", str(port), "--workers", "2"],
@@ -121,12 +195,14 @@ def test_prometheus_scrapes_what_an_operator_charts(tmp_path, dev_key_path):
             (tmp_path / "prometheus.yml").write_text(
                 "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
                 "scrape_configs:\n"
-                f"  - job_name: isthmus\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
+                f"  - job_name: isthmus\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+                f"    authorization: {{credentials: '{METRICS_TOKEN}'}}\n")
             procs.append(subprocess.Popen(
                 [prom, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                 stdout=(tmp_path / "prometheus.log").open("w"), stderr=subprocess.STDOUT))
             base = f"http://127.0.0.1:{prom_port}"
+            assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 401  # no token
             token = subprocess.run([ISTHMUS, "token", "--user", "alice", "--groups", "team-a"], env=env,
                                    capture_output=True, text=True, check=True, cwd=REPO).stdout.strip()
             h = {"Authorization": f"Bearer {token}"}

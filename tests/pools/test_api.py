@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from gateway.pools.models import Pool
+from gateway.models.pools import Pool
 
 SPEC = {"name": "j", "account": "team-a", "command": ["true"], "workers": 1, "gpus_per_worker": 1}
 

@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import sessionmaker
 
-from gateway.dispatch.backends import BackendConfigError
+from gateway.pools.adapters import BackendConfigError
 from gateway.kit.settings import Settings
 from gateway.pools import config
-from gateway.pools.models import Pool
+from gateway.models.pools import Pool
 from gateway.pools.service import reconcile
-from tests.e2e.conftest import ISTHMUS, free_port
+from tests.e2e.conftest import ISTHMUS
 
 KEY = __file__  # any readable file stands in for a key/kubeconfig where only its presence is checked
 SLURM = {"rest_url": "http://127.0.0.1:16820", "jwt_key_path": KEY}
@@ -148,9 +148,9 @@ def test_reconcile_adds_updates_keeps_admin_choices_and_retires_vanished_pools(s
 
 def test_a_vanished_pool_with_active_jobs_stops_start_up(sessions, tmp_path, database_url, dev_key_path):
     from gateway.kit.timeutil import new_id, utcnow
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
 
-    from gateway.accounts.models import Account
+    from gateway.models.accounts import Account
 
     pools = _pools(tmp_path)
     with sessions.begin() as s:
@@ -159,7 +159,7 @@ def test_a_vanished_pool_with_active_jobs_stops_start_up(sessions, tmp_path, dat
             s.add(Account(name="team-a", shares=1, description=""))
             s.flush()
         s.execute(Job.__table__.insert().values(id=new_id(), name="j", account_name="team-a", submitted_by="dev:alice", username="alice",
-                  requested_backend="kube-h100", backend="kube-h100", state="queued", state_reason="", spec={},
+                  requested_pool="kube-h100", pool="kube-h100", state="queued", state_reason="", spec={},
                   workers=1, gpus_per_worker=1, total_gpus=1, time_limit_s=60, priority=0, routing_reason="",
                   dispatch_attempts=1, created_at=utcnow(), updated_at=utcnow()))
     with sessions.begin() as s, pytest.raises(BackendConfigError) as err:

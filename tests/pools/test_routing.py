@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from adapters.base import Capacity, PoolCapacity
-from gateway.routing.service import (
+from gateway.domain.routing import (
     JobShape,
     PoolView,
     check_pinned,

@@ -65,7 +65,7 @@ def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm22):
     assert r.status_code == 202, r.text
     victim = r.json()["id"]
     dispatcher = gw.app.state.dispatcher
-    dispatcher.LIST_THRESHOLD = 0  # follow through one listing, as with more than 5 jobs on Slurm
+    dispatcher.reconciler.LIST_THRESHOLD = 0  # follow through one listing, as with more than 5 jobs on Slurm
     running = drive_until(gw, lambda: job_state(gw, victim, "running"), timeout_s=60)
 
     spoof = sbatch_as(slurm22, "bob", f"--comment=isthmus:{victim}", "--wrap", "sleep 1")

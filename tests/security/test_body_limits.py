@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.jobs.models import Job
+from gateway.models.jobs import Job
 from tests.conftest import REPO
 
 SPEC = {"name": "b", "account": "team-a", "command": ["true"], "workers": 1}

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from gateway.ledger import service as ledger
-from gateway.ledger.models import LedgerEntry
+from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import (
     drive_until,
     slurm_backend_options,

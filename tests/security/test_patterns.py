@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.jobs.models import Job
+from gateway.models.jobs import Job
 
 SPEC = {"name": "p", "account": "team-a", "command": ["true"], "workers": 1}
 

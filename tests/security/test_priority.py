@@ -3,7 +3,7 @@ administrator sets an account's class; a user's job priority and labels cannot."
 
 from __future__ import annotations
 
-from gateway.accounts.models import Account
+from gateway.models.accounts import Account
 
 
 def _jobs(gw):

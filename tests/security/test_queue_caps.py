@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import delete, func, select
 
-from gateway.accounts.models import Account, AccountQuota
-from gateway.ledger.models import AccountBalance
+from gateway.models.accounts import Account, AccountQuota
+from gateway.models.ledger import AccountBalance
 
-from gateway.jobs.models import IdempotencyKey, Job
+from gateway.models.jobs import IdempotencyKey, Job
 from gateway.jobs.service import set_state
-from gateway.jobs.states import JobState
+from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 
 ADMIN = {"user": "adm", "admin": True}
@@ -134,3 +134,61 @@ def test_defaults_are_sane(gw):
     s = gw.settings
     assert 100 <= s.max_pending_jobs_per_user <= s.max_pending_jobs_per_account
     assert s.max_idempotency_keys_per_user >= s.max_pending_jobs_per_user
+
+
+@pytest.mark.parametrize("case", ["sets, account cap", "sets, user cap", "single jobs, account cap"])
+def test_concurrent_requests_never_pass_a_cap_on_postgres(gw, site, monkeypatch, case):
+    """Issue #27 finding 3: six concurrent submissions against a pending-job cap.
+
+    Each request is held, after its cap check and its inserts and before its commit, until
+    all six are there or a second has passed: without a lock all six count the same jobs
+    and all commit (24 jobs against a cap of 10); with it the later ones count after the
+    earlier ones commit.
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.flows import service as flows
+    from gateway.jobs import service as jobs
+
+    if not gw.settings.database_url.startswith("postgresql"):
+        pytest.skip("SQLite serialises writers itself; the race is Postgres's")
+    n = 6
+    tasks, limit = (4, 10) if case.startswith("sets") else (1, 3)
+    if case.endswith("account cap"):
+        _quota(gw, "team-a", max_queued_jobs=limit)           # six users, one account
+        requests = [(f"user{i}", "team-a", ("team-a",)) for i in range(n)]
+    else:
+        site(max_pending_jobs_per_user=limit)                  # one user, two account trees
+        requests = [("alice", ("team-a", "team-b")[i % 2], ("team-a", "team-b")) for i in range(n)]
+    all_in = threading.Barrier(n)
+
+    def held(write):
+        def written_then_held(*args, **kw):
+            out = write(*args, **kw)
+            try:
+                all_in.wait(timeout=1)
+            except threading.BrokenBarrierError:
+                pass  # the lock lets only one request at a time get here
+            return out
+        return written_then_held
+
+    # The last write of each path before the request's commit.
+    if case.startswith("sets"):
+        monkeypatch.setattr(flows, "add_dependencies", held(flows.add_dependencies))
+    else:
+        monkeypatch.setattr(jobs, "_insert_new", held(jobs._insert_new))
+
+    def submit(req):
+        user, account, groups = req
+        body = {"name": "race", "account": account, "command": ["true"]}
+        path = "/v1/jobs"
+        if tasks > 1:
+            body, path = {**body, "array": {"count": tasks}}, "/v1/job-sets"
+        return gw.client.post(path, json=body, headers=gw.headers(user=user, groups=groups)).status_code
+
+    with ThreadPoolExecutor(n) as pool:
+        codes = list(pool.map(submit, requests))
+    accepted = limit // tasks
+    assert sorted(codes) == [202] * accepted + [429] * (n - accepted), codes
+    assert _count(gw) == accepted * tasks <= limit

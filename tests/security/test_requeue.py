@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import select
 
 from adapters.base import BackendState, JobStatus
-from gateway.accounts.models import AccountQuota
-from gateway.dispatch import requeued_at
-from gateway.jobs.states import JobState
+from gateway.models.accounts import AccountQuota
+from gateway.domain.status import requeued_at
+from gateway.domain.states import JobState
 from gateway.ledger import service as ledger
-from gateway.ledger.models import Reservation
+from gateway.models.ledger import Reservation
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
 HOUR = 3600
@@ -45,7 +45,7 @@ def test_five_requeues_of_one_job_never_take_a_budget_below_zero(factory):
                 break
             ledger.record_start(s, job=job, started_at=t, actor="t")
             t += timedelta(minutes=55)
-            out = ledger.requeue(s, job=job, started_at=None, requeued_at=t, actor="t", now=t)
+            out = ledger.requeue(s, job=job, started_at=None, requeued_at=t, actor="t", now=t, half_life_s=7 * 86400)
             refusals.append(out.over_budget)
             assert ledger.verify(s) == []
             assert _remaining(s, "org") >= 0, _remaining(s, "org")
@@ -56,7 +56,7 @@ def test_five_requeues_of_one_job_never_take_a_budget_below_zero(factory):
     assert "another run needs 8.0" in refusals[0]
     with in_tx(factory) as s:
         # the gateway cancels it; the backend confirms before it ran again
-        ledger.record_finish(s, job=job, started_at=None, ended_at=t, actor="t")
+        ledger.record_finish(s, job=job, started_at=None, ended_at=t, actor="t", half_life_s=7 * 86400)
         assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * 55 * 60
         bal = ledger.get_balance(s, "org")
         assert (bal.reserved_gpus, bal.queued_jobs, bal.committed_gpu_seconds) == (0, 0, 0)
@@ -72,13 +72,13 @@ def test_a_refused_requeue_that_restarts_before_the_cancel_is_capped_by_what_is_
         job = add_job(s, "org", gpus=8, time_limit_s=HOUR)
         ledger.reserve(s, job=job, pool="kubernetes", actor="t", now=T0)
         ledger.record_start(s, job=job, started_at=T0, actor="t")
-        ledger.accrue_usage(s, job=job, now=T0 + timedelta(minutes=20), actor="t")
-        out = ledger.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=40), actor="t")
+        ledger.accrue_usage(s, job=job, now=T0 + timedelta(minutes=20), actor="t", half_life_s=7 * 86400)
+        out = ledger.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=40), actor="t", half_life_s=7 * 86400)
         assert out.over_budget and out.charged_gpu_seconds == 8 * 40 * 60
         assert s.get(Reservation, job.id).committed_gpu_seconds == 8 * 20 * 60  # the rest of the first admission
         assert _remaining(s, "org") == 0
         ledger.record_start(s, job=job, started_at=T0 + timedelta(minutes=41), actor="t")
-        ledger.record_finish(s, job=job, started_at=None, ended_at=T0 + timedelta(minutes=141), actor="t")
+        ledger.record_finish(s, job=job, started_at=None, ended_at=T0 + timedelta(minutes=141), actor="t", half_life_s=7 * 86400)
         assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * HOUR  # 40 min + at most the 20 min left
         assert _remaining(s, "org") == 0
         assert ledger.verify(s) == []
@@ -90,7 +90,7 @@ def test_a_requeue_that_fits_restores_the_whole_commitment(factory):
         job = add_job(s, "org", gpus=8, time_limit_s=HOUR)
         ledger.reserve(s, job=job, pool="slurm", actor="t", now=T0)
         ledger.record_start(s, job=job, started_at=T0, actor="t")
-        out = ledger.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=10), actor="t")
+        out = ledger.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=10), actor="t", half_life_s=7 * 86400)
         assert out == ledger.Requeued(8 * 600, None)
         assert s.get(Reservation, job.id).committed_gpu_seconds == 8 * HOUR
         assert ledger.get_balance(s, "org").committed_gpu_seconds == 8 * HOUR

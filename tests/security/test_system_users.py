@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import update
 
 from gateway.identity.system_users import own_user
-from gateway.jobs.models import Job
+from gateway.models.jobs import Job
 
 SPEC = {"name": "sys", "account": "team-a", "command": ["id"], "workers": 1}
 
@@ -65,12 +65,14 @@ def test_denied_users_and_min_uid_are_configurable():
 # ------------------------------------------------------------- real Slurm cluster
 
 @pytest.fixture
-def slurm_gw(database_url, dev_key_path):
+def slurm_gw(database_url, databases, dev_key_path):
     from tests.dispatch.conftest import slurm_backend_options, slurm_env, wired_gateway
 
     env = slurm_env("22.05")
-    with wired_gateway(database_url, dev_key_path,
-                       {"slurm": slurm_backend_options(env, transport="cli")}) as gw:
+    # A database of its own: this module's database_url is the gw fixture's, in use by its app.
+    dialect = "sqlite" if database_url.startswith("sqlite") else "postgres"
+    with databases.create(dialect) as url, wired_gateway(url, dev_key_path,
+                                                         {"slurm": slurm_backend_options(env, transport="cli")}) as gw:
         yield gw
 
 

@@ -1,8 +1,8 @@
 """/ui pages in-process (no browser): tenancy, escaping, CSRF, cookie flags (#18, 2).
 
 The browser tests (test_dashboard.py) log in through Keycloak; here a session is made the
-way the login callback makes it (a signed cookie holding an access token), with tokens of
-the development issuer, so these run on SQLite and Postgres without the IdP.
+way the login callback makes it (a server-side row holding an access token, a signed cookie
+holding its id), with tokens of the development issuer, so these run without the IdP.
 """
 
 from __future__ import annotations
@@ -36,9 +36,25 @@ def ui(tmp_path):
         yield client
 
 
-def session_cookie(token: str, csrf: str = "the-csrf") -> str:
+def session_cookie(app, token: str, csrf: str = "the-csrf") -> str:
+    """A logged-in session as the login callback makes it: a server-side row, a cookie with its id."""
+    from sqlalchemy import update
+
+    from gateway.kit.db import transaction
+    from gateway.ui import session as ui_sessions
+    from gateway.models.ui import UiSession
+
+    app = getattr(app, "app", app)
+    with transaction(app.state.sessionmaker) as s:
+        sid = ui_sessions.create(s, access_token=token, subject=app.state.authenticator.authenticate(token).subject,
+                                 token_expires_at=None)
+        s.execute(update(UiSession).where(UiSession.id_hash == ui_sessions.hash_id(sid)).values(csrf=csrf))
+    return sign({"sid": sid})
+
+
+def sign(data: dict) -> str:
     signer = itsdangerous.TimestampSigner(SECRET, salt="isthmus-ui-session")
-    return signer.sign(b64encode(json.dumps({"access_token": token, "csrf": csrf}).encode())).decode()
+    return signer.sign(b64encode(json.dumps(data).encode())).decode()
 
 
 def submit(ui, token, **over) -> dict:
@@ -53,7 +69,7 @@ def test_pages_show_only_the_callers_jobs_and_escape_what_users_typed(ui):
     alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
     mine = submit(ui, alice, name="mine")
     theirs = submit(ui, bob, name="theirs", account="team-b")
-    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
     page = ui.get("/ui/")
     assert page.status_code == 200 and mine["id"] in page.text and theirs["id"] not in page.text
     job = ui.get(f"/ui/jobs/{mine['id']}")
@@ -68,7 +84,7 @@ def test_pages_show_only_the_callers_jobs_and_escape_what_users_typed(ui):
 def test_cancel_needs_the_sessions_csrf_token(ui):
     alice = ui.mint("alice", ["team-a"])
     job = submit(ui, alice)
-    ui.cookies.set(COOKIE, session_cookie(alice, csrf="right"), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, alice, csrf="right"), path="/ui")
     for forged in ({}, {"csrf": "wrong"}):
         assert ui.post(f"/ui/jobs/{job['id']}/cancel", data=forged, follow_redirects=False).status_code == 403
     assert ui.post(f"/ui/jobs/{job['id']}/cancel", data={"csrf": "right"},
@@ -81,7 +97,7 @@ def test_cancel_needs_the_sessions_csrf_token(ui):
 
 
 def test_admin_page_shows_quotas_and_usage(ui):
-    ui.cookies.set(COOKIE, session_cookie(ui.mint("root", ["team-a"], admin=True)), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, ui.mint("root", ["team-a"], admin=True)), path="/ui")
     page = ui.get("/ui/admin")
     assert page.status_code == 200 and 'id="quotas"' in page.text and "team-b" in page.text
 
@@ -102,7 +118,7 @@ def test_the_session_cookie_is_httponly_lax_and_secure_under_tls(tmp_path):
     for base, secure in (("http://testserver", False), ("https://testserver", True)):
         with TestClient(app, base_url=base) as client:
             issuer = DevIssuer(issuer="urn:isthmus:dev-issuer", audience="isthmus", key_path=tmp_path / "k.pem")
-            client.cookies.set(COOKIE, session_cookie(issuer.mint(user="alice", groups=["team-a"])), path="/ui")
+            client.cookies.set(COOKIE, session_cookie(app, issuer.mint(user="alice", groups=["team-a"])), path="/ui")
             r = client.get("/ui/")
             cookie = r.headers["set-cookie"].lower()
             assert "httponly" in cookie and "samesite=lax" in cookie and "path=/ui" in cookie
@@ -114,7 +130,7 @@ def test_outside_dev_mode_a_ui_issuer_needs_a_session_secret(tmp_path):
     from gateway.identity.setup import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="ISTHMUS_UI_SESSION_SECRET"):
-        create_app(Settings(database_url=f"sqlite:///{tmp_path}/x.db", dev_mode=False,
+        create_app(Settings(database_url=f"sqlite:///{tmp_path}/x.db", dev_mode=False, metrics_token="t",
                             oidc_issuers=json.dumps([{"issuer": "https://sso.example/realms/x",
                                                       "jwks_uri": "https://sso.example/certs"}]),
                             ui_oidc_issuer="https://sso.example/realms/x"))
@@ -122,7 +138,7 @@ def test_outside_dev_mode_a_ui_issuer_needs_a_session_secret(tmp_path):
 
 def _set_estimate(ui, job_id: str, *, start, pool, reason) -> None:
     from gateway.jobs import service as jobs
-    from gateway.jobs.models import Job
+    from gateway.models.jobs import Job
     from gateway.kit.db import transaction
 
     with transaction(ui.app.state.sessionmaker) as session:
@@ -140,7 +156,7 @@ def test_a_pending_job_shows_why_it_waits_and_its_estimated_start_or_why_there_i
     _set_estimate(ui, planned["id"], start=start, pool="slurm",
                   reason=f"reserved on slurm: planned start {start.isoformat()}")
     _set_estimate(ui, held["id"], start=None, pool=None, reason="held: team-a is at its GPU quota")
-    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
 
     page = ui.get("/ui/").text
     rows = {j["id"]: page[page.index(f'data-job-id="{j["id"]}"'):].split("</tr>")[0]
@@ -164,7 +180,7 @@ def test_a_pending_job_shows_why_it_waits_and_its_estimated_start_or_why_there_i
 def test_errors_under_ui_are_html_pages_and_the_api_keeps_problem_json(ui):
     alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
     theirs = submit(ui, bob, name="theirs", account="team-b")
-    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
     for path, status, words in ((f"/ui/jobs/{theirs['id']}", 404, "Not found"),
                                 ("/ui/no-such-page", 404, "Not Found"),
                                 ("/ui/admin", 403, "the admin page needs the admin role"),
@@ -211,7 +227,7 @@ def test_an_unexpected_error_under_ui_is_an_html_page_that_leaks_nothing(tmp_pat
 def test_the_job_page_reads_output_through_the_session_only_for_the_jobs_account(ui, tmp_path):
     alice, bob = ui.mint("alice", ["team-a"]), ui.mint("bob", ["team-b"])
     job = submit(ui, alice, name="out")
-    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
     page = ui.get(f"/ui/jobs/{job['id']}").text
     assert f'data-output-url="/ui/jobs/{job["id"]}/output"' in page
     # Pending and not routed: the reason, as text, with the API's status.
@@ -220,7 +236,7 @@ def test_the_job_page_reads_output_through_the_session_only_for_the_jobs_account
     assert "no output yet" in r.text and r.headers["x-content-type-options"] == "nosniff"
     assert ui.get(f"/ui/jobs/{job['id']}/output", params={"worker": -1}).status_code == 422
     ui.cookies.clear()
-    ui.cookies.set(COOKIE, session_cookie(bob), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, bob), path="/ui")
     r = ui.get(f"/ui/jobs/{job['id']}/output")
     assert r.status_code == 404 and "visible to you" in r.text and "no output yet" not in r.text
 
@@ -250,10 +266,145 @@ def test_the_sessions_event_stream_carries_only_the_callers_jobs(ui):
     ui.post(f"/v1/jobs/{mine['id']}/cancel", headers={"Authorization": f"Bearer {alice}"})
     assert ui.get("/ui/events", follow_redirects=False).status_code == 303  # no session: log in
     with served(ui.app) as url:
-        data = _sse_data(url, session_cookie(alice), n=2)
+        data = _sse_data(url, session_cookie(ui, alice), n=2)
         assert [(d["job_id"], d["to_state"]) for d in data] == [(mine["id"], "pending"), (mine["id"], "cancelled")]
         # bob's job came first: had the stream carried it, it would be among the first two.
         assert theirs["id"] not in {d["job_id"] for d in data}
-    ui.cookies.set(COOKIE, session_cookie(alice), path="/ui")
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
     bad = ui.get("/ui/events", headers={"Last-Event-ID": "x"})
     assert bad.status_code == 422 and "header.Last-Event-ID" in bad.text
+
+
+def test_the_sessions_event_streams_count_with_the_callers_api_streams(ui):
+    """/ui/events is one of the caller's open streams (#27, 4): beyond the limit, a 429 page."""
+    import httpx
+
+    from tests.jobs.live import served
+    from tests.jobs.test_events_stream import OpenStream
+
+    alice = ui.mint("alice", ["team-a"])
+    cookie = session_cookie(ui, alice)
+    with served(ui.app) as url:
+        held = [OpenStream(url, alice) for _ in range(9)]
+        try:
+            assert [s.status for s in held] == [200] * 9
+            with httpx.stream("GET", url + "/ui/events", cookies={COOKIE: cookie},
+                              timeout=httpx.Timeout(10, read=10)) as tenth:
+                assert tenth.status_code == 200
+                lines = tenth.iter_lines()  # kept: dropping it would close the stream
+                assert next(lines) == "retry: 2000"
+                eleventh = httpx.get(url + "/ui/events", cookies={COOKIE: cookie}, timeout=10)
+                assert eleventh.status_code == 429 and "ISTHMUS_MAX_STREAMS_PER_SUBJECT" in eleventh.text
+            # The dashboard's stream closed: its place is free again.
+            held.append(OpenStream(url, alice))
+            assert held[-1].status == 200
+        finally:
+            for s in held:
+                if s.status == 200:
+                    s.close()
+
+
+def test_logout_ends_the_session_on_the_server_and_a_replayed_cookie_gets_the_login(ui):
+    """#27, 9: logging out revokes the server-side session; the old cookie value is worth nothing."""
+    from gateway.models.ui import UiSession
+
+    alice = ui.mint("alice", ["team-a"])
+    cookie = session_cookie(ui, alice, csrf="right")
+    ui.cookies.set(COOKIE, cookie, path="/ui")
+    assert ui.get("/ui/").status_code == 200
+    out = ui.post("/ui/logout", data={"csrf": "right"}, follow_redirects=False)
+    assert out.status_code == 303 and out.headers["location"] == "/ui/logged-out"
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, cookie, path="/ui")  # the value the browser had, replayed
+    for path in ("/ui/", "/ui/accounts", "/ui/events"):
+        r = ui.get(path, follow_redirects=False)
+        assert r.status_code == 303 and "/ui/login" in r.headers["location"], path
+    with ui.app.state.sessionmaker() as s:
+        assert s.query(UiSession).count() == 0  # the row is gone, not just the browser's cookie
+    r = ui.post("/ui/logout", data={"csrf": "right"}, follow_redirects=False)  # nothing left to end
+    assert r.status_code == 303
+
+
+def test_an_expired_session_row_is_refused_and_purged_at_the_next_login(ui):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from gateway.kit.db import transaction
+    from gateway.kit.timeutil import utcnow
+    from gateway.models.ui import UiSession
+
+    alice = ui.mint("alice", ["team-a"])
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
+    assert ui.get("/ui/").status_code == 200
+    with transaction(ui.app.state.sessionmaker) as s:
+        s.execute(update(UiSession).values(expires_at=utcnow() - timedelta(seconds=1)))
+    assert ui.get("/ui/", follow_redirects=False).status_code == 303
+    session_cookie(ui, alice)  # the next login purges expired rows
+    with ui.app.state.sessionmaker() as s:
+        assert s.query(UiSession).count() == 1
+    # A session ends with its token too: the row goes with it.
+    settings = ui.app.state.settings
+    issuer = DevIssuer(issuer=settings.dev_issuer, audience=settings.audience, key_path=settings.dev_key_path)
+    short = issuer.mint(user="alice", groups=["team-a"], lifetime_s=2)
+    ui.cookies.set(COOKIE, session_cookie(ui, short), path="/ui")
+    with transaction(ui.app.state.sessionmaker) as s:  # as if the token had expired since
+        s.execute(update(UiSession).values(access_token=issuer.mint(user="alice", groups=["team-a"],
+                                                                    lifetime_s=-120)))
+    assert ui.get("/ui/", follow_redirects=False).status_code == 303
+    with ui.app.state.sessionmaker() as s:
+        assert s.query(UiSession).count() == 1  # of 2: the other login's row stays
+
+
+PHISH = "Your account is locked: call +1-555-0100 and give your password"
+
+
+def test_a_failed_login_shows_a_fixed_message_never_the_providers_text(tmp_path, caplog):
+    """#27, 10: error_description comes from the query string anyone can craft; it goes to the log only."""
+    url = f"sqlite:///{tmp_path}/gw.db"
+    run_migrations(url)
+    app = create_app(Settings(database_url=url, dev_mode=True, dev_key_path=tmp_path / "k.pem",
+                              ui_session_secret=SECRET, ui_oidc_issuer="https://sso.example/realms/x"))
+    with TestClient(app) as client, caplog.at_level("WARNING", logger="isthmus.ui"):
+        r = client.get("/ui/auth/callback", params={"error": "access_denied", "error_description": PHISH})
+    assert r.status_code == 401 and r.headers["content-type"].startswith("text/html")
+    assert "The login did not complete" in r.text
+    assert "555-0100" not in r.text and "access_denied" not in r.text
+    assert any("555-0100" in rec.getMessage() for rec in caplog.records)  # for the operator
+
+
+def test_every_ui_answer_carries_a_strict_csp_and_no_framing(ui):
+    alice = ui.mint("alice", ["team-a"])
+    job = submit(ui, alice)
+    ui.cookies.set(COOKIE, session_cookie(ui, alice), path="/ui")
+    for path in ("/ui/", f"/ui/jobs/{job['id']}", f"/ui/jobs/{job['id']}/output", "/ui/static/ui.js",
+                 "/ui/no-such-page", "/ui/logged-out"):
+        r = ui.get(path, follow_redirects=False)
+        csp = r.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "'unsafe-inline'" not in csp, path
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["referrer-policy"] == "no-referrer", path
+        assert r.headers["x-content-type-options"] == "nosniff", path
+    # The templates need nothing the policy forbids: no inline script, style or handler.
+    import re
+
+    from gateway.ui.router import HERE
+
+    for template in (HERE / "templates").glob("*.html"):
+        text = template.read_text()
+        assert not re.search(r"<script(?![^>]*\bsrc=)|<style|\sstyle=|\son[a-z]+=", text), template.name
+    assert "content-security-policy" not in ui.get("/healthz").headers  # the API is not a page
+
+
+def test_a_ui_visit_records_the_accounts_its_caller_holds(ui):
+    # A person who only uses /ui must keep their webhooks alive like an API caller (issue #27,
+    # finding 6: an endpoint whose holder is not seen with the account is suspended).
+    from sqlalchemy import select
+
+    from gateway.models.identity import MembershipSeen
+
+    token = ui.mint("alice", ["team-a"])
+    ui.cookies.set(COOKIE, session_cookie(ui, token), path="/ui")
+    assert ui.get("/ui/").status_code == 200
+    with ui.app.state.sessionmaker() as s:
+        seen = set(s.scalars(select(MembershipSeen.account).where(MembershipSeen.subject == "dev:alice")))
+    assert "team-a" in seen, seen

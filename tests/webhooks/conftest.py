@@ -88,6 +88,8 @@ class Received:
     body: bytes
     at: float
     status: int
+    path: str = ""
+    peer: tuple = ()
 
     @property
     def msg_id(self) -> str:
@@ -99,12 +101,16 @@ class Received:
 
 
 class Receiver:
-    """An HTTPS server on 127.0.0.1. ``mode``: ``ok`` (204), ``fail`` (500) or ``stall``
-    (answers only once ``release`` is set)."""
+    """An HTTPS server on 127.0.0.1. ``mode``: ``ok`` (204), ``fail`` (500), ``stall``
+    (answers only once ``release`` is set) or ``trickle`` (answers 204 one byte every
+    ``trickle_s``; ``cut`` records when the sender hung up)."""
 
     def __init__(self, pki: Pki):
         self.mode = "ok"
+        self.trickle_s = 1.0
+        self.hang_up = False  # close each connection after answering, without saying so
         self.received: list[Received] = []
+        self.cut: list[float] = []
         self.release = threading.Event()
         self.arrived = threading.Condition()
         receiver = self
@@ -115,19 +121,33 @@ class Receiver:
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 mode = receiver.mode
-                status = {"ok": 204, "fail": 500, "stall": 204}[mode]
+                status = {"ok": 204, "fail": 500, "stall": 204, "trickle": 204}[mode]
                 with receiver.arrived:
                     receiver.received.append(Received({k.lower(): v for k, v in self.headers.items()}, body,
-                                                      time.time(), status))
+                                                      time.time(), status, self.path, self.client_address))
                     receiver.arrived.notify_all()
                 if mode == "stall":
                     receiver.release.wait(120)
+                if mode == "trickle":
+                    answer = b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nX-Padding: " + b"." * 40 + b"\r\n\r\n"
+                    try:
+                        for i in range(len(answer)):
+                            self.wfile.write(answer[i:i + 1])
+                            self.wfile.flush()
+                            if receiver.release.wait(receiver.trickle_s):
+                                break
+                    except OSError:
+                        receiver.cut.append(time.time())
+                    self.close_connection = True
+                    return
                 try:
                     self.send_response(status)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 except OSError:
                     pass  # the sender is gone (killed mid-delivery)
+                if receiver.hang_up:
+                    self.close_connection = True
 
             def log_message(self, *args):
                 pass
@@ -184,7 +204,7 @@ class HookGateway:
         from gateway.webhooks.worker import WebhookWorker
 
         return WebhookWorker(sessions=self.gw.app.state.sessionmaker,
-                             settings=self.settings.model_copy(update=overrides))
+                             settings=self.settings.model_copy(update=overrides).webhooks)
 
     def register(self, url: str, account: str = "team-a", user: str = "alice") -> dict:
         r = self.gw.client.post(f"/v1/accounts/{account}/webhooks", json={"url": url},
@@ -222,6 +242,7 @@ def hooks(gw, pki) -> Iterator[HookGateway]:
                                       "webhook_backoff_base_s": 0.01, "webhook_backoff_max_s": 0.05,
                                       "webhook_timeout_s": 5.0, "webhook_lease_s": 10.0})
     app.state.settings = settings
+    app.state.membership_seen.forget()  # the gw fixture wiped membership_seen
     try:
         yield HookGateway(gw, settings)
     finally:

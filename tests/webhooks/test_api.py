@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gateway.webhooks.address import Allowlist, Refused, resolve
@@ -33,6 +35,55 @@ def test_non_public_addresses_are_refused_naming_the_field(hooks, url, words):
     assert problem["errors"][0]["field"] == "body.url"
     assert words in problem["errors"][0]["message"]
     assert gw.client.get("/v1/accounts/team-a/webhooks", headers=gw.headers()).json()["items"] == []
+
+
+# IPv6 forms that embed an IPv4 address are judged as that IPv4 address (issue #27, finding 7).
+EMBEDDED_IPV4 = [
+    ("https://[64:ff9b::a9fe:a9fe]/hook", "link-local (the NAT64 form of 169.254.169.254)"),
+    ("https://[64:ff9b:1::a00:1]/hook", "private (the NAT64 form of 10.0.0.1)"),
+    ("https://[2002:7f00:1::]/hook", "loopback (the 6to4 form of 127.0.0.1)"),
+    ("https://[2002:a9fe:a9fe::1]/hook", "link-local (the 6to4 form of 169.254.169.254)"),
+    ("https://[::7f00:1]/hook", "loopback (the IPv4-compatible form of 127.0.0.1)"),
+    ("https://[::a00:1]/hook", "private (the IPv4-compatible form of 10.0.0.1)"),
+    ("https://[::ffff:a9fe:a9fe]/hook", "link-local (the IPv4-mapped form of 169.254.169.254)"),
+    # Teredo: server 65.54.227.120 (public), client 127.0.0.1 XOR ffff:ffff = 80ff:fffe.
+    ("https://[2001:0:4136:e378:8000:63bf:80ff:fffe]/hook", "loopback (the Teredo client form of 127.0.0.1)"),
+    # Teredo with a private server address (bits 32-63).
+    ("https://[2001:0:a00:1:8000:63bf:3fff:fdd2]/hook", "private (the Teredo server form of 10.0.0.1)"),
+]
+
+
+@pytest.mark.parametrize("url, words", EMBEDDED_IPV4)
+def test_ipv6_forms_embedding_ipv4_are_checked_as_that_address(url, words):
+    with pytest.raises(Refused, match=re.escape(words)):
+        resolve(url, Allowlist())
+
+
+@pytest.mark.parametrize("url, words", EMBEDDED_IPV4[:5])
+def test_ipv6_forms_embedding_ipv4_are_refused_by_the_api(hooks, url, words):
+    gw = hooks.gw
+    r = gw.client.post("/v1/accounts/team-a/webhooks", json={"url": url}, headers=gw.headers())
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "body.url" and words in r.json()["errors"][0]["message"]
+    assert gw.client.get("/v1/accounts/team-a/webhooks", headers=gw.headers()).json()["items"] == []
+
+
+def test_ipv6_forms_embedding_a_public_ipv4_are_judged_by_it():
+    assert resolve("https://[64:ff9b::5db8:d70e]/hook", Allowlist()).address == "64:ff9b::5db8:d70e"  # 93.184.215.14
+    assert resolve("https://[2002:5db8:d70e::1]/hook", Allowlist()).address == "2002:5db8:d70e::1"
+
+
+def test_an_embedded_form_is_refused_again_at_delivery(hooks, receiver):
+    """Registered while an admin allowed it, refused when delivering once that is withdrawn."""
+    gw = hooks.gw
+    gw.app.state.settings = gw.app.state.settings.model_copy(update={"webhook_allowlist": "2002::/16"})
+    ep = hooks.register("https://[2002:7f00:1::]:9/hook")
+    hooks.submit_and_cancel()
+    hooks.worker(webhook_allowlist="").run_once()
+    items = hooks.deliveries(ep["id"])
+    tried = [d for d in items if d["attempts"]]  # the first failure backs the endpoint off
+    assert tried and all("refused" in d["last_error"] and "the 6to4 form of 127.0.0.1" in d["last_error"]
+                         for d in tried)
 
 
 @pytest.mark.parametrize("url, words", [
@@ -89,7 +140,7 @@ def test_another_account_cannot_list_read_change_or_delete_your_endpoints(hooks,
     gw = hooks.gw
     ep = hooks.register(receiver.url)
     bob = gw.headers("bob", ("team-b",))
-    base = f"/v1/accounts/team-a/webhooks"
+    base = "/v1/accounts/team-a/webhooks"
     assert gw.client.get(base, headers=bob).status_code == 404
     assert gw.client.post(base, json={"url": receiver.url}, headers=bob).status_code == 404
     assert gw.client.get(f"{base}/{ep['id']}", headers=bob).status_code == 404
@@ -119,3 +170,17 @@ def test_admin_endpoints(hooks, receiver):
     assert gw.client.get("/v1/accounts/team-a/webhooks", headers=gw.headers()).json()["items"] == []
     r2 = gw.client.post("/v1/admin/webhooks", json={"url": "https://10.0.0.1/"}, headers=admin)
     assert r2.status_code == 422 and r2.json()["errors"][0]["field"] == "body.url"
+
+
+def test_a_typo_in_the_allowlist_stops_start_up_in_one_line(tmp_path):
+    # Checked by the app factory (not by Settings, which lives below the webhooks package).
+    import pytest
+
+    from gateway.app import create_app
+    from gateway.identity.errors import ConfigurationError
+    from gateway.kit.settings import Settings
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/x.db", dev_mode=True, dev_key_path=tmp_path / "k.pem",
+                        webhook_allowlist="10.0.0.0/8, not a host!")
+    with pytest.raises(ConfigurationError, match=r"^ISTHMUS_WEBHOOK_ALLOWLIST: .*'not a host!'"):
+        create_app(settings)

@@ -42,7 +42,10 @@ def test_a_slurm_job_lifecycle_survives_kill_9_of_the_worker(gateway, workers, p
     wait_states(pg_url, [job], {"succeeded"}, timeout_s=120)
     events = gateway.client.get(f"/v1/jobs/{job}/events", headers=gateway.headers("alice", ("team-a",))).json()["items"]
     wanted = {f"msg_{e['id']}": e["to_state"] for e in events if e["kind"] == "state"}
-    assert "running" in wanted.values() and "succeeded" in wanted.values()
+    # A two-second job may finish between two status polls of the restarted worker, so it
+    # can go from queued to succeeded without a ``running`` event; what must hold is that the
+    # job's whole recorded lifecycle reaches the receiver, each event at least once.
+    assert "succeeded" in wanted.values() and {"queued", "running"} & set(wanted.values())
     got = receiver.wait_for(lambda r: {x.msg_id for x in r[1:]} >= set(wanted), timeout=60)
     assert all(verify(secret, x.headers, x.body) for x in got)
     assert {x.msg_id: x.json["data"]["to_state"] for x in got} == wanted

@@ -152,12 +152,10 @@ class Kube:
 def kube_lock(kube_env):
     """Hold .stack/kube/test.lock: these tests assert on the whole pool's quota, so they
     must not overlap with another process's tests on the same control plane."""
-    import fcntl
+    from tests.kube_lock import kube_pool_lock
 
-    with open(ENV_FILE.parent / "test.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    with kube_pool_lock():  # the same file as ENV_FILE.parent / "test.lock"
         yield
-        fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from adapters.base import Backend, BackendState, JobStatus
-from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file
+from adapters.envfile import read_env_file
+from adapters.slurm import SlurmBackend, SlurmSettings
 
 REPO = Path(__file__).resolve().parents[3]
 ALL_VERSIONS = ("22.05", "24.11", "25.11", "26.05")

@@ -24,7 +24,8 @@ from adapters.base import (
     SubmissionRejected,
     Unsupported,
 )
-from adapters.slurm import SlurmBackend, SlurmSettings, read_env_file
+from adapters.envfile import read_env_file
+from adapters.slurm import SlurmBackend, SlurmSettings
 from adapters.slurm.pyslurm_transport import PyslurmTransport
 
 from .conftest import PYSLURM_VERSION, env_path, gid, missing, wait_for

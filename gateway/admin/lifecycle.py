@@ -1,0 +1,102 @@
+"""Creating, re-parenting and deleting accounts.
+
+These move the account's ledger rows too (its balance, its subtree's running totals), so
+they sit above both the account tree (gateway/accounts/service.py, which imports nothing
+from the ledger) and the ledger (gateway/ledger/, which reads the tree). Re-parenting goes
+through the ledger's locking so it cannot interleave with a reservation on the same chain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete as sa_delete, func, select
+from sqlalchemy.orm import Session
+
+from gateway.models.accounts import Account, AccountMember, AccountQuota
+from gateway.accounts.service import _check_name, chain, children_map, descendants, get_or_raise, load_tree
+from gateway.accounts.tree import MAX_DEPTH
+from gateway.models.jobs import Job
+from gateway.domain.states import FINAL_STATES
+from gateway.kit.errors import Conflict, Invalid
+from gateway.kit.timeutil import utcnow
+from gateway.models.ledger import AccountBalance, Reservation
+from gateway.ledger.service import move_subtree
+
+
+def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "",
+           priority_class: str | None = None) -> Account:
+    _check_name(name, "body.name")
+    if session.get(Account, name) is not None:
+        raise Conflict(f"account {name!r} exists")
+    if parent_name is not None:
+        get_or_raise(session, name=parent_name, field="body.parent")
+        if len(chain(session, parent_name)) >= MAX_DEPTH:
+            raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
+    acc = Account(name=name, parent_name=parent_name, shares=shares, description=description,
+                  priority_class=priority_class, created_at=utcnow())
+    session.add(acc)
+    session.flush()
+    session.add(AccountBalance(account_name=name, updated_at=utcnow()))
+    session.flush()
+    return acc
+
+
+def update(session: Session, *, name: str, changes: dict[str, Any], actor: str) -> Account:
+    acc = get_or_raise(session, name=name)
+    if "shares" in changes and changes["shares"] is not None:
+        acc.shares = changes["shares"]
+    if "description" in changes and changes["description"] is not None:
+        acc.description = changes["description"]
+    if "priority_class" in changes:  # null: back to the backend's default class
+        acc.priority_class = changes["priority_class"]
+    if "parent" in changes:
+        new_parent = changes["parent"]
+        if new_parent != acc.parent_name:
+            if new_parent is not None:
+                get_or_raise(session, name=new_parent, field="body.parent")
+                tree = load_tree(session)
+                if new_parent in descendants(tree, name):
+                    raise Invalid("body.parent", f"{new_parent!r} is {name!r} or below it: that would make a cycle")
+                depth = len(chain(session, new_parent)) + _height(tree, name)
+                if depth > MAX_DEPTH:
+                    raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
+            move_subtree(session, account=name, new_parent=new_parent, actor=actor)
+    session.flush()
+    return acc
+
+
+def _height(tree: dict[str, Account], name: str) -> int:
+    kids = children_map(tree)
+
+    def h(n: str) -> int:
+        return 1 + max((h(k) for k in kids.get(n, [])), default=0)
+
+    return h(name)
+
+
+def delete(session: Session, *, name: str) -> None:
+    acc = get_or_raise(session, name=name)
+    kids = session.scalar(select(func.count()).select_from(Account).where(Account.parent_name == name))
+    if kids:
+        raise Conflict(f"account {name!r} has {kids} child account(s); delete or move them first")
+    active = session.scalar(select(func.count()).select_from(Job).where(
+        Job.account_name == name, Job.state.not_in([s.value for s in FINAL_STATES])))
+    if active:
+        raise Conflict(f"account {name!r} has {active} active job(s); wait for them or cancel them first")
+    held = session.scalar(select(func.count()).select_from(Reservation).where(
+        Reservation.account_name == name, Reservation.status.in_(["reserved", "started"])))
+    if held:
+        raise Conflict(f"account {name!r} still holds {held} reservation(s)")
+    history = session.scalar(select(func.count()).select_from(Job).where(Job.account_name == name))
+    if history:
+        raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
+                       "to 0 instead of deleting it")
+    from gateway.models.accounts import AccountPoolQuota
+    from gateway.models.ledger import AccountPoolBalance
+
+    for model in (AccountBalance, AccountPoolBalance, AccountPoolQuota, AccountQuota, AccountMember):
+        session.execute(sa_delete(model).where(model.account_name == name)
+                        .execution_options(synchronize_session="fetch"))
+    session.delete(acc)
+    session.flush()

@@ -1,0 +1,288 @@
+"""HTTP only: /v1/jobs. Routes validate, call the service, shape the answer."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Annotated
+
+from fastapi import (
+    APIRouter,
+    BackgroundTasks,
+    Body,
+    Header,
+    Path,
+    Query,
+    Request,
+    Response,
+)
+from fastapi.responses import StreamingResponse
+
+from gateway.identity.dependency import CurrentPrincipal
+from gateway.jobs import admission, repository, service
+from gateway.models.jobs import Job
+from gateway.jobs.schemas import (
+    EXAMPLE_SPEC,
+    POOL_CHOICE_RE,
+    JobEventOut,
+    JobEventPage,
+    JobOut,
+    JobPage,
+    JobSpec,
+)
+from gateway.domain.shapes import format_duration
+from gateway.models.specs import spec_of
+from gateway.domain.states import JobState
+from gateway.kit.db import DbSession
+from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.names import ACCOUNT_NAME_RE
+from gateway.kit.streams import HeldStreamingResponse
+from gateway.kit.timeutil import as_utc
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+def to_out(job: Job) -> JobOut:
+    spec = spec_of(job)
+    return JobOut(
+        id=job.id, name=job.name, account=job.account_name, user=job.username, submitted_by=job.submitted_by,
+        pool=job.requested_pool, pool_kind=spec.get("pool_kind"), assigned_pool=job.pool,
+        backend=job.requested_pool, assigned_backend=job.pool, state=JobState(job.state),
+        state_reason=job.state_reason or "", routing_reason=job.routing_reason or "",
+        command=spec["command"], image=spec.get("image"), workers=job.workers,
+        gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus, held_gpus=job.held_gpus,
+        cpus_per_worker=spec["cpus_per_worker"], memory_per_worker=spec["memory_per_worker"],
+        gpu_type=spec.get("gpu_type"), time_limit=format_duration(job.time_limit_s), time_limit_s=job.time_limit_s,
+        env=spec.get("env") or {}, labels=spec.get("labels") or {}, priority=job.priority,
+        backend_job_id=job.backend_job_id, exit_code=job.exit_code, nodes=job.nodes,
+        created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
+        ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
+        job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
+        **_estimate(job),
+    )
+
+
+def _estimate(job: Job) -> dict:
+    if job.state != JobState.PENDING.value:
+        return {}
+    return {"estimated_start": as_utc(job.estimated_start), "estimated_pool": job.estimated_pool,
+            "estimate_reason": job.estimate_reason}
+
+
+def _encode_cursor(job_id: str) -> str:
+    return base64.urlsafe_b64encode(job_id.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise Invalid("query.cursor", "not a cursor returned by this API") from None
+    if not re.fullmatch(r"[0-9a-f-]{36}", raw):
+        raise Invalid("query.cursor", "not a cursor returned by this API")
+    return raw
+
+
+def _wake_dispatcher(request: Request, background: BackgroundTasks) -> None:
+    # Background tasks run after the response, hence after the commit: the round sees the job.
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    if dispatcher is not None:
+        background.add_task(dispatcher.wake)
+
+
+@router.post(
+    "", status_code=202, response_model=JobOut, operation_id="submitJob",
+    summary="Submit a job",
+    description="Record a gang job. It starts in `pending`; the dispatcher routes it to a pool. "
+                "With an `Idempotency-Key`, repeating the same request returns the same job (200 on replay), "
+                "and reusing the key with a different body is a 409. Caps on waiting jobs per user and per "
+                "account, and on new idempotency keys per caller, are checked here: 429 names the limit.",
+    responses={200: {"model": JobOut, "description": "Replay of an earlier request with the same Idempotency-Key"},
+               **problem_responses(401, 403, 409, 413, 422, 429)},
+)
+def submit_job(
+    principal: CurrentPrincipal,
+    session: DbSession,
+    request: Request,
+    response: Response,
+    background: BackgroundTasks,
+    spec: Annotated[JobSpec, Body(openapi_examples={"four-node gang": {"summary": "4 x 8 GPUs",
+                                                                        "value": EXAMPLE_SPEC}})],
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
+                                                  description="Client-chosen key making the submission safe to retry.")] = None
+) -> JobOut:
+    if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
+        raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
+    settings = request.app.state.settings
+    admission.refuse_early(session, request.app.state, principal, spec)
+    job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
+                                  default_time_limit_s=settings.default_time_limit_s,
+                                  max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
+                                  waiting_reason=admission.waiting_reason(request.app.state),
+                                  hold=admission.budget_hold(session, spec, settings))
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    _wake_dispatcher(request, background)
+    return to_out(job)
+
+
+@router.get(
+    "", response_model=JobPage, operation_id="listJobs", summary="List jobs",
+    description="Jobs of the caller's accounts (all jobs for admins), newest first. "
+                "Filters combine; `state` may repeat. Follow `next_cursor` for more.",
+    responses=problem_responses(401, 422),
+)
+def list_jobs(
+    principal: CurrentPrincipal,
+    session: DbSession,
+    state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
+    account: Annotated[str | None, Query(pattern=ACCOUNT_NAME_RE)] = None,
+    pool: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63,
+                                      description="Pool asked for or routed to.")] = None,
+    backend: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63, deprecated=True,
+                                         description="Deprecated alias of `pool`.")] = None,
+    cursor: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    job_set: Annotated[str | None, Query(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                                         description="Only the tasks of this array or sweep.")] = None
+) -> JobPage:
+    after = _decode_cursor(cursor) if cursor else None
+    jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
+                                    account=account, pool=pool or backend,
+                                    after_id=after, limit=limit + 1, job_set=job_set)
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return JobPage(items=[to_out(j) for j in jobs], next_cursor=_encode_cursor(jobs[-1].id) if more else None)
+
+
+JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                            description="Job id as returned by submitJob.",
+                            examples=["0192f0c4-7d3e-7a51-8c3e-5b1f0d9a2c44"])]
+
+
+@router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
+            responses=problem_responses(401, 404, 422))
+def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
+    from gateway.jobs.graph import dependencies_of, dependents_of
+
+    job = service.get_or_raise(session, principal=principal, job_id=job_id)
+    out = to_out(job)
+    # null (not []) when there are none: a job outside any workflow reads as it always did.
+    out.depends_on = dependencies_of(session, job, principal=principal) or None
+    out.dependents = dependents_of(session, job, principal=principal) or None
+    return out
+
+
+@router.post(
+    "/{job_id}/cancel", status_code=202, response_model=JobOut, operation_id="cancelJob", summary="Cancel a job",
+    description="A pending job is cancelled at once; a submitted job goes to `cancelling` until its "
+                "backend confirms. Cancelling a job that is already cancelling is a no-op. "
+                "Jobs waiting for it are cancelled too only with `cascade=true` (otherwise their "
+                "dependency decides: `succeeded` can then never be met and cancels them, `finished` is met).",
+    responses=problem_responses(401, 404, 409, 422),
+)
+def cancel_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, request: Request,
+               background: BackgroundTasks,
+               cascade: Annotated[bool, Query(description="Also cancel every job waiting for this one.")] = False
+               ) -> JobOut:
+    job = service.cancel(session, principal=principal, job_id=job_id, cascade=cascade)
+    _wake_dispatcher(request, background)
+    return to_out(job)
+
+
+@router.get("/{job_id}/events", response_model=JobEventPage, operation_id="listJobEvents",
+            summary="A job's history", description="Every state change and decision, oldest first.",
+            responses=problem_responses(401, 404, 422))
+def list_job_events(principal: CurrentPrincipal, session: DbSession, job_id: JobId, after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=1000)] = 500) -> JobEventPage:
+    job = service.get_or_raise(session, principal=principal, job_id=job_id)
+    events = repository.list_events(session, job.id, after_id=after, limit=limit)
+    return JobEventPage(items=[JobEventOut(
+        id=e.id, job_id=e.job_id, at=as_utc(e.at), actor=e.actor, kind=e.kind,
+        from_state=JobState(e.from_state) if e.from_state else None,
+        to_state=JobState(e.to_state) if e.to_state else None, reason=e.reason or "", data=e.data,
+    ) for e in events])
+
+
+_LOG_RESPONSES = {200: {"description": "The worker's output (stdout and stderr), as the job wrote it.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}},
+                  **problem_responses(401, 404, 409, 422, 429, 501, 503)}
+
+
+@router.get(
+    "/{job_id}/logs", operation_id="getJobLogs", summary="A job's output, per worker",
+    description="The output (stdout and stderr) of one worker of the job, streamed as it is read. "
+                "`tail` starts at the last N lines; `follow=true` keeps the stream open and sends new "
+                "output until the job has ended. 409 while the job has no output yet "
+                "(pending, or its worker has not started); 501 when its pool's output cannot be read "
+                "by the gateway (docs/logs.md). A follow counts as one of the caller's open streams: 429 "
+                "beyond the limit per caller, 503 when the gateway's stream budget is spent.",
+    response_class=StreamingResponse, responses=_LOG_RESPONSES,
+)
+def get_job_logs(
+    principal: CurrentPrincipal, session: DbSession, request: Request, job_id: JobId,
+    worker: Annotated[int, Query(ge=0, le=100_000, description="Worker index, 0 to workers-1.")] = 0,
+    tail: Annotated[int | None, Query(ge=1, le=1_000_000, description="Only the last N lines.")] = None,
+    follow: Annotated[bool, Query(description="Keep sending new output until the job ends.")] = False,
+) -> StreamingResponse:
+    from gateway.jobs import logs
+
+    job = service.get_or_raise(session, principal=principal, job_id=job_id)
+    sessions = request.app.state.sessionmaker
+
+    def job_final() -> bool:
+        with sessions() as s:
+            return repository.is_final(s, job_id, logs.FINAL_STATES)
+
+    # A follow is a stream: it counts against the caller's open streams (docs/logs.md).
+    permit = request.app.state.streams.acquire(principal.subject) if follow else None
+    try:
+        body = logs.open_output(getattr(request.app.state, "backends", None) or {}, job, worker,
+                                keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=follow,
+                                job_final=job_final)
+    except BaseException:
+        if permit is not None:
+            permit.release()
+        raise
+    return HeldStreamingResponse(body, permit=permit, media_type="text/plain; charset=utf-8",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+events_router = APIRouter(prefix="/v1/events", tags=["jobs"])
+
+
+@events_router.get(
+    "/stream", operation_id="streamJobEvents", summary="Live events of all your jobs (server-sent events)",
+    description="A `text/event-stream` of every event (state changes and decisions) of the jobs the caller "
+                "may read, in order. Each message has `id` (the event id), `event: job` and `data` (the "
+                "event as JSON, with the job's account). Reconnect with `Last-Event-ID` (or `after`) to "
+                "resume without losing or repeating an event; without either, the stream starts now. "
+                "A comment line is sent after a silence (heartbeat); the stream ends after a while and "
+                "the client reconnects (docs/logs.md). 429 beyond the caller's limit of open streams (log "
+                "follows and /ui/events count too), 503 when the gateway's stream budget is spent.",
+    response_class=StreamingResponse,
+    responses={200: {"description": "Server-sent events", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+               **problem_responses(401, 422, 429, 503)},
+)
+async def stream_job_events(
+    principal: CurrentPrincipal, request: Request,
+    after: Annotated[int | None, Query(ge=0, le=2**62, description="Resume after this event id.")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20,
+                                                description="Sent by EventSource when it reconnects.")] = None,
+) -> StreamingResponse:
+    from gateway.jobs import events
+
+    if last_event_id is not None:
+        if not re.fullmatch(r"[0-9]{1,19}", last_event_id):
+            raise Invalid("header.Last-Event-ID", "must be an event id sent by this stream")
+        after = int(last_event_id)
+    settings = request.app.state.settings
+    permit = request.app.state.streams.acquire(principal.subject)  # 429 / 503 (docs/logs.md)
+    body = events.sse(events.get_hub(request.app), principal, after_id=after,
+                      max_stream_s=settings.events_max_stream_s)
+    return HeldStreamingResponse(body, permit=permit, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

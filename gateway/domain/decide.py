@@ -1,0 +1,262 @@
+"""The claim round's decision: over a snapshot of the round, which jobs start where, and why the rest wait.
+
+snapshot -> decide -> apply (gateway/dispatch/claim.py), the shape of Armada's
+``SchedulingAlgo.Schedule(ctx, txn) -> SchedulerResult``: :func:`decide` reads the jobs
+the round picked, the pools' capacity views and what the planner needs, and returns a
+:class:`RoundResult` (claims with their pool, held GPUs and reason; waiting notes;
+estimates; jobs that can never run). It runs no SQL and changes no job: the caller writes
+the result in bulk (``jobs.Claims``, ``RoundLedger``, ``jobs.finish``).
+
+The ledger's rules are asked through :class:`LedgerPort`. For an account chain without
+limits they are answered from the round's one read and the reservation is only recorded
+(written with the round's others); for a chain WITH a limit the port applies the ledger's
+exact per-job rule (``ledger.reserve``: it locks the chain and writes, or refuses), as the
+round always has: its verdict depends on what the round reserved before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from gateway.domain import plan_inputs as planning
+from gateway.domain.routing import JobShape, PoolView, held_gpus, ranked, route, take
+from gateway.domain.planner import Candidate, Release, plan
+
+_POSITION = " (fair-share position {})"
+
+
+class LedgerPort(Protocol):
+    """What :func:`decide` asks of the ledger (gateway/dispatch/claim.py binds it to the round's ledger)."""
+
+    def budget_verdict(self, job: Any) -> tuple[str, str] | None:
+        """("never" | "period", why) when the job's GPU-hour budget refuses it, else None."""
+
+    def limited(self, account: str) -> bool:
+        """Whether a limit is set in the account's chain (the per-job rules apply)."""
+
+    def known_pools(self) -> frozenset[str]:
+        """The pools the ledger knows."""
+
+    def admission_check(self, job: Any, pool: str, gpus: int) -> tuple[bool, str]:
+        """(admitted, why not) of the job's gang in ``pool`` (a chain with a limit)."""
+
+    def reserve(self, job: Any, pool: str, gpus: int) -> str | None:
+        """Reserve the gang in ``pool``; the refusal's words, or None when reserved."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """The settings a round's decision depends on."""
+
+    weights: Any
+    queue_depth: int
+    cost_factor: float
+    reservation_depth: int = 0
+    max_starts: int = 0
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """What the round read: the picked jobs in fair-share order, the pools' views (the
+    decision takes capacity from them: give it copies), and, for the reservation policy,
+    the planner's inputs."""
+
+    now: datetime
+    picked: Sequence[Any]
+    views: dict[str, PoolView]
+    planned: bool = False
+    releases: list[Release] = dataclasses.field(default_factory=list)
+    registry_held: dict[str, int] = dataclasses.field(default_factory=dict)
+    recent_ends: list[Any] = dataclasses.field(default_factory=list)
+    monotonic_now: float = 0.0
+    # Each picked job's shape, read with the snapshot (a set task's shape comes from its
+    # set's template, a read): the decision itself touches no session.
+    shapes: dict[str, JobShape] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    job: Any
+    pool: str
+    held_gpus: int
+    reason: str
+    position: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiting:
+    job: Any
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    job: Any
+    start: datetime | None
+    pool: str | None
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    job: Any
+    reason: str
+
+
+@dataclasses.dataclass
+class RoundResult:
+    """What the round writes, each list in the order decided."""
+
+    claims: list[Claim] = dataclasses.field(default_factory=list)
+    waiting: list[Waiting] = dataclasses.field(default_factory=list)
+    estimates: list[Estimate] = dataclasses.field(default_factory=list)
+    failures: list[Failure] = dataclasses.field(default_factory=list)
+
+
+def decide(snap: Snapshot, ledger: LedgerPort, params: Params) -> RoundResult:
+    """The round's decision: greedy in fair-share order, or the reservation plan (``snap.planned``)."""
+    result = RoundResult()
+    if snap.planned:
+        _plan_round(snap, ledger, params, result)
+    else:
+        for position, job in enumerate(snap.picked, start=1):
+            _claim_one(snap, job, position, ledger, params, result)
+    return result
+
+
+def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, params: Params, result: RoundResult,
+               only: str | None = None, shape: JobShape | None = None) -> str | None:
+    """Admit, route and reserve one job. Returns why it waits (without its position), or None
+    when it was claimed or can never run."""
+    views = snap.views
+    shape = shape or snap.shapes[job.id]
+    verdict = ledger.budget_verdict(job)
+    if verdict is not None and verdict[0] == "never":
+        result.failures.append(Failure(job, f"cannot run: {verdict[1]}"))
+        return None
+    if verdict is not None:  # not this period: held with the reason, never "waiting for capacity"
+        return _wait(result, job, f"held: {verdict[1]}")
+    refusals: dict[str, str] = {}
+    # For a pinned job, reserve() applies the same rule; checking first only helps routing
+    # choose between pools. Asked pool by pool only when a limit is set in the account's
+    # chain (read once per round: with many pools, the check per pool was most of a round's queries).
+    if job.requested_pool == "auto" and len(views) > 1 and ledger.limited(job.account_name):
+        for name, view in views.items():
+            ok, why = ledger.admission_check(job, name, held_gpus(shape, view))
+            if not ok:
+                refusals[name] = why
+    decision = route(shape, job.requested_pool, views, quota_refusals=refusals, weights=params.weights,
+                     queue_depth=params.queue_depth, cost_factor=params.cost_factor, only=only)
+    if decision.rejected:
+        result.failures.append(Failure(job, f"cannot run: {decision.reason}"))
+        return None
+    if decision.pool is None:
+        return _wait(result, job, decision.reason, position)
+    # What the gang will hold there: whole nodes on a node-exclusive pool.
+    held = held_gpus(shape, views[decision.pool])
+    refused = ledger.reserve(job, decision.pool, held)
+    if refused is not None:
+        return _wait(result, job, f"quota: {refused}")
+    result.claims.append(Claim(job, decision.pool, held, decision.reason, position))
+    take(shape, views[decision.pool])
+    return None
+
+
+def _wait(result: RoundResult, job: Any, why: str, position: int | None = None) -> str:
+    result.waiting.append(Waiting(job, why if position is None else why + _POSITION.format(position)))
+    return why
+
+
+def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundResult) -> None:
+    """Claim what the plan starts now; note a planned start (estimate) on the rest.
+
+    Conservative backfill over every pool (gateway/dispatch/planning.py,
+    gateway/scheduling/planner.py): the top ``reservation_depth`` jobs that cannot
+    start now hold a reservation no lower job may delay.
+    """
+    views, now = snap.views, snap.now
+    candidates: list[Candidate] = []
+    blocked: dict[str, str] = {}  # job id -> why it cannot be admitted now
+    usable_of: dict[str, tuple[str, ...]] = {}
+    shapes: dict[str, JobShape] = {}
+    # ranked() per (shape, pool asked for): the views do not move before the plan is made.
+    ranking: dict[tuple[JobShape, str], list[str]] = {}
+    known = ledger.known_pools()
+    for job in snap.picked:
+        shape = shapes[job.id] = snap.shapes[job.id]
+        verdict = ledger.budget_verdict(job)
+        if verdict is not None:
+            # "never" fails it below (the greedy path's words); else held this period.
+            blocked[job.id] = f"held: {verdict[1]}"
+            candidates.append(planning.candidate(job, (), blocked[job.id]))
+            continue
+        requested = job.requested_pool
+        # The pools route() may use (kind, fit, state), best first by its score: the
+        # planner breaks ties between equally early starts by this order.
+        names = ranking.get((shape, requested))
+        if names is None:
+            names = ranking[(shape, requested)] = ranked(shape, requested, views, weights=params.weights,
+                                                         cost_factor=params.cost_factor)
+        refusals: list[str] = []
+        limited = ledger.limited(job.account_name)
+        if not limited and known.issuperset(names):  # nothing in the chain can refuse it
+            usable_of[job.id] = tuple(n for n in names if views[n].capacity is not None)
+            candidates.append(planning.candidate(job, usable_of[job.id]))
+            continue
+        usable: list[str] = []
+        for name in names:
+            view = views[name]
+            if view.capacity is None:
+                continue
+            if not limited and name in known:
+                usable.append(name)
+                continue
+            ok, why = ledger.admission_check(job, name, held_gpus(shape, view))
+            if ok:
+                usable.append(name)
+            else:
+                refusals.append(f"{name}: {why}")
+        usable_of[job.id] = tuple(usable)
+        if not usable and refusals:
+            blocked[job.id] = "quota: " + "; ".join(refusals)
+        candidates.append(planning.candidate(job, tuple(usable), blocked.get(job.id, "")))
+    lagging, registry_held = planning.lagging_ends(views, snap.registry_held, snap.recent_ends, now=now,
+                                                   monotonic_now=snap.monotonic_now)
+    planned = plan(now=now.timestamp(), pools=planning.pool_models(views),
+                   free_now=planning.free_now(views, registry_held), releases=snap.releases + lagging,
+                   candidates=candidates, depth=params.reservation_depth, max_starts=params.max_starts)
+    starts = {p.job_id: p for p in planned.starts}
+    reserved = {p.job_id: p for p in planned.reservations}
+    for position, job in enumerate(snap.picked, start=1):
+        start = starts.get(job.id)
+        if start is not None or job.id in blocked or not usable_of.get(job.id):
+            # Starts now (routed to the planned pool), or the greedy path's own words:
+            # fail what can never run, hold what is over budget or quota.
+            # The reason still says why not the other pools.
+            why = _claim_one(snap, job, position, ledger, params, result,
+                             only=start.pool if start is not None else None, shape=shapes[job.id])
+            if why is not None:
+                result.estimates.append(Estimate(job, None, None, why))
+            continue
+        held = reserved.get(job.id)
+        decision = route(shapes[job.id], job.requested_pool, views, weights=params.weights,
+                         queue_depth=params.queue_depth)
+        if held is not None:
+            at = datetime.fromtimestamp(held.start, tz=timezone.utc)
+            why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
+                   f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
+                   "time limits")
+            result.estimates.append(Estimate(job, at, held.pool, why))
+            _wait(result, job, f"waiting for capacity: {why}", position)
+            continue
+        no_estimate = planned.unplanned.get(job.id) or (
+            f"behind the {params.reservation_depth} jobs that hold reservations; no estimate yet")
+        result.estimates.append(Estimate(job, None, None, no_estimate))
+        if decision.pool is not None:  # it fits now, but only on capacity a higher job has reserved
+            why = f"waiting for capacity: held back, starting now would delay a higher job's reservation; {no_estimate}"
+        else:
+            why = decision.reason
+        _wait(result, job, why, position)

@@ -1,0 +1,333 @@
+"""Routing: which pool a gang goes to, and why, in words a user can read.
+
+Pools are data (gateway/pools): any number, each of a kind (``slurm``: node-exclusive;
+``kubernetes``: GPUs packed) with a state, a routing weight and a cost. A pool is a
+candidate when it is ``active`` (draining and disabled pools get nothing new), of the
+job's ``pool_kind`` if it asks for one, the job can EVER fit it (static limits: GPUs per
+node, node count, total GPUs, container support, GPU type) and the account's per-pool
+quota allows it. Among candidates, the job goes to a pool where the WHOLE gang fits now
+(Slurm: enough idle nodes for exclusive allocation; Kubernetes: enough free GPUs in the
+ClusterQueue); ties are broken by the pool's weight, its cost (cheaper first, scaled by
+``routing_cost_factor``), the free share left after placement, and the pool's queue depth. If no pool has room now the job stays pending in
+the gateway, where fair share orders it, rather than queueing in a backend's own FIFO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+from adapters.base import Backend, BackendError, Capacity, Feature
+from gateway.domain.shapes import normalise_gpu_type, parse_memory_mib
+
+
+@dataclasses.dataclass
+class PoolView:
+    """One backend's capacity as seen at the start of a dispatch round."""
+
+    name: str
+    backend: Backend | None
+    capacity: Capacity | None
+    error: str = ""
+    free_gpus: int = 0
+    idle_nodes: int = 0
+    total_gpus: int = 0
+    total_nodes: int = 0
+    gpus_per_node: int = 0
+    gpu_types: frozenset[str] = frozenset()
+    queue_depth: int = 0
+    memory_mib_per_node: int = 0  # 0: unknown
+    cpus_per_node: int = 0
+    kind: str = ""  # slurm | kubernetes; "" = the backend's own name (its kind)
+    state: str = "active"  # active | draining | disabled (the pool table)
+    weight: float = 1.0  # routing weight (> 0)
+    cost: float = 1.0  # billing weight per GPU-second, the cost term of routing
+    # Why the pool cannot run a container image ("" when it can): from its adapter.
+    image_unsupported: str = ""
+    # (shape, name) -> _excluded()'s note: it reads only what a round never changes (take()
+    # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
+    # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
+    _excluded_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
+    _described: tuple = dataclasses.field(default=(None, ""), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.kind:
+            self.kind = getattr(self.backend, "name", None) or self.name
+        if self.backend is not None and not self.image_unsupported:
+            self.image_unsupported = getattr(self.backend, "unsupported_features", {}).get(Feature.CONTAINER_IMAGE, "")
+
+    # The facts never_fits() reads, which do not move from round to round: what a process
+    # without a dispatcher judges a submission by (gateway/pools/service.py stored_views).
+    LIMIT_FIELDS = ("total_gpus", "total_nodes", "gpus_per_node", "memory_mib_per_node", "cpus_per_node",
+                    "image_unsupported")
+
+    def limits(self) -> dict | None:
+        """The pool's static limits (None without a capacity snapshot: nothing is known)."""
+        if self.capacity is None:
+            return None
+        out = {f: getattr(self, f) for f in self.LIMIT_FIELDS}
+        out["gpu_types"] = sorted(self.gpu_types)
+        return out
+
+    @classmethod
+    def from_limits(cls, name: str, limits: Mapping, meta: Mapping | None = None) -> "PoolView":
+        """A view that knows only the pool's static limits (free capacity unknown, taken as
+        none): enough for :func:`never_fits` and :func:`check_pinned`, never for routing."""
+        meta = {k: v for k, v in dict(meta or {}).items() if k != "gpu_types"}
+        known = {f: limits[f] for f in cls.LIMIT_FIELDS if f in limits}
+        return cls(name=name, backend=None, capacity=Capacity(backend=meta.get("kind", name), pools=()),
+                   gpu_types=frozenset(limits.get("gpu_types") or ()), **known, **meta)
+
+    @classmethod
+    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> "PoolView":
+        """Ask the backend for its capacity now. ``meta``: the pool's row (kind, state, weight, cost,
+        gpu_types); configured GPU types replace the ones the backend reports."""
+        meta = dict(meta or {})
+        configured_types = frozenset(normalise_gpu_type(t) for t in meta.pop("gpu_types", None) or ())
+        try:
+            cap = backend.capacity()
+        except BackendError as exc:
+            return cls(name=name, backend=backend, capacity=None, error=exc.message, queue_depth=queue_depth,
+                       gpu_types=configured_types, **meta)
+        return cls(
+            name=name, backend=backend, capacity=cap, **meta,
+            free_gpus=sum(p.free_gpus for p in cap.pools), idle_nodes=sum(p.idle_nodes for p in cap.pools),
+            total_gpus=sum(p.total_gpus for p in cap.pools), total_nodes=sum(p.total_nodes for p in cap.pools),
+            gpus_per_node=max((p.gpus_per_node for p in cap.pools), default=0),
+            gpu_types=configured_types or frozenset(normalise_gpu_type(t) for p in cap.pools for t in p.gpu_types),
+            queue_depth=queue_depth,
+            memory_mib_per_node=max((p.memory_mib_per_node for p in cap.pools), default=0),
+            cpus_per_node=max((p.cpus_per_node for p in cap.pools), default=0),
+        )
+
+    @property
+    def node_exclusive(self) -> bool:
+        # From the pool's KIND, never its name: Slurm allocates whole nodes (--exclusive);
+        # Kubernetes packs pods by GPU.
+        return self.kind == "slurm"
+
+    def describe(self) -> str:
+        # Asked for every pool of every job a round routes; it changes only when take() does.
+        key = (self.free_gpus, self.idle_nodes)
+        if self._described[0] != key:
+            self._described = (key, self._describe())
+        return self._described[1]
+
+    def _describe(self) -> str:
+        if self.capacity is None:
+            return f"{self.name}: unavailable ({self.error})"
+        details = "; ".join(p.detail for p in self.capacity.pools if p.detail)
+        if details:
+            return f"{self.name}: {details}"
+        if self.node_exclusive:
+            return (f"{self.name}: {self.idle_nodes} of {self.total_nodes} nodes idle "
+                    f"({self.free_gpus} of {self.total_gpus} GPUs free)")
+        return f"{self.name}: {self.free_gpus} of {self.total_gpus} GPUs free"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobShape:
+    workers: int
+    gpus_per_worker: int
+    total_gpus: int
+    image: str | None
+    gpu_type: str | None
+    memory_mib_per_worker: int = 0
+    cpus_per_worker: int = 0
+    pool_kind: str | None = None  # only pools of this kind
+
+    def __hash__(self) -> int:
+        # Kept once computed: a round looks a shape up once per pool (PoolView._excluded_memo).
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = self.__dict__["_hash"] = hash((self.workers, self.gpus_per_worker, self.total_gpus, self.image,
+                                               self.gpu_type, self.memory_mib_per_worker, self.cpus_per_worker,
+                                               self.pool_kind))
+            return h
+
+    @classmethod
+    def of_spec(cls, *, workers: int, gpus_per_worker: int, total_gpus: int, spec: dict) -> "JobShape":
+        memory = spec.get("memory_per_worker")
+        return cls(workers=workers, gpus_per_worker=gpus_per_worker, total_gpus=total_gpus,
+                   image=spec.get("image"), gpu_type=spec.get("gpu_type"),
+                   memory_mib_per_worker=parse_memory_mib(memory) if memory else 0,
+                   cpus_per_worker=int(spec.get("cpus_per_worker") or 0), pool_kind=spec.get("pool_kind"))
+
+
+def never_fits(shape: JobShape, view: PoolView) -> str | None:
+    """Why this job can never run on this pool, or None. Needs a capacity snapshot."""
+    if shape.image and view.image_unsupported:
+        return view.image_unsupported
+    if view.capacity is None:
+        return None  # unknown now; not a reason to refuse forever
+    if shape.gpu_type and normalise_gpu_type(shape.gpu_type) not in view.gpu_types:
+        # A pool whose GPUs have no type (none configured, none reported) cannot honour a
+        # typed request: Slurm refuses gpu:<type> on untyped GRES, no Kubernetes node has the label.
+        has = ", ".join(sorted(view.gpu_types)) or "none of a known type"
+        return f"no {shape.gpu_type} GPUs (has {has})"
+    if view.gpus_per_node and shape.gpus_per_worker > view.gpus_per_node:
+        return f"a worker asks {shape.gpus_per_worker} GPUs; nodes have {view.gpus_per_node}"
+    if view.memory_mib_per_node and shape.memory_mib_per_worker > view.memory_mib_per_node:
+        return (f"a worker asks {shape.memory_mib_per_worker} MiB of memory; the largest node has "
+                f"{view.memory_mib_per_node} MiB")
+    if view.cpus_per_node and shape.cpus_per_worker > view.cpus_per_node:
+        return f"a worker asks {shape.cpus_per_worker} CPUs; the largest node has {view.cpus_per_node}"
+    if view.node_exclusive and shape.workers > view.total_nodes:
+        return f"{shape.workers} workers need {shape.workers} whole nodes; the pool has {view.total_nodes}"
+    if shape.total_gpus > view.total_gpus:
+        return f"the gang needs {shape.total_gpus} GPUs; the pool has {view.total_gpus}"
+    return None
+
+
+def held_gpus(shape: JobShape, view: PoolView) -> int:
+    """GPUs the gang will hold on this pool, which is what the ledger reserves, limits and charges.
+
+    A node-exclusive pool gives each worker a whole node and every GPU on it (sbatch(1)
+    ``--exclusive``: "the job is allocated all CPUs and GRES on all nodes"), whatever the job
+    asked for: workers x the pool's GPUs per node (its largest node when nodes differ). Other
+    pools place GPUs one by one: what was asked.
+    """
+    if view.node_exclusive and view.gpus_per_node:
+        return max(shape.total_gpus, shape.workers * view.gpus_per_node)
+    return shape.total_gpus
+
+
+def fits_now(shape: JobShape, view: PoolView) -> bool:
+    if view.capacity is None:
+        return False
+    if view.node_exclusive:
+        return view.idle_nodes >= shape.workers
+    return view.free_gpus >= shape.total_gpus
+
+
+def take(shape: JobShape, view: PoolView) -> None:
+    """Account for a placement within the round, so one snapshot is not handed out twice."""
+    view.free_gpus = max(0, view.free_gpus - shape.total_gpus)
+    if view.node_exclusive:
+        view.idle_nodes = max(0, view.idle_nodes - shape.workers)
+        view.free_gpus = min(view.free_gpus, view.idle_nodes * view.gpus_per_node) if view.gpus_per_node else view.free_gpus
+    view.queue_depth += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    pool: str | None  # None: stays pending
+    reason: str  # shown on the job
+    rejected: bool = False  # True: can never run where it was pinned -> reject
+
+
+def parse_weights(raw: str) -> dict[str, float]:
+    try:
+        value = json.loads(raw or "{}")
+        return {str(k): float(v) for k, v in value.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _excluded(shape: JobShape, name: str, view: PoolView) -> str | None:
+    """The note saying why this pool may not take the job at all (kind, fit, state), or None."""
+    key = (shape, name)
+    try:
+        return view._excluded_memo[key]
+    except KeyError:
+        note = view._excluded_memo[key] = _excluded_now(shape, name, view)
+        return note
+
+
+def _excluded_now(shape: JobShape, name: str, view: PoolView) -> str | None:
+    if shape.pool_kind and view.kind != shape.pool_kind:
+        return f"{name}: cannot run this job (a {view.kind} pool; the job asks for {shape.pool_kind})"
+    why_never = never_fits(shape, view)
+    if why_never:
+        return f"{name}: cannot run this job ({why_never})"
+    if view.state != "active":
+        return f"{name}: {view.state} (takes no new jobs)"
+    return None
+
+
+def _score(shape: JobShape, name: str, view: PoolView, weights: Mapping[str, float]) -> float:
+    """A pool's score before the cost term: weight, plus the share left free, minus its queue."""
+    left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
+    return view.weight * weights.get(name, 1.0) + left - 0.05 * view.queue_depth
+
+
+def _by_score(scored: list[tuple[float, float, str]], cost_factor: float) -> list[str]:
+    """(score before cost, cost, name) -> names, best first: the cost term, then ties by name."""
+    if not scored:
+        return []
+    cheapest = min(cost for _, cost, _ in scored)
+    return [name for _, name in sorted(((score - cost_factor * (cost / cheapest - 1.0), name)
+                                         for score, cost, name in scored), key=lambda t: (-t[0], t[1]))]
+
+
+def ranked(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
+           weights: Mapping[str, float] | None = None, cost_factor: float = 1.0) -> list[str]:
+    """The pools this job may use, now or later, best first by :func:`route`'s score.
+
+    The same rules as ``route`` (kind asked for, can ever fit, ``active``), for the
+    reservation planner, which picks the pool where the job starts earliest and breaks ties
+    by this order (so cost and weight count there too).
+    """
+    weights = weights or {}
+    names = [requested] if requested != "auto" else sorted(views)
+    usable = [(_score(shape, n, views[n], weights), views[n].cost, n) for n in names
+              if n in views and _excluded(shape, n, views[n]) is None]
+    return _by_score(usable, cost_factor)
+
+
+def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
+          quota_refusals: Mapping[str, str] | None = None, weights: Mapping[str, float] | None = None,
+          queue_depth: int = 0, cost_factor: float = 1.0, only: str | None = None) -> Decision:
+    """Pick a pool for one job now (see module docstring).
+
+    ``weights`` (the old ``ISTHMUS_ROUTING_WEIGHTS``) multiply each pool's own weight.
+    ``only``: the pool the reservation planner chose; the others are still described in the
+    reason (why not there) but not picked.
+    """
+    quota_refusals = quota_refusals or {}
+    weights = weights or {}
+    names = [requested] if requested != "auto" else sorted(views)
+    if requested != "auto" and requested not in views:
+        return Decision(None, f"pool {requested!r} is not configured on this gateway", rejected=True)
+    notes: list[str] = []
+    fitting: list[tuple[float, float, str]] = []  # (score before cost, cost, name)
+    for name in names:
+        view = views[name]
+        excluded = _excluded(shape, name, view)
+        if excluded:
+            notes.append(excluded)
+            continue
+        if name in quota_refusals:
+            notes.append(f"{name}: quota ({quota_refusals[name]})")
+            continue
+        notes.append(view.describe())
+        if only is not None and name != only:
+            continue
+        if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth):
+            fitting.append((_score(shape, name, view, weights), view.cost, name))
+    if fitting:
+        chosen = _by_score(fitting, cost_factor)[0]
+        return Decision(chosen, f"routed to {chosen}; " + "; ".join(notes))
+    every_never = all(n.split(":", 1)[1].strip().startswith("cannot run") for n in notes) and notes
+    if every_never:
+        return Decision(None, "; ".join(notes), rejected=True)
+    return Decision(None, "waiting for capacity: " + "; ".join(notes))
+
+
+def check_pinned(shape: JobShape, requested: str, views: Mapping[str, PoolView]) -> str | None:
+    """At submit time: the reason a job can never run where it asks to, or None."""
+    def why(view: PoolView) -> str | None:
+        if shape.pool_kind and view.kind != shape.pool_kind:
+            return f"a {view.kind} pool; the job asks for {shape.pool_kind}"
+        return never_fits(shape, view)
+
+    if requested == "auto":
+        if views and all(why(v) for v in views.values()):
+            return "; ".join(f"{n}: {why(v)}" for n, v in sorted(views.items()))
+        return None
+    if requested not in views:
+        return f"pool {requested!r} is not configured on this gateway (GET /v1/pools lists them)"
+    reason = why(views[requested])
+    return f"{requested}: {reason}" if reason else None

@@ -1,0 +1,212 @@
+"""Admission at submit: the checks every entry point runs before a job or a job set is recorded.
+
+Single jobs (gateway/api/jobs.py) and job sets (gateway/api/flows.py) both call
+:func:`refuse_early` and then record through their service, which checks membership and the
+caps in the same transaction; :func:`budget_hold` (single jobs, on the chain the cap check
+read) and :func:`set_waiting_reason` (a set, once for all its tasks) give the budget verdict and
+refuse a job no concurrent-GPU limit lets run. One place, so the two paths cannot drift: a
+set whose tasks exceed the account's ``max_gpus`` was once accepted while the same single job
+got a 422 (issue #28).
+
+``app_state`` is the FastAPI app's state: its dispatcher (capacity snapshot) and backends.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gateway.identity import system_users
+from gateway.jobs import service
+from gateway.jobs.schemas import JobSpec
+from gateway.kit.errors import Forbidden, Invalid
+
+
+def refuse_early(session, app_state, principal, spec: JobSpec) -> None:
+    """403/422 before anything is recorded: a system user, an unknown pool, a pool it never fits."""
+    refuse_system_user(principal, app_state.settings)
+    refuse_unknown_pool(session, spec)
+    refuse_if_never_fits(session, app_state, spec)
+
+
+def set_waiting_reason(session, app_state, principal, spec: JobSpec) -> str:
+    """A job set's tasks' reason to wait (held by the budget, or for dispatch); 422 for a task
+    that could never run under the account's GPU limits or budget, as for a single job.
+
+    Only for a member of the account: anyone else is refused by the set's service (403)
+    before learning anything of the account's limits.
+    """
+    if not principal.may_use(spec.account):
+        return waiting_reason(app_state)
+    refuse_if_never_admissible(session, spec)
+    held = budget_verdict(session, spec, app_state.settings)
+    return f"held: {held}" if held else waiting_reason(app_state)
+
+
+def caps(settings) -> service.SubmitCaps:
+    return service.SubmitCaps(pending_per_user=settings.max_pending_jobs_per_user,
+                              pending_per_account=settings.max_pending_jobs_per_account,
+                              keys_per_user=settings.max_idempotency_keys_per_user,
+                              key_window_s=settings.idempotency_key_window_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _denied_users(value: str) -> frozenset[str]:
+    return system_users.parse_user_list(value)
+
+
+def refuse_system_user(principal, settings) -> None:
+    """403 before anything is recorded when the caller's POSIX user is a system account."""
+    if not principal.username:
+        return  # refused by service.create with its own reason
+    reason = system_users.refusal(principal.username, min_uid=settings.min_job_uid,
+                                  denied=_denied_users(settings.denied_job_users))
+    if reason:
+        raise Forbidden(reason)
+
+
+def refuse_unknown_pool(session, spec: JobSpec) -> None:
+    """A job naming a pool the gateway does not know (or no longer has) is refused, naming the field."""
+    if spec.pool == "auto":
+        return
+    from gateway.pools.service import require_known
+
+    require_known(session, spec.pool, "body.pool" if "pool" in spec.model_fields_set else "body.backend",
+                  or_auto=True)
+
+
+def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
+    """A job that can never fit the pool it names (or, with ``auto``, any pool) is refused now,
+    not left pending forever.
+
+    Judged on this process's dispatcher's latest capacity snapshot when it has one; else
+    (``isthmus serve`` beside ``isthmus worker``, or before the first round) on the limits a
+    dispatcher last stored for each pool (gateway/pools/service.py ``stored_views``, trusted
+    for ``LIMITS_FRESH_S``). A pool with no known limits refuses nothing: with ``auto`` the
+    job is then accepted, and the dispatcher fails it with the same reason once it knows.
+    """
+    from gateway.domain.routing import JobShape, check_pinned
+
+    if not getattr(app_state, "backends", None):
+        return  # no pool configured: the job waits for one (waiting_reason)
+    dispatcher = getattr(app_state, "dispatcher", None)
+    views = dispatcher.latest_views() if dispatcher is not None else {}
+    if not views:
+        from gateway.kit.timeutil import utcnow
+        from gateway.pools.service import stored_views
+
+        views, configured = stored_views(session, now=utcnow())
+        if not views or (spec.pool == "auto" and set(views) != configured) or \
+                (spec.pool != "auto" and spec.pool not in views):
+            return
+    shape = JobShape.of_spec(workers=spec.workers, gpus_per_worker=spec.gpus_per_worker,
+                             total_gpus=spec.total_gpus, spec=spec.model_dump(mode="json"))
+    reason = check_pinned(shape, spec.pool, views)
+    if reason:
+        field = "body" if spec.pool == "auto" else ("body.pool" if "pool" in spec.model_fields_set else "body.backend")
+        raise Invalid(field, f"this job can never run: {reason}")
+
+
+def refuse_if_never_admissible(session, spec: JobSpec) -> None:
+    """A job larger than its account's concurrent-GPU limit on every pool it may use is refused now.
+
+    The limit on a pool is the smallest ``max_gpus`` or per-pool ``max_gpus_per_pool`` set on
+    the account or an ancestor: each level caps its subtree, so such a job could never be
+    admitted and would wait forever (docs/dispatch.md, "Reservations and backfill"). The
+    GPUs asked are a lower bound of what the gang holds, so nothing admissible is refused.
+    The pools it may use: the one it names, else every routable pool (of its ``pool_kind``).
+    """
+    from sqlalchemy import select
+
+    from gateway.accounts import service as accounts
+    from gateway.models.accounts import AccountPoolQuota, AccountQuota
+    from gateway.kit.errors import NotFound
+    from gateway.ledger.service import routable_pools
+    from gateway.models.pools import Pool
+
+    try:
+        names = [a.name for a in accounts.chain(session, spec.account)]
+    except NotFound:
+        return  # an unknown account: create() names the field
+    overall = [(q.max_gpus, "max_gpus", q.account_name) for q in
+               session.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names)))
+               if q.max_gpus is not None]
+    per_pool = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(names),
+                                                                   AccountPoolQuota.max_gpus.is_not(None))))
+    if not overall and not per_pool:
+        return  # the common case: no limit set anywhere on the chain
+    if overall and spec.total_gpus > min(overall)[0]:  # max_gpus counts every pool together
+        value, field, where = min(overall)
+        raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than "
+                                      f"the concurrent-GPU limit of account {spec.account} on every pool "
+                                      f"({field} = {value}, set on account {where})")
+    if spec.pool != "auto":
+        pools = [spec.pool]
+    else:
+        pools = routable_pools(session)
+        if spec.pool_kind is not None:
+            kinds = dict(session.execute(select(Pool.name, Pool.kind).where(Pool.name.in_(pools))).all())
+            pools = [p for p in pools if kinds.get(p) == spec.pool_kind]
+    if not pools:
+        return  # no pool to judge against: the job waits with the dispatcher's reason
+    limits: list[str] = []
+    for pool in pools:
+        candidates = overall + [(q.max_gpus, f"max_gpus_per_pool[{pool}]", q.account_name)
+                                for q in per_pool if q.pool == pool]
+        tightest = min(candidates, default=None)
+        if tightest is None or spec.total_gpus <= tightest[0]:
+            return
+        limits.append(f"{pool}: {tightest[1]} = {tightest[0]} (set on account {tightest[2]})")
+    raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than the "
+                                  f"concurrent-GPU limit of account {spec.account} on every pool it may use "
+                                  f"({'; '.join(limits)})")
+
+
+def budget_hold(session, spec: JobSpec, settings):
+    """For create(): refuse a job no concurrent-GPU limit lets run, or one bigger than a whole
+    budget period; the reason it is held when this period's budget is short. Works on the
+    account chain the cap check read (budgets and whether GPU limits are set ride along), so
+    the common case costs no read of its own."""
+    from gateway.ledger import service as ledger
+
+    def hold(chain) -> str | None:  # called by create() after it checked the caller and the time limit
+        if any(row.max_gpus is not None or row.has_pool_limits for row in chain):
+            refuse_if_never_admissible(session, spec)  # reads only when a GPU limit is set
+        time_limit_s = service.time_limit_of(spec.time_limit, default_s=settings.default_time_limit_s,
+                                             max_s=settings.max_time_limit_s)
+        return held_reason(ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
+                                                     time_limit_s=time_limit_s, gpu_type=spec.gpu_type))
+
+    return hold
+
+
+def budget_verdict(session, spec, settings) -> str | None:
+    """The same verdict as :func:`budget_hold`, read on its own (job sets: once per set)."""
+    from gateway.kit.errors import NotFound
+    from gateway.ledger import service as ledger
+
+    time_limit_s = service.time_limit_of(spec.time_limit, default_s=settings.default_time_limit_s,
+                                         max_s=settings.max_time_limit_s)
+    try:
+        verdict = ledger.budget_verdict(session, account=spec.account, total_gpus=spec.total_gpus,
+                                        time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
+    except NotFound:
+        return None  # an unknown account: create() names the field
+    return held_reason(verdict)
+
+
+def held_reason(verdict) -> str | None:
+    """A budget verdict as create() wants it: None, the reason a job is held, or 422 for never."""
+    if verdict is None:
+        return None
+    if verdict[0] == "never":
+        raise Invalid("body.time_limit", f"this job can never run: {verdict[1]}")
+    return verdict[1]
+
+
+def waiting_reason(app_state) -> str:
+    """What a newly recorded job waits for: a pool to be configured, or the dispatcher."""
+    if not getattr(app_state, "backends", None):
+        from gateway.pools.service import NO_POOL
+
+        return NO_POOL
+    return "waiting for dispatch"

@@ -1,0 +1,46 @@
+"""The ``pool`` table: every pool the gateway knows, configured now or in the past.
+
+Written at start-up from the pools' configuration (gateway/pools/service.py ``reconcile``)
+and by administrators (``PATCH /v1/admin/pools/{name}``: state and routing weight). An
+admin's choice wins over the file's on later start-ups (``state_by`` / ``weight_by`` name
+who set it; "" means the configuration did). Adapter settings are never stored here: they
+may name credentials.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, String, true
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gateway.kit.db import Base
+from gateway.kit.names import POOL_NAME_LEN
+from gateway.kit.timeutil import utcnow
+
+
+class Pool(Base):
+    __tablename__ = "pool"
+    __table_args__ = (
+        CheckConstraint("kind IN ('slurm', 'kubernetes')", name="kind_known"),
+        CheckConstraint("state IN ('active', 'draining', 'disabled')", name="state_known"),
+        CheckConstraint("weight > 0", name="weight_positive"),
+        CheckConstraint("cost > 0 AND cost <= 1000", name="cost_range"),
+    )
+
+    name: Mapped[str] = mapped_column(String(POOL_NAME_LEN), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    gpu_types: Mapped[list[str]] = mapped_column(JSON, default=list)
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    cost: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    state: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
+    state_by: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    weight_by: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    # False: no longer in the configuration (kept for history, quotas and reports).
+    configured: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # The pool's static limits as the dispatcher last saw them (gateway/domain/routing.py
+    # PoolView.limits) and when: a process without a dispatcher checks never-fits on them.
+    limits: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    limits_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

@@ -1,0 +1,115 @@
+"""Routing decisions on capacity snapshots (pure logic; the pools' real figures are covered by
+tests/dispatch against the real Slurm cluster and Kueue)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from adapters.base import Capacity, PoolCapacity
+from gateway.domain.routing import JobShape, PoolView, ranked, route, take
+
+
+def view(name: str, *, nodes: int, idle: int, gpus_per_node: int = 8, depth: int = 0) -> PoolView:
+    cap = Capacity(backend=name, pools=(PoolCapacity(pool="p", total_nodes=nodes, idle_nodes=idle,
+                                                     total_gpus=nodes * gpus_per_node, free_gpus=idle * gpus_per_node,
+                                                     gpus_per_node=gpus_per_node),))
+    return PoolView(name=name, backend=None, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
+                    total_gpus=nodes * gpus_per_node, total_nodes=nodes, gpus_per_node=gpus_per_node,
+                    queue_depth=depth)
+
+
+GANG = JobShape(workers=2, gpus_per_worker=8, total_gpus=16, image=None, gpu_type=None)
+
+
+def test_waits_in_the_gateway_when_no_pool_has_room():
+    d = route(GANG, "auto", {"slurm": view("slurm", nodes=4, idle=1),
+                             "kubernetes": view("kubernetes", nodes=4, idle=1)})
+    assert d.pool is None and not d.rejected
+    assert d.reason.startswith("waiting for capacity") and "1 of 4 nodes idle" in d.reason
+
+
+def test_queue_depth_lets_a_pool_take_jobs_beyond_free_capacity():
+    views = {"slurm": view("slurm", nodes=4, idle=0)}
+    assert route(GANG, "slurm", views, queue_depth=2).pool == "slurm"
+    take(GANG, views["slurm"])
+    take(GANG, views["slurm"])
+    assert views["slurm"].queue_depth == 2
+    assert route(GANG, "slurm", views, queue_depth=2).pool is None  # depth used up
+
+
+def test_a_snapshot_is_not_handed_out_twice():
+    views = {"slurm": view("slurm", nodes=4, idle=2)}
+    assert route(GANG, "slurm", views).pool == "slurm"
+    take(GANG, views["slurm"])
+    assert route(GANG, "slurm", views).pool is None
+
+
+def test_pinned_job_that_can_never_fit_is_rejected_with_reason():
+    huge = JobShape(workers=8, gpus_per_worker=8, total_gpus=64, image=None, gpu_type=None)
+    d = route(huge, "slurm", {"slurm": view("slurm", nodes=4, idle=4)})
+    assert d.rejected and "8 whole nodes" in d.reason
+
+
+def test_quota_refusal_sends_an_auto_job_to_the_other_pool():
+    views = {"slurm": view("slurm", nodes=4, idle=4), "kubernetes": view("kubernetes", nodes=4, idle=4)}
+    d = route(GANG, "auto", views, quota_refusals={"kubernetes": "team-a: 32 of 32 in pool kubernetes"})
+    assert d.pool == "slurm" and "kubernetes: quota" in d.reason
+
+
+def test_a_round_reusing_its_views_gives_each_shape_its_own_reasons_and_sees_what_it_took():
+    """Whether a pool can ever take a shape is worked out once per round (views are reused job after job):
+    another shape still gets its own verdict, and capacity taken in between still shows."""
+    views = {"slurm": view("slurm", nodes=4, idle=2), "small": view("small", nodes=4, idle=4, gpus_per_node=4)}
+    first = route(GANG, "auto", views)
+    assert first.pool == "slurm" and "small: cannot run this job (a worker asks 8 GPUs; nodes have 4)" in first.reason
+    take(GANG, views["slurm"])
+    again = route(GANG, "auto", views)
+    assert again.pool is None and "slurm: 0 of 4 nodes idle" in again.reason
+    narrow = JobShape(workers=1, gpus_per_worker=4, total_gpus=4, image=None, gpu_type=None)
+    assert route(narrow, "auto", views).pool == "small"
+    typed = JobShape(workers=1, gpus_per_worker=4, total_gpus=4, image=None, gpu_type="h100")
+    assert route(typed, "auto", views).rejected  # no typed GPUs anywhere: its own verdict, not narrow's
+
+
+def _pair(**slurm_kw) -> dict[str, PoolView]:
+    a, b = view("a", nodes=4, idle=4), view("b", nodes=4, idle=4)
+    for k, v in slurm_kw.items():
+        setattr(a, k, v)
+    return {"a": a, "b": b}
+
+
+def test_auto_chooses_by_weight_then_cost_then_name():
+    assert route(GANG, "auto", _pair()).pool == "a"  # a tie: by name
+    assert route(GANG, "auto", _pair(cost=2.0)).pool == "b"  # dearer
+    assert route(GANG, "auto", _pair(cost=2.0), cost_factor=0.0).pool == "a"  # cost not counted
+    assert route(GANG, "auto", _pair(cost=2.0, weight=3.0)).pool == "a"  # weight outweighs cost
+    assert route(GANG, "auto", _pair(), weights={"a": 0.5}).pool == "b"
+
+
+def test_auto_skips_draining_pools_and_pools_of_another_kind():
+    d = route(GANG, "auto", _pair(state="draining"))
+    assert d.pool == "b" and "a: draining (takes no new jobs)" in d.reason
+    kube = dataclasses.replace(GANG, pool_kind="kubernetes")
+    views = _pair(kind="kubernetes")
+    assert route(kube, "auto", views).pool == "a"
+    assert ranked(kube, "auto", views) == ["a"]
+
+
+def test_a_view_from_stored_limits_refuses_what_the_live_view_refuses():
+    """What a process without a dispatcher judges submissions by (gateway/pools/service.py
+    stored_views): the same never-fits reasons, nothing about free capacity."""
+    from gateway.domain.routing import check_pinned
+
+    live = dataclasses.replace(view("slurm", nodes=4, idle=0), kind="slurm", gpu_types=frozenset({"h100"}),
+                               image_unsupported="this Slurm pool runs no container images")
+    stored = PoolView.from_limits("slurm", live.limits(), {"kind": "slurm", "state": "active"})
+    shapes = [JobShape(workers=5, gpus_per_worker=8, total_gpus=40, image=None, gpu_type=None),
+              JobShape(workers=1, gpus_per_worker=16, total_gpus=16, image=None, gpu_type=None),
+              JobShape(workers=1, gpus_per_worker=8, total_gpus=8, image=None, gpu_type="a100"),
+              JobShape(workers=1, gpus_per_worker=8, total_gpus=8, image="trainer:1", gpu_type=None),
+              JobShape(workers=4, gpus_per_worker=8, total_gpus=32, image=None, gpu_type="H100")]
+    verdicts = [check_pinned(s, "slurm", {"slurm": live}) for s in shapes]
+    assert verdicts == [check_pinned(s, "slurm", {"slurm": stored}) for s in shapes]
+    assert [v is None for v in verdicts] == [False, False, False, False, True]
+    assert stored.free_gpus == 0 and stored.idle_nodes == 0  # never a basis for routing
+    assert PoolView(name="x", backend=None, capacity=None).limits() is None  # no snapshot: nothing known
