@@ -15,7 +15,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -24,7 +23,8 @@ from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_api import PG, hey, vegeta  # noqa: E402
-from bench.common import BIN, REPO, free_port, machine, median, wait_ready, write_section  # noqa: E402
+from bench.common import (BIN, REPO, dirty, export_rev, free_port, machine, median, short_rev, wait_ready,
+                          write_section)  # noqa: E402
 
 
 def main() -> None:
@@ -36,25 +36,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    after_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                               check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.strip()
+    rev, after_rev = short_rev(args.before), short_rev("HEAD")
+    changed = dirty()
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
     procs: list[subprocess.Popen] = []
     dbs: list[str] = []
     results: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     with tempfile.TemporaryDirectory(prefix="isthmus-ab-") as tmp:
-        archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=REPO, capture_output=True,
-                                 check=True).stdout
-        tar_path = os.path.join(tmp, "before.tar")
-        with open(tar_path, "wb") as fh:
-            fh.write(archive)
-        code = os.path.join(tmp, "before")
-        with tarfile.open(tar_path) as tf:
-            tf.extractall(code, filter="data")
+        code = export_rev(rev, os.path.join(tmp, "before"))
         try:
             servers = {}
             for name, pythonpath in (("before", code), ("after", str(REPO))):
@@ -107,7 +96,7 @@ def main() -> None:
             admin.dispose()
 
     b, a = ({k: median(v) for k, v in results[n].items()} for n in ("before", "after"))
-    after_label = f"{after_rev}{' + uncommitted changes' if dirty else ''}"
+    after_label = f"{after_rev}{' + uncommitted changes' if changed else ''}"
     body = f"""## Submission path, before / after (`bench/bench_api_ab.py`)
 
 `python bench/bench_api_ab.py --before {rev} --seconds {args.seconds:g} --concurrency {args.concurrency} --rate {args.rate:g} --repeats {args.repeats}`

@@ -21,12 +21,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import REPO, machine, write_section  # noqa: E402
+from bench.common import REPO, dirty, export_rev, machine, short_rev, write_section  # noqa: E402
 
 # Runs inside the measured tree: its own models, migrations, dispatcher and bench helpers.
 _DRIVER = """
@@ -51,11 +50,6 @@ def _run(tree: str, *, jobs: int, pools: int, rounds: int) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def _rev(ref: str) -> str:
-    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True, help="git revision of the 'before' code")
@@ -64,20 +58,13 @@ def main() -> None:
     ap.add_argument("--pools", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    before_rev, after_rev = _rev(a.before), _rev("HEAD")
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.strip()
+    before_rev, after_rev = short_rev(a.before), short_rev("HEAD")
+    changed = dirty()
     results = {"before": {"ms": [], "cpu": [], "statements": [], "runs": []},
                "after": {"ms": [], "cpu": [], "statements": [], "runs": []}}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="isthmus-round-ab-") as tmp:
-        tar_path = os.path.join(tmp, "before.tar")
-        with open(tar_path, "wb") as fh:
-            fh.write(subprocess.run(["git", "archive", "--format=tar", before_rev], cwd=REPO, capture_output=True,
-                                    check=True).stdout)
-        before_tree = os.path.join(tmp, "before")
-        with tarfile.open(tar_path) as tf:
-            tf.extractall(before_tree, filter="data")
+        before_tree = export_rev(before_rev, os.path.join(tmp, "before"))
         trees = (("before", before_tree), ("after", str(REPO)))
         for repeat in range(a.repeats):
             for name, tree in trees:
@@ -91,7 +78,7 @@ def main() -> None:
     b, n = results["before"], results["after"]
     med = {k: statistics.median(v["ms"]) for k, v in results.items()}
     ratio = med["after"] / med["before"]
-    after_label = f"{after_rev}{' + uncommitted changes' if dirty else ''}"
+    after_label = f"{after_rev}{' + uncommitted changes' if changed else ''}"
     body = "\n".join([
         "## One dispatch round, before / after (`bench/bench_round_ab.py`)",
         "",

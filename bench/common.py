@@ -77,3 +77,28 @@ def write_section(name: str, body: str) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)
+
+
+def short_rev(ref: str) -> str:
+    """``git rev-parse --short ref`` in this checkout."""
+    return subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def dirty() -> str:
+    """The checkout's uncommitted changes to tracked files ("" when none): an A/B run says so."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def export_rev(rev: str, dest: str) -> str:
+    """The tree of git revision ``rev`` in ``dest`` (``git archive``): the "before" code of an A/B run."""
+    import io
+    import tarfile
+
+    archive = subprocess.run(["git", "archive", "--format=tar", rev], cwd=REPO, capture_output=True,
+                             check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tf:
+        tf.extractall(dest, filter="data")
+    return dest
+
