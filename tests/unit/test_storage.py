@@ -125,3 +125,14 @@ def test_stored_limits_keep_the_storage_facts():
     back = PoolView.from_limits("slurm-a", limits, {"kind": "slurm", "storages": v.storages})
     assert back.remount_unsupported == v.remount_unsupported and back.storages == v.storages
     assert dataclasses.replace(back).storages == v.storages
+
+
+def test_the_simulator_places_a_job_only_where_its_storage_is():
+    from gateway.domain.simulate import SimPool, TraceJob, simulate
+
+    pools = [SimPool("slurm-a", "slurm", 4, 8, storages=frozenset({"data"})), SimPool("slurm-b", "slurm", 4, 8)]
+    trace = [TraceJob(f"j{i}", float(i), "a", 1, 8, 10.0, 10.0, storages=frozenset({"data"})) for i in range(8)]
+    trace += [TraceJob("never", 0.0, "a", 1, 8, 10.0, 10.0, storages=frozenset({"elsewhere"}))]
+    res = simulate(trace, pools, {"a": 1}, policy="reservation")
+    placed = {o.job.id: o.pool for o in res.outcomes}
+    assert {placed[f"j{i}"] for i in range(8)} == {"slurm-a"} and placed["never"] is None
