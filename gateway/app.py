@@ -159,6 +159,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception:
             for backend in app.state.backends.values():
                 backend.close()
+            engine.dispose()
             raise
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
                                           settings=settings.dispatch, storage=app.state.storage)
