@@ -49,9 +49,9 @@ def refuse_bad_storage(session, app_state, principal, spec: JobSpec) -> None:
     data = spec.model_dump(mode="json", include={"mounts", "checkpoint"})
     chain: list[str] = []
     if any(s.accounts is not None for s in catalog.storages.values()):
-        from gateway.accounts.service import chain as account_chain
+        from gateway.accounts.service import chains
 
-        chain = [a.name for a in account_chain(session, spec.account)]
+        chain = chains(session, [spec.account]).get(spec.account, [])
     try:
         check_spec(data, catalog, spec.account, chain)
     except MountError as exc:
