@@ -89,6 +89,30 @@ class BackendState(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class VolumeMount:
+    """A directory of a storage the job sees (docs/storage.md). The gateway has checked that
+    the pool provides the storage the way ``provider`` says."""
+
+    storage: str  # the storage's name
+    path: str  # where the job sees it (absolute)
+    root: str  # the storage's own path (where a pool's shared file system has it)
+    sub_path: str = ""  # the directory inside the storage ("" = its root), relative
+    read_only: bool = True
+    provider: str = "shared"  # shared (the nodes' own file system) | pvc | nfs | host_path
+    claim: str = ""  # pvc: the claim, in the job's namespace
+    server: str = ""  # nfs
+    source_path: str = ""  # nfs: the export; host_path: the directory on the node
+    # Create the directory when missing, for the job's user only (a per-account directory,
+    # a checkpoint directory); otherwise it must exist.
+    create: bool = False
+
+    @property
+    def directory(self) -> str:
+        """Where the directory is on a file system that has the storage at its own path."""
+        return f"{self.root}/{self.sub_path}" if self.sub_path else self.root
+
+
+@dataclasses.dataclass(frozen=True)
 class SubmitRequest:
     """What the gateway asks a backend to run. Units are explicit in the names."""
 
@@ -118,6 +142,8 @@ class SubmitRequest:
     # job's creation). Adoption refuses a backend job submitted earlier: anyone can copy a
     # gateway id into a Slurm comment, not back-date a submission.
     submitted_after: datetime | None = None
+    # Storages the job sees, at the same paths on every pool (docs/storage.md).
+    mounts: Sequence[VolumeMount] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -211,6 +237,8 @@ class Feature(str, enum.Enum):
     WATCH = "watch"
     OUTPUT_FILES = "output_files"
     OUTPUT_STREAM = "output_stream"
+    # Show a storage at a path of the job's choosing (a mount namespace: Kubernetes volumes).
+    MOUNT_PATHS = "mount_paths"
 
 
 # ------------------------------------------------------------------------ interface
@@ -353,6 +381,19 @@ class Backend(abc.ABC):
     def config_problems(self) -> list[tuple[str, str]]:
         """(field, message) for settings the adapter can check only once built (a kubeconfig's
         content); each stops start-up in one line. Optional: none by default."""
+        return []
+
+    def storage_problems(self, mount: VolumeMount, accounts: Iterable[str]) -> list[str]:
+        """Why this pool cannot give jobs of ``accounts`` the storage ``mount`` describes (its
+        ``path`` is the storage's root, ``read_only`` its mode), checked at start-up: a claim
+        that does not exist or is not bound, a read-write storage on a read-only claim. Each
+        problem stops start-up in one line. Optional: nothing to check by default (a Slurm
+        pool's shared file system is checked by each job, docs/storage.md).
+
+        Raises:
+            BackendUnavailable: the pool cannot be asked now (start-up goes on; jobs that
+                need the storage fail with the reason when it is missing).
+        """
         return []
 
     def close(self) -> None:

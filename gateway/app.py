@@ -15,8 +15,8 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.api.accounts import router as accounts_router
 from gateway.api.admin import router as admin_router
-from gateway.pools.config import build as build_pools, load as load_pools
-from gateway.pools.service import reconcile_at_startup as reconcile_pools
+from gateway.pools.config import build as build_pools, load as load_pools, load_storage
+from gateway.pools.service import reconcile_at_startup as reconcile_pools, storage_at_startup
 from gateway.dispatch import Dispatcher
 from gateway.api.identity import router as identity_router
 from gateway.identity.seen import MembershipSeenRecorder
@@ -33,7 +33,7 @@ from gateway.kit.streams import StreamLimiter
 from gateway.api.metrics import check_access as check_metrics_access, router as metrics_router
 from gateway.webhooks.address import check_allowlist as check_webhook_allowlist
 from gateway.pools import service as pools
-from gateway.api.pools import admin_router as pools_admin_router, router as pools_router
+from gateway.api.pools import admin_router as pools_admin_router, router as pools_router, storage_router
 from gateway.ui.apidocs import install as install_api_docs
 from gateway.ui.router import install as install_ui
 from gateway.api.webhooks import account_router as webhooks_router, admin_router as admin_webhooks_router
@@ -151,9 +151,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for note in pool_notes:
             log.info("%s", note)
         app.state.pools = {p.name: p for p in pool_configs}
+        app.state.storage = load_storage(settings, pool_configs)  # docs/storage.md
         app.state.backends = build_pools(pool_configs)
+        try:
+            for note in storage_at_startup(app.state.sessionmaker, app.state.storage, app.state.backends):
+                log.warning("%s", note)
+        except Exception:
+            for backend in app.state.backends.values():
+                backend.close()
+            engine.dispose()
+            raise
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
-                                          settings=settings.dispatch)
+                                          settings=settings.dispatch, storage=app.state.storage)
         if app.state.backends and settings.dispatch_in_serve:
             app.state.dispatcher.start()
         app.state.webhooks = None
@@ -201,6 +210,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(pools_admin_router)
+    app.include_router(storage_router)
     app.include_router(metrics_router)
     install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN
     install_ui(app)  # the /ui dashboard (docs/ui.md)

@@ -89,7 +89,7 @@ def _check_pools(settings) -> None:
     from gateway.pools.service import probe
 
     try:
-        backends = _pools_at_startup(settings)
+        backends, _ = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(settings.log_level, settings.log_format)
@@ -110,8 +110,9 @@ def _check_pools(settings) -> None:
             backend.close()
 
 
-def _pools_at_startup(settings) -> dict:
-    """Validate the pools, reconcile them into the ``pool`` table, build their adapters.
+def _pools_at_startup(settings) -> tuple[dict, Any]:
+    """Validate the pools and their storages, reconcile the pools into the ``pool`` table,
+    build their adapters, check the storages through them: (adapters, storage catalog).
 
     Raises BackendConfigError (one line) for a bad configuration or a vanished pool that
     still has active jobs. The table is only written when the database has it (migrated).
@@ -119,17 +120,27 @@ def _pools_at_startup(settings) -> dict:
     from sqlalchemy import inspect
 
     from gateway.kit.db import make_engine, make_sessionmaker
-    from gateway.pools.config import build, load
-    from gateway.pools.service import reconcile_at_startup
+    from gateway.pools.config import build, load, load_storage
+    from gateway.pools.service import reconcile_at_startup, storage_at_startup
 
     pools = load(settings)
+    storage = load_storage(settings, pools)
     engine = make_engine(settings.database_url, pool_size=1)
     try:
-        if inspect(engine).has_table("pool"):
+        migrated = inspect(engine).has_table("pool")
+        if migrated:
             reconcile_at_startup(make_sessionmaker(engine), pools)
+        backends = build(pools)
+        try:
+            for note in storage_at_startup(make_sessionmaker(engine), storage, backends):
+                click.echo(f"warning: {note}", err=True)
+        except Exception:
+            for backend in backends.values():
+                backend.close()
+            raise
     finally:
         engine.dispose()
-    return build(pools)
+    return backends, storage
 
 
 @main.command()
@@ -148,7 +159,7 @@ def worker(once: bool) -> None:
     from gateway.pools.adapters import BackendConfigError
 
     try:
-        backends = _pools_at_startup(settings)
+        backends, storage = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
     if not backends:
@@ -159,7 +170,7 @@ def worker(once: bool) -> None:
 
     # Fault injection only from its test-only variables (the crash tests): gateway/dispatch/faults.py.
     dispatcher = Dispatcher(sessions=sessions, backends=backends, settings=settings.dispatch,
-                            faults=Faults.from_env())
+                            faults=Faults.from_env(), storage=storage)
     from gateway.webhooks.worker import WebhookWorker
 
     webhooks = WebhookWorker(sessions=sessions, settings=settings.webhooks)  # docs/webhooks.md

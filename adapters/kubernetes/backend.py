@@ -28,6 +28,7 @@ from adapters.base import (
     SubmissionRejected,
     SubmitRequest,
     SubmitResult,
+    VolumeMount,
     register,
     site_gpu_type,
 )
@@ -110,6 +111,33 @@ class KubernetesBackend(Backend):
             field = "context" if self.settings.context and "context" in why.lower() else "kubeconfig"
             return [(field, f"{self.settings.kubeconfig} cannot be loaded: {why[:300]}")]
         return []
+
+    def storage_problems(self, mount: VolumeMount, accounts: Iterable[str]) -> list[str]:
+        """A ``pvc`` storage needs its claim, bound, in each account's namespace that exists
+        (jobs of an account whose namespace is missing cannot run here at all), and a claim
+        that allows writing when the storage is read-write."""
+        if mount.provider != "pvc":
+            return []
+        api = self._connect()
+        problems: list[str] = []
+        with self._errors("list namespaces"):
+            existing = {n["metadata"]["name"] for n in self._raw(api.core.list_namespace)["items"]}
+        for ns in sorted({self.settings.namespace_for(a) for a in accounts} & existing):
+            try:
+                with self._errors(f"read claim {mount.claim} in {ns}", not_found=f"{ns}/{mount.claim}"):
+                    claim = self._raw(api.core.read_namespaced_persistent_volume_claim, mount.claim, ns)
+            except JobNotFound:
+                problems.append(f"claim {mount.claim!r} does not exist in namespace {ns!r}")
+                continue
+            phase = (claim.get("status") or {}).get("phase") or "Pending"
+            if phase != "Bound":
+                problems.append(f"claim {mount.claim!r} in namespace {ns!r} is {phase}, not Bound")
+                continue
+            modes = set((claim.get("status") or {}).get("accessModes") or claim["spec"].get("accessModes") or ())
+            if not mount.read_only and modes and modes <= {"ReadOnlyMany"}:
+                problems.append(f"the storage is read-write but claim {mount.claim!r} in namespace {ns!r} is "
+                                "ReadOnlyMany")
+        return problems
 
     # ------------------------------------------------------------------ plumbing
     def _connect(self) -> Any:

@@ -55,6 +55,40 @@ def job_name(gateway_job_id: str) -> str:
     return f"isthmus-{slug}-{_digest(gateway_job_id, 8)}" if slug else f"isthmus-{_digest(gateway_job_id, 16)}"
 
 
+def volume_name(storage: str) -> str:
+    """The pod volume of one storage (a storage name is a DNS label of at most 32)."""
+    return f"storage-{storage}"
+
+
+def render_mounts(request: SubmitRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts): one volume per storage, one mount per directory the job sees,
+    with the account's or the checkpoint's directory as ``subPath`` (docs/storage.md). The
+    kubelet creates a missing ``subPath`` directory."""
+    volumes: dict[str, dict[str, Any]] = {}
+    mounts: list[dict[str, Any]] = []
+    for m in request.mounts:
+        name = volume_name(m.storage)
+        if name not in volumes:
+            # The volume is read-only unless some mount of it writes: a read-only storage is
+            # never mounted writable, whatever the claim allows.
+            writable = any(not o.read_only for o in request.mounts if o.storage == m.storage)
+            if m.provider == "pvc":
+                source = {"persistentVolumeClaim": {"claimName": m.claim, "readOnly": not writable}}
+            elif m.provider == "nfs":
+                source = {"nfs": {"server": m.server, "path": m.source_path, "readOnly": not writable}}
+            elif m.provider == "host_path":
+                source = {"hostPath": {"path": m.source_path, "type": "Directory"}}
+            else:
+                raise SubmissionRejected(f"storage {m.storage!r}: a Kubernetes pool mounts a volume (pvc, nfs or "
+                                         f"host_path), not {m.provider!r}", backend="kubernetes")
+            volumes[name] = {"name": name, **source}
+        mount: dict[str, Any] = {"name": name, "mountPath": m.path, "readOnly": m.read_only}
+        if m.sub_path:
+            mount["subPath"] = m.sub_path
+        mounts.append(mount)
+    return list(volumes.values()), mounts
+
+
 def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str, Any]:
     """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker."""
     # The gateway refuses these keys (422); an adapter used directly still never lets a
@@ -116,6 +150,10 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
                                 "capabilities": {"drop": ["ALL"]}},
         }],
     }
+    if request.mounts:
+        volumes, volume_mounts = render_mounts(request)
+        pod_spec["volumes"] = volumes
+        pod_spec["containers"][0]["volumeMounts"] = volume_mounts
     if request.gpu_type:
         pod_spec["nodeSelector"] = {settings.gpu_type_label: request.gpu_type}
     spec: dict[str, Any] = {

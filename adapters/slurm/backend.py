@@ -192,6 +192,8 @@ class SlurmBackend(Backend):
         Feature.PRIORITY: "Slurm orders jobs by the site's priority policy; the gateway "
                           "does not override it",
         Feature.WATCH: "Slurm has no change feed; the gateway polls status()",
+        Feature.MOUNT_PATHS: "a Slurm job sees storage where the nodes' shared file system has it, "
+                             "not at a path of its choosing",
     })
 
     def __init__(self, settings: SlurmSettings | None = None, *, transport: Transport | None = None,

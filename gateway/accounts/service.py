@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.models.accounts import Account, AccountMember, AccountPoolQuota, AccountQuota
-from gateway.accounts.tree import MAX_DEPTH, up_cte
+from gateway.accounts.tree import MAX_DEPTH, up_cte, walk_up
 from gateway.accounts.tree import descendants as _descendants
 from gateway.kit.errors import Conflict, Invalid, NotFound
 from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
@@ -194,6 +194,20 @@ def visible_accounts(session: Session, *, accounts: frozenset[str], username: st
 def names(session: Session) -> set[str]:
     """Every account's name."""
     return set(session.scalars(select(Account.name)))
+
+
+def chains(session: Session, accounts: list[str]) -> dict[str, list[str]]:
+    """Each existing account of ``accounts`` -> its ancestors' names, root first (a storage
+    allowed to an account is allowed to its subtree)."""
+    if not accounts:
+        return {}
+    parent_of = dict(session.execute(select(Account.name, Account.parent_name)).all())
+    out = {}
+    for name in accounts:
+        chain = walk_up(parent_of, name)
+        if chain is not None:
+            out[name] = [a for a in chain if a != name]
+    return out
 
 
 def exists(session: Session, name: str) -> bool:

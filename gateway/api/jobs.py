@@ -32,7 +32,7 @@ from gateway.jobs.schemas import (
     JobSpec,
 )
 from gateway.domain.shapes import format_duration
-from gateway.models.specs import spec_of
+from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.domain.states import JobState
 from gateway.kit.db import DbSession
 from gateway.kit.errors import Invalid, problem_responses
@@ -61,8 +61,14 @@ def to_out(job: Job) -> JobOut:
         created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
         job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
-        **_estimate(job),
+        mounts=spec.get("mounts") or None, **_estimate(job),
     )
+
+
+def with_checkpoint_dir(out: JobOut, job: Job, request: Request) -> JobOut:
+    """``out`` with the job's checkpoint directory (getJob, submitJob): docs/storage.md."""
+    out.checkpoint_dir = checkpoint_dir_of(job, getattr(request.app.state, "storage", None))
+    return out
 
 
 def _estimate(job: Job) -> dict:
@@ -119,6 +125,7 @@ def submit_job(
     settings = request.app.state.settings
     admission.refuse_early(session, request.app.state, principal, spec)
     job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
+                                  lineage=admission.checkpoint_lineage(session, principal, spec),
                                   default_time_limit_s=settings.default_time_limit_s,
                                   max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
                                   waiting_reason=admission.waiting_reason(request.app.state),
@@ -127,7 +134,7 @@ def submit_job(
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     _wake_dispatcher(request, background)
-    return to_out(job)
+    return with_checkpoint_dir(to_out(job), job, request)
 
 
 @router.get(
@@ -166,11 +173,11 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 @router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
             responses=problem_responses(401, 404, 422))
-def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId) -> JobOut:
+def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, request: Request) -> JobOut:
     from gateway.jobs.graph import dependencies_of, dependents_of
 
     job = service.get_or_raise(session, principal=principal, job_id=job_id)
-    out = to_out(job)
+    out = with_checkpoint_dir(to_out(job), job, request)
     # null (not []) when there are none: a job outside any workflow reads as it always did.
     out.depends_on = dependencies_of(session, job, principal=principal) or None
     out.dependents = dependents_of(session, job, principal=principal) or None

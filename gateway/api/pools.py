@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from sqlalchemy.orm import Session
 
+from gateway.accounts import service as accounts
 from gateway.accounts.schemas import POOL_NAME_PATTERN
 from gateway.identity.dependency import CurrentPrincipal, require_admin
 from gateway.identity.principal import Principal
@@ -15,10 +16,11 @@ from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import utcnow
 from gateway.pools import service
 from gateway.models.pools import Pool
-from gateway.pools.schemas import AdminPoolOut, PoolList, PoolOut, PoolPatch
+from gateway.pools.schemas import AdminPoolOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
 admin_router = APIRouter(prefix="/v1/admin/pools", tags=["admin"], dependencies=[Depends(require_admin)])
+storage_router = APIRouter(prefix="/v1/storage", tags=["pools"])
 
 PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, max_length=63, description="The pool's name.")]
 
@@ -38,6 +40,30 @@ def list_pools(request: Request, principal: CurrentPrincipal) -> PoolList:
                              total_nodes=v.total_nodes, idle_nodes=v.idle_nodes, total_gpus=v.total_gpus,
                              free_gpus=v.free_gpus, gpus_per_node=v.gpus_per_node))
     return PoolList(items=items, note="" if items else service.NO_POOL)
+
+
+@storage_router.get("", response_model=StorageList, operation_id="listStorage", summary="Storage jobs may mount",
+                    description="The storages the caller's accounts may mount (every one for admins): where jobs see "
+                                "each, on which pools it exists, and the directory each of the caller's accounts "
+                                "gets. Admins also see whether each pool can give it now (docs/storage.md).",
+                    responses=problem_responses(401))
+def list_storage(request: Request, principal: CurrentPrincipal,
+                 session: Session = Depends(get_session, scope="function")) -> StorageList:
+    catalog = getattr(request.app.state, "storage", None)
+    if not catalog:
+        return StorageList(items=[])
+    chains = accounts.chains(session, sorted(principal.accounts))
+    health = service.storage_health(catalog, request.app.state.backends, session) if principal.is_admin else {}
+    items = []
+    for storage in catalog.storages.values():
+        mine = {a: storage.account_dir(a) for a, chain in chains.items() if storage.allows(a, chain)}
+        if not (principal.is_admin or mine):
+            continue
+        pools = [StoragePoolOut(pool=pool, provider=p.provider, **health.get((storage.name, pool), {}))
+                 for pool, p in sorted(storage.pools.items())]
+        items.append(StorageOut(name=storage.name, path=storage.path, mode=storage.mode, tenancy=storage.tenancy,
+                                pools=pools, directories=mine))
+    return StorageList(items=sorted(items, key=lambda s: s.name))
 
 
 def _admin_out(p: Pool) -> AdminPoolOut:

@@ -9,15 +9,18 @@ from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
 from gateway.pools.service import LIMITS_REFRESH_S, pool_meta, record_limits
 from gateway.domain.routing import PoolView
+from gateway.domain.storage import NO_STORAGE, Catalog
 
 
 class Capacity:
     """Each pool's capacity snapshot, taken at most every ``capacity_ttl_s`` unless asked fresh."""
 
-    def __init__(self, *, sessions, backends: dict, settings) -> None:
+    def __init__(self, *, sessions, backends: dict, settings, storage: Catalog = NO_STORAGE) -> None:
         self.sessions = sessions
         self.backends = backends
         self.settings = settings
+        # The pools file's storages (docs/storage.md): what each pool provides is part of its view.
+        self.storage = storage
         self._views: dict[str, PoolView] = {}
         self._views_at = 0.0
         self._stored: dict[str, tuple[dict, float]] = {}  # pool -> (limits written, monotonic time)
@@ -30,7 +33,8 @@ class Capacity:
         if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
             with transaction(self.sessions) as s:  # each pool's row and its jobs dispatching or queued
                 meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))
-            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0), meta.get(name))
+            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0),
+                                                   {**meta.get(name, {}), "storages": self.storage.provided_by(name)})
                            for name, b in self.backends.items()}
             self._views_at = time.monotonic()
         return self._views

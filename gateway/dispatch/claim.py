@@ -200,7 +200,8 @@ class Claimer:
                     result = decide(snap, _LedgerPort(s, rl, now), self._params())
                     self._apply(s, result, rl, now)
                     for c in result.claims:
-                        prepared[c.job.id] = (c.pool, submit_request(c.job, first_attempt=first_attempt(c.job, False)))
+                        prepared[c.job.id] = (c.pool, submit_request(c.job, first_attempt=first_attempt(c.job, False),
+                                                                     pool=c.pool, storage=self.capacity.storage))
                 break
             except (ledger.ChainChanged, OperationalError) as exc:
                 # The account tree moved under a reservation, or two dispatchers locked two

@@ -7,7 +7,8 @@ import logging
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import object_session
 
-from adapters.base import SubmitRequest
+from adapters.base import SubmitRequest, VolumeMount
+from gateway.domain.storage import NO_STORAGE, Catalog, env_of, mounts_of
 from gateway.models.accounts import Account
 from gateway.models.specs import spec_of
 from gateway.models.jobs import Job
@@ -27,10 +28,33 @@ def _is_deadlock(exc: OperationalError) -> bool:
     return getattr(getattr(exc, "orig", None), "sqlstate", None) == "40P01"
 
 
-def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
+def volume_mounts(job: Job, spec: dict, pool: str | None, storage: Catalog) -> tuple[list[VolumeMount], dict]:
+    """(What the job's pool mounts for it, the variables naming its directories): the job's
+    mounts and checkpoint as ``pool`` provides each storage (docs/storage.md). Routing sent
+    the job only to a pool that provides every storage it needs; a storage the pool lost
+    since (a new pools file) is left out here, and the job fails on its missing directory."""
+    if not (spec.get("mounts") or spec.get("checkpoint")):
+        return [], {}
+    mounts = mounts_of(spec, storage, job.account_name, job.checkpoint_lineage)
+    out = []
+    for m in mounts:
+        provision = storage.storages[m.storage].pools.get(pool or "")
+        if provision is None:
+            continue
+        out.append(VolumeMount(storage=m.storage, path=m.path, root=storage.storages[m.storage].path,
+                               sub_path=m.sub_path, read_only=m.read_only, provider=provision.provider,
+                               claim=provision.claim, server=provision.server, source_path=provision.source_path,
+                               create=bool(m.sub_path) and not m.read_only))
+    return out, env_of(mounts)
+
+
+def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = None,
+                   storage: Catalog = NO_STORAGE) -> SubmitRequest:
+    """What the job's pool (``pool``, else the job's own) is asked to run."""
     spec = spec_of(job)
     # The backend priority class is the account's (an admin setting), never the user's choice.
     account = object_session(job).get(Account, job.account_name)
+    mounts, storage_env = volume_mounts(job, spec, pool or job.pool, storage)
     return SubmitRequest(
         gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
         # A gang charged for whole nodes gets every GPU of them (held_gpus, set at the claim):
@@ -40,9 +64,9 @@ def submit_request(job: Job, *, first_attempt: bool = False) -> SubmitRequest:
         cpus_per_worker=int(spec.get("cpus_per_worker", 1)),
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
-        env=dict(spec.get("env") or {}), labels=dict(spec.get("labels") or {}), priority=job.priority,
+        env={**(spec.get("env") or {}), **storage_env}, labels=dict(spec.get("labels") or {}), priority=job.priority,
         priority_class=account.priority_class if account is not None else None,
-        first_attempt=first_attempt, submitted_after=as_utc(job.created_at),
+        first_attempt=first_attempt, submitted_after=as_utc(job.created_at), mounts=tuple(mounts),
     )
 
 

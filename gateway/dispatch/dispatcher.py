@@ -28,11 +28,12 @@ from gateway.dispatch.submit import Submitter
 from gateway.kit.settings import DispatchSettings
 from gateway.kit.timeutil import utcnow
 from gateway.domain.routing import PoolView, parse_weights
+from gateway.domain.storage import NO_STORAGE, Catalog
 
 
 class Dispatcher:
     def __init__(self, *, sessions: sessionmaker[Session], backends: dict[str, Backend], settings: DispatchSettings,
-                 clock: Callable[[], datetime] = utcnow, faults: Faults = NONE):
+                 clock: Callable[[], datetime] = utcnow, faults: Faults = NONE, storage: Catalog = NO_STORAGE):
         self.sessions = sessions
         self.backends = backends
         self._settings = settings
@@ -48,7 +49,7 @@ class Dispatcher:
         common = {"sessions": sessions, "backends": backends}
         self.open_feeds = open_feeds = OpenFeeds()
         deferred = Deferred()
-        self.capacity = Capacity(**common, settings=settings)
+        self.capacity = Capacity(**common, settings=settings, storage=storage)
         self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,
                                      recent_ends=self.recent_ends)
         self.watcher = Watcher(**common, stop=self._stop, open_feeds=open_feeds, deferred=deferred,

@@ -63,7 +63,8 @@ class Submitter:
                     return
                 if job.backend_job_id:
                     return
-                pool, request = job.pool, submit_request(job, first_attempt=first_attempt(job, recovering))
+                pool, request = job.pool, submit_request(job, first_attempt=first_attempt(job, recovering),
+                                                         storage=self.capacity.storage)
         backend = self.backends.get(pool or "")
         if backend is None:
             return

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from adapters.base import Backend, BackendError, Capacity, Feature
 from gateway.domain.shapes import normalise_gpu_type, parse_memory_mib
+from gateway.domain.storage import needed_storages, remounts
 
 
 @dataclasses.dataclass
@@ -45,6 +46,10 @@ class PoolView:
     cost: float = 1.0  # billing weight per GPU-second, the cost term of routing
     # Why the pool cannot run a container image ("" when it can): from its adapter.
     image_unsupported: str = ""
+    # The storages the pool provides (the pools file's storage section, docs/storage.md),
+    # and why it cannot show one at a path of the job's choosing ("" when it can).
+    storages: frozenset[str] = frozenset()
+    remount_unsupported: str = ""
     # (shape, name) -> _excluded()'s note: it reads only what a round never changes (take()
     # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
     # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
@@ -54,13 +59,15 @@ class PoolView:
     def __post_init__(self) -> None:
         if not self.kind:
             self.kind = getattr(self.backend, "name", None) or self.name
-        if self.backend is not None and not self.image_unsupported:
-            self.image_unsupported = getattr(self.backend, "unsupported_features", {}).get(Feature.CONTAINER_IMAGE, "")
+        if self.backend is not None:
+            unsupported = getattr(self.backend, "unsupported_features", {})
+            self.image_unsupported = self.image_unsupported or unsupported.get(Feature.CONTAINER_IMAGE, "")
+            self.remount_unsupported = self.remount_unsupported or unsupported.get(Feature.MOUNT_PATHS, "")
 
     # The facts never_fits() reads, which do not move from round to round: what a process
     # without a dispatcher judges a submission by (gateway/pools/service.py stored_views).
     LIMIT_FIELDS = ("total_gpus", "total_nodes", "gpus_per_node", "memory_mib_per_node", "cpus_per_node",
-                    "image_unsupported")
+                    "image_unsupported", "remount_unsupported")
 
     def limits(self) -> dict | None:
         """The pool's static limits (None without a capacity snapshot: nothing is known)."""
@@ -136,6 +143,8 @@ class JobShape:
     memory_mib_per_worker: int = 0
     cpus_per_worker: int = 0
     pool_kind: str | None = None  # only pools of this kind
+    storages: frozenset[str] = frozenset()  # only pools that provide all of these (mounts, checkpoint)
+    remounts: bool = False  # a mount at a path of the job's choosing
 
     def __hash__(self) -> int:
         # Kept once computed: a round looks a shape up once per pool (PoolView._excluded_memo).
@@ -144,7 +153,7 @@ class JobShape:
         except KeyError:
             h = self.__dict__["_hash"] = hash((self.workers, self.gpus_per_worker, self.total_gpus, self.image,
                                                self.gpu_type, self.memory_mib_per_worker, self.cpus_per_worker,
-                                               self.pool_kind))
+                                               self.pool_kind, self.storages, self.remounts))
             return h
 
     @classmethod
@@ -153,13 +162,19 @@ class JobShape:
         return cls(workers=workers, gpus_per_worker=gpus_per_worker, total_gpus=total_gpus,
                    image=spec.get("image"), gpu_type=spec.get("gpu_type"),
                    memory_mib_per_worker=parse_memory_mib(memory) if memory else 0,
-                   cpus_per_worker=int(spec.get("cpus_per_worker") or 0), pool_kind=spec.get("pool_kind"))
+                   cpus_per_worker=int(spec.get("cpus_per_worker") or 0), pool_kind=spec.get("pool_kind"),
+                   storages=needed_storages(spec), remounts=remounts(spec))
 
 
 def never_fits(shape: JobShape, view: PoolView) -> str | None:
     """Why this job can never run on this pool, or None. Needs a capacity snapshot."""
     if shape.image and view.image_unsupported:
         return view.image_unsupported
+    missing = shape.storages - view.storages
+    if missing:
+        return ", ".join(f"no storage {m!r}" for m in sorted(missing))
+    if shape.remounts and view.remount_unsupported:
+        return view.remount_unsupported
     if view.capacity is None:
         return None  # unknown now; not a reason to refuse forever
     if shape.gpu_type and normalise_gpu_type(shape.gpu_type) not in view.gpu_types:

@@ -27,6 +27,7 @@ class SimPool:
     kind: str  # "slurm" (whole nodes) or "kubernetes" (GPUs)
     nodes: int
     gpus_per_node: int
+    storages: frozenset[str] = frozenset()  # the storages it provides (docs/storage.md)
 
     @property
     def node_exclusive(self) -> bool:
@@ -51,6 +52,7 @@ class TraceJob:
     run_s: float
     time_limit_s: float
     kinds: tuple[str, ...] = ("slurm", "kubernetes")  # pool kinds it may use
+    storages: frozenset[str] = frozenset()  # only pools that provide all of these (its mounts)
 
     @property
     def total_gpus(self) -> int:
@@ -164,7 +166,7 @@ def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mappin
     eligible: dict[str, tuple[str, ...]] = {}
     for j in trace:  # never-fits, as routing applies it
         eligible[j.id] = tuple(p.name for p, m in zip(pools, models) if p.kind in j.kinds
-                               and j.gpus_per_worker <= p.gpus_per_node
+                               and j.storages <= p.storages and j.gpus_per_worker <= p.gpus_per_node
                                and m.units(j.workers, j.gpus_per_worker) <= m.total_units)
 
     def candidates(now: float) -> Iterator[Candidate]:

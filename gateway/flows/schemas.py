@@ -48,6 +48,13 @@ class JobSetSpec(JobSpec):
         description="Parameter name -> values; one task per combination. Substituted as `{{ name }}` into "
                     "`command` items and `env` values (docs/jobs.md).")]
 
+    @field_validator("resume_from")
+    @classmethod
+    def _no_resume(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError("a job set's tasks each keep their own checkpoints; resume_from is for single jobs")
+        return v
+
     @field_validator("sweep")
     @classmethod
     def _sweep(cls, v: dict[str, list[SweepValue]] | None) -> dict[str, list[SweepValue]] | None:

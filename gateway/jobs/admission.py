@@ -22,10 +22,70 @@ from gateway.kit.errors import Forbidden, Invalid
 
 
 def refuse_early(session, app_state, principal, spec: JobSpec) -> None:
-    """403/422 before anything is recorded: a system user, an unknown pool, a pool it never fits."""
+    """403/422 before anything is recorded: a system user, an unknown pool, storage the job may
+    not have (or not where it asks), a pool it never fits."""
     refuse_system_user(principal, app_state.settings)
     refuse_unknown_pool(session, spec)
+    refuse_bad_storage(session, app_state, principal, spec)
     refuse_if_never_fits(session, app_state, spec)
+
+
+def _catalog(app_state):
+    from gateway.domain.storage import NO_STORAGE
+
+    return getattr(app_state, "storage", None) or NO_STORAGE
+
+
+def refuse_bad_storage(session, app_state, principal, spec: JobSpec) -> None:
+    """422 naming ``body.mounts[i]`` or ``body.checkpoint``: a storage that does not exist, that
+    the account may not use, a writable mount of a read-only storage, overlapping mounts, a
+    pinned pool without the storage (docs/storage.md). Only for a member of the account:
+    anyone else is refused (403) by the service before learning anything of its storage."""
+    if not (spec.mounts or spec.checkpoint) or not principal.may_use(spec.account):
+        return
+    from gateway.domain.storage import MountError, check_spec, pinned_refusal
+
+    catalog = _catalog(app_state)
+    data = spec.model_dump(mode="json", include={"mounts", "checkpoint"})
+    chain: list[str] = []
+    if any(s.accounts is not None for s in catalog.storages.values()):
+        from gateway.accounts.service import chains
+
+        chain = chains(session, [spec.account]).get(spec.account, [])
+    try:
+        check_spec(data, catalog, spec.account, chain)
+    except MountError as exc:
+        raise Invalid(exc.field, exc.message) from None
+    if spec.pool != "auto":
+        from adapters.base import Feature
+
+        backend = (getattr(app_state, "backends", None) or {}).get(spec.pool)
+        remount = getattr(backend, "unsupported_features", {}).get(Feature.MOUNT_PATHS, "")
+        refusal = pinned_refusal(data, catalog, spec.pool, remount)
+        if refusal:
+            raise Invalid(*refusal)
+
+
+def checkpoint_lineage(session, principal, spec: JobSpec) -> str | None:
+    """The lineage a job resuming ``spec.resume_from`` continues (None: a new one, its own).
+
+    422 naming ``body.resume_from`` unless the earlier job is one of the same account the
+    caller may see, and kept its checkpoints in the same storage."""
+    if not spec.resume_from:
+        return None
+    from gateway.jobs.repository import get_readable
+    from gateway.models.specs import field_of
+
+    earlier = get_readable(session, principal, spec.resume_from)
+    if earlier is None or earlier.account_name != spec.account:
+        raise Invalid("body.resume_from", f"no job {spec.resume_from} of account {spec.account!r} to resume from")
+    kept = field_of(earlier, "checkpoint", session)
+    if not kept:
+        raise Invalid("body.resume_from", f"job {spec.resume_from} kept no checkpoints (it had no checkpoint)")
+    if kept.get("storage") != spec.checkpoint.storage:
+        raise Invalid("body.resume_from", f"job {spec.resume_from} kept its checkpoints in storage "
+                                          f"{kept.get('storage')!r}, not {spec.checkpoint.storage!r}")
+    return earlier.checkpoint_lineage
 
 
 def set_waiting_reason(session, app_state, principal, spec: JobSpec) -> str:
@@ -94,7 +154,7 @@ def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
         from gateway.kit.timeutil import utcnow
         from gateway.pools.service import stored_views
 
-        views, configured = stored_views(session, now=utcnow())
+        views, configured = stored_views(session, now=utcnow(), storage=_catalog(app_state))
         if not views or (spec.pool == "auto" and set(views) != configured) or \
                 (spec.pool != "auto" and spec.pool not in views):
             return

@@ -102,6 +102,45 @@ class Dependency(BaseModel):
         return self
 
 
+MAX_MOUNTS = 16
+# Fields left out of a stored spec while empty: a spec without them hashes as it did before
+# they existed (an earlier request replayed with its Idempotency-Key still matches).
+OPTIONAL_STORED = ("depends_on", "mounts", "checkpoint", "resume_from")
+STORAGE_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
+MOUNT_PATH_RE = r"^(/[A-Za-z0-9._+-]+)+$"
+
+
+class Mount(BaseModel):
+    """A storage the job sees (docs/storage.md): at the storage's own path unless ``path`` says
+    where; read-only when the storage is, or when ``read_only`` asks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    storage: Annotated[str, Field(pattern=STORAGE_NAME_RE, description="A storage's name (GET /v1/storage).")]
+    path: Annotated[str | None, Field(
+        default=None, pattern=MOUNT_PATH_RE, max_length=255,
+        description="Where the job sees it, when not at the storage's own path (only pools that mount volumes, "
+                    "Kubernetes, can; routing keeps the job off the others).")]
+    read_only: bool | None = Field(default=None, description="true: read-only even on a read-write storage; false: "
+                                                             "must be writable. Default: the storage's mode.")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and any(seg in (".", "..") for seg in v.split("/")):
+            raise ValueError("must not contain '.' or '..' segments")
+        return v
+
+
+class Checkpoint(BaseModel):
+    """Where the job keeps checkpoints: ``ISTHMUS_CHECKPOINT_DIR``, the same directory for every
+    retry, requeue or move of the job, and for a later job that names it in ``resume_from``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    storage: Annotated[str, Field(pattern=STORAGE_NAME_RE, description="A read-write storage's name.")]
+
+
 class JobSpec(BaseModel):
     """What a user asks to run: one gang of ``workers`` identical workers."""
 
@@ -138,14 +177,19 @@ class JobSpec(BaseModel):
     depends_on: Annotated[list[Dependency], Field(
         default_factory=list, max_length=MAX_DEPENDENCIES,
         description="Jobs or job sets this job waits for; it stays `blocked` until they are met (docs/jobs.md).")]
+    mounts: Annotated[list[Mount], Field(
+        default_factory=list, max_length=MAX_MOUNTS,
+        description="Storages the job sees, at the same paths on every pool (docs/storage.md).")]
+    checkpoint: Checkpoint | None = Field(default=None, description="A checkpoint directory that follows the job "
+                                                                     "(docs/storage.md).")
+    resume_from: Annotated[str | None, Field(
+        default=None, pattern=JOB_ID_RE,
+        description="With `checkpoint`: an earlier job of the same account whose checkpoint directory this job "
+                    "continues.")]
 
     def stored(self) -> dict[str, Any]:
-        """The normalised spec kept on the job (and hashed for idempotency).
-
-        Without dependencies the dump is what it was before they existed, so the hash of
-        an earlier request replayed with its Idempotency-Key still matches.
-        """
-        return self.model_dump(mode="json", exclude=None if self.depends_on else {"depends_on"})
+        """The normalised spec kept on the job (and hashed for idempotency)."""
+        return self.model_dump(mode="json", exclude={k for k in OPTIONAL_STORED if not getattr(self, k)} or None)
 
     @field_validator("memory_per_worker", mode="before")
     @classmethod
@@ -208,6 +252,12 @@ class JobSpec(BaseModel):
             if not LABEL_VALUE_RE.fullmatch(value):
                 raise ValueError(f"label {key!r}: value must be up to 63 letters, digits, '-', '_', '.'")
         return v
+
+    @model_validator(mode="after")
+    def _resume_needs_checkpoint(self) -> "JobSpec":
+        if self.resume_from and self.checkpoint is None:
+            raise ValueError("resume_from needs checkpoint (the storage whose checkpoint directory to continue)")
+        return self
 
     @model_validator(mode="after")
     def _gpu_type_needs_gpus(self) -> "JobSpec":
@@ -294,6 +344,12 @@ class JobOut(BaseModel):
                                   "delaying a higher job. Never earlier than it can start; null when there is no "
                                   "estimate (see `estimate_reason`) or the job is no longer pending.")
     estimated_pool: str | None = Field(default=None, description="The pool of `estimated_start`.")
+    mounts: list[dict[str, Any]] | None = Field(
+        default=None, description="The storages the job sees: `storage`, `path` (where the job sees it), "
+                                  "`read_only`; null when none.")
+    checkpoint_dir: str | None = Field(
+        default=None, description="The job's checkpoint directory (`ISTHMUS_CHECKPOINT_DIR`), the same for every "
+                                  "retry and `resume_from`; null without `checkpoint`.")
     estimate_reason: str | None = Field(
         default=None, description="Why the estimate is what it is, or why there is none (e.g. held by a quota).")
 

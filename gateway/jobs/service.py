@@ -625,9 +625,12 @@ def time_limit_of(time_limit: str | None, *, default_s: int, max_s: int) -> int:
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
            max_time_limit_s: int, idempotency_key: str | None = None,
            caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch",
-           hold: Callable[[list[Any]], str | None] | None = None) -> tuple[Job, bool]:
+           hold: Callable[[list[Any]], str | None] | None = None,
+           lineage: str | None = None) -> tuple[Job, bool]:
     """Record a new job in state ``pending``, ``waiting_reason`` as its state reason. Returns (job, created).
 
+    ``lineage``: the checkpoint lineage of a job resuming an earlier one's (admission's
+    ``checkpoint_lineage``); a job with a checkpoint and none starts its own (its id).
     ``caps`` None checks no caps (internal callers); the API always passes them. ``hold``
     (with ``caps``) gets the account chain the cap check read, root first, and returns why
     the job is held (its state reason becomes "held: ..."), or None; it may raise to refuse.
@@ -658,7 +661,7 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
         state=JobState.PENDING.value, state_reason=waiting_reason, spec=normalised,
         workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
-        created_at=now, updated_at=now,
+        created_at=now, updated_at=now, lineage=lineage if spec.checkpoint else None,
     )
     if resolved is not None and not resolved.met:
         values.update(state=JobState.BLOCKED.value, state_reason=resolved.reason)
@@ -690,7 +693,7 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
 
 _NEW_JOB_COLS = ("id", "name", "account_name", "submitted_by", "username", "requested_pool", "pool", "state",
                  "state_reason", "spec", "workers", "gpus_per_worker", "total_gpus", "time_limit_s", "priority",
-                 "routing_reason", "dispatch_attempts", "created_at", "updated_at")
+                 "routing_reason", "dispatch_attempts", "created_at", "updated_at", "lineage")
 _SUBMIT = dict(from_state=None, to_state=JobState.PENDING, reason=literal("submitted", type_=String()), data=null())
 _INSERT_JOB = _JOB_T.insert().values({c: bindparam(f"j_{c}", type_=_JOB_T.c[c].type) for c in _NEW_JOB_COLS})
 _INSERT_EVENT = _event_insert(bindparam("j_id"), bindparam("j_created_at"), **_SUBMIT)

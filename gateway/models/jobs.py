@@ -64,6 +64,14 @@ class Job(Base):
     estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     estimated_pool: Mapped[str | None] = mapped_column(String(POOL_NAME_LEN))
     estimate_reason: Mapped[str | None] = mapped_column(Text)
+    # A job resuming another's checkpoints (resume_from): the first job of that chain, whose
+    # checkpoint directory it uses (docs/storage.md). NULL: the job's own (checkpoint_lineage).
+    lineage: Mapped[str | None] = mapped_column(String(36))
+
+    @property
+    def checkpoint_lineage(self) -> str:
+        """The job whose checkpoint directory this job uses: its resume_from chain's first, or itself."""
+        return self.lineage or self.id
 
     @validates("state")
     def _validate_state(self, _key: str, value: str) -> str:

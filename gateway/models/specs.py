@@ -19,6 +19,7 @@ set's template is read once per session (a request, a dispatch round) and kept i
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy import select
@@ -77,12 +78,24 @@ def field_of(job: Any, key: str, session: Session | None = None) -> Any:
     return shared_of(job, session).get(key)
 
 
+def checkpoint_dir_of(job: Any, storage: Any) -> str | None:
+    """The job's ``ISTHMUS_CHECKPOINT_DIR`` (docs/storage.md), or None without a checkpoint
+    (or when its storage is no longer configured). ``storage``: the storage catalog."""
+    from gateway.domain.storage import checkpoint_dir
+
+    kept = field_of(job, "checkpoint")
+    found = storage.get(kept["storage"]) if kept and storage is not None else None
+    return checkpoint_dir(found, job.account_name, job.checkpoint_lineage) if found is not None else None
+
+
 def shape_of(job: Any) -> JobShape:
     """The job's shape; jobs of one shape share one object (a round's many jobs have few
     shapes, and the memos keyed by shape then match by identity, not field by field)."""
     spec = shared_of(job)  # the shape's fields are the same for every task of a set
     key = (job.workers, job.gpus_per_worker, job.total_gpus, spec.get("image"), spec.get("gpu_type"),
-           spec.get("memory_per_worker"), spec.get("cpus_per_worker"), spec.get("pool_kind"))
+           spec.get("memory_per_worker"), spec.get("cpus_per_worker"), spec.get("pool_kind"),
+           json.dumps(spec["mounts"], sort_keys=True) if spec.get("mounts") else None,
+           spec["checkpoint"].get("storage") if spec.get("checkpoint") else None)
     try:
         shape = _SHAPES.get(key)
     except TypeError:  # an unhashable field in an old spec: not shared

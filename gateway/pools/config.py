@@ -17,11 +17,13 @@ import json
 import math
 import re
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.pools.adapters import ADAPTER_MODULES, BackendConfigError, settings_of
 
-from gateway.kit.names import POOL_NAME  # noqa: E402  (an RFC 1123 label, used with fullmatch)
+from gateway.domain.storage import MODES, PROVIDERS, STORAGE_NAME, TENANCIES, Catalog, Provision, Storage, clean_path
+from gateway.kit.names import ACCOUNT_NAME, POOL_NAME  # (used with fullmatch)
 
 POOL_STATES = ("active", "draining", "disabled")
 POOL_KINDS = tuple(sorted(ADAPTER_MODULES))
@@ -115,8 +117,8 @@ def from_backends_json(config_json: str) -> list[PoolConfig]:
     return pools
 
 
-def from_file(path: str | Path) -> list[PoolConfig]:
-    """Pools from a YAML pools file (docs/pools.md)."""
+def _read(path: str | Path) -> tuple[str, dict]:
+    """(source, document) of a pools file; BackendConfigError (one line) when unreadable."""
     import yaml
 
     source = f"ISTHMUS_POOLS_FILE {path}"
@@ -130,8 +132,15 @@ def from_file(path: str | Path) -> list[PoolConfig]:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise BackendConfigError(f"{source}: not valid YAML{at}") from None
-    if not isinstance(doc, dict) or set(doc) - {"pools"} or not isinstance(doc.get("pools", []), list):
-        raise BackendConfigError(f"{source}: must be a mapping with one key, pools: a list of pools")
+    if not isinstance(doc, dict) or set(doc) - {"pools", "storage"} or not isinstance(doc.get("pools", []), list):
+        raise BackendConfigError(f"{source}: must be a mapping with the keys pools (a list of pools) and, "
+                                 "optionally, storage (a list of storages, docs/storage.md)")
+    return source, doc
+
+
+def from_file(path: str | Path) -> list[PoolConfig]:
+    """Pools from a YAML pools file (docs/pools.md)."""
+    source, doc = _read(path)
     pools: list[PoolConfig] = []
     for i, entry in enumerate(doc.get("pools") or []):
         if not isinstance(entry, dict):
@@ -158,6 +167,156 @@ def load(settings: Any) -> list[PoolConfig]:
         raise BackendConfigError("both ISTHMUS_POOLS_FILE and ISTHMUS_BACKENDS are set: keep one (the pools file; "
                                  "docs/pools.md shows how an ISTHMUS_BACKENDS entry becomes a pool)")
     return from_file(pools_file) if pools_file else from_backends_json(backends)
+
+
+def load_storage(settings: Any, pools: list[PoolConfig]) -> Catalog:
+    """The storages of the pools file (none with ISTHMUS_BACKENDS). Raises BackendConfigError (one line)."""
+    pools_file = getattr(settings, "pools_file", "") or ""
+    if not pools_file:
+        return Catalog()
+    source, doc = _read(pools_file)
+    return storage_from(source, doc.get("storage"), {p.name: p.kind for p in pools})
+
+
+def check_storage(catalog: Catalog, backends: dict[str, Any], accounts: Iterable[str]) -> list[str]:
+    """Ask each pool whether it can give the storages it is said to provide (a Kubernetes pool:
+    each claim exists and is bound in the namespaces of ``accounts`` that may use it, and
+    allows writing where the storage is read-write). Raises BackendConfigError (one line)
+    for the first problem; returns notes for the log on pools that could not be asked now."""
+    from adapters.base import BackendError, BackendUnavailable, VolumeMount
+
+    notes: list[str] = []
+    accounts = sorted(set(accounts))
+    for storage in catalog.storages.values():
+        users = [a for a in accounts if storage.allows(a)] if storage.accounts is None else sorted(storage.accounts)
+        for pool, provision in storage.pools.items():
+            backend = backends.get(pool)
+            if backend is None:
+                continue
+            mount = VolumeMount(storage=storage.name, path=storage.path, root=storage.path,
+                                read_only=not storage.writable, provider=provision.provider, claim=provision.claim,
+                                server=provision.server, source_path=provision.source_path)
+            try:
+                problems = backend.storage_problems(mount, users)
+            except BackendUnavailable as exc:
+                notes.append(f"storage {storage.name!r} on pool {pool!r}: not checked ({exc.message})")
+                continue
+            except BackendError as exc:
+                problems = [f"cannot be checked: {exc.message}"]
+            for problem in problems:
+                raise BackendConfigError(f"storage {storage.name!r}, field 'pools.{pool}': {problem}")
+    return notes
+
+
+_STORAGE_KEYS = ("name", "path", "mode", "tenancy", "accounts", "pools")
+# How a pool of each kind may provide a storage (docs/storage.md).
+_PROVIDERS_OF_KIND = {"slurm": ("shared",), "kubernetes": ("pvc", "nfs", "host_path")}
+
+
+def _storage_where(source: str, name: str, field: str | None = None) -> str:
+    return f"{source}: storage {name!r}" + (f", field {field!r}" if field else "")
+
+
+def _provision(source: str, name: str, pool: str, kind: str, value: Any) -> Provision:
+    where = _storage_where(source, name, f"pools.{pool}")
+
+    def sub(key: str) -> str:
+        return _storage_where(source, name, f"pools.{pool}.{key}")
+
+    allowed = _PROVIDERS_OF_KIND.get(kind, ())
+    if value is None:
+        value = {}
+    if not isinstance(value, dict) or len(value) > 1:
+        raise BackendConfigError(f"{where}: must be {{}} or one of {{pvc: NAME}}, {{nfs: {{server, path}}}}, "
+                                 f"{{host_path: PATH}} (got {value!r})")
+    provider = next(iter(value), "shared")
+    if provider not in PROVIDERS:
+        raise BackendConfigError(f"{where}: unknown key {provider!r}; one of pvc, nfs, host_path (or {{}})")
+    if provider not in allowed:
+        if kind == "slurm":
+            raise BackendConfigError(f"{where}: a slurm pool has the storage on its shared file system at the "
+                                     f"storage's path: write {{}} (got {provider})")
+        raise BackendConfigError(f"{where}: a {kind} pool must say how it mounts the storage: "
+                                 f"{', '.join(allowed)}")
+    spec = value.get(provider)
+    if provider == "pvc":
+        if not isinstance(spec, str) or not POOL_NAME.fullmatch(spec):
+            raise BackendConfigError(f"{sub('pvc')}: not a claim name (a DNS label, got {spec!r})")
+        return Provision("pvc", claim=spec)
+    if provider == "nfs":
+        if not isinstance(spec, dict) or set(spec) != {"server", "path"}:
+            raise BackendConfigError(f"{sub('nfs')}: must be {{server: HOST, path: /EXPORT}} (got {spec!r})")
+        server, path = spec["server"], spec["path"]
+        if not isinstance(server, str) or not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", server):
+            raise BackendConfigError(f"{sub('nfs.server')}: not a host name or address (got {server!r})")
+        if clean_path(path) is None:
+            raise BackendConfigError(f"{sub('nfs.path')}: must be an absolute path (got {path!r})")
+        return Provision("nfs", server=server, source_path=path)
+    if provider == "host_path":
+        if clean_path(spec) is None:
+            raise BackendConfigError(f"{sub('host_path')}: must be an absolute path (got {spec!r})")
+        return Provision("host_path", source_path=spec)
+    return Provision("shared")
+
+
+def storage_from(source: str, entries: Any, pool_kinds: dict[str, str]) -> Catalog:
+    """The ``storage:`` list of a pools file as a Catalog; every mistake one line naming the
+    source, the storage and the field."""
+    if entries is None:
+        return Catalog()
+    if not isinstance(entries, list):
+        raise BackendConfigError(f"{source}: storage must be a list of storages (docs/storage.md)")
+    out: dict[str, Storage] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise BackendConfigError(f"{source}: storage[{i}] must be a mapping (name, path, mode, pools, ...)")
+        name = entry.get("name")
+        if not isinstance(name, str) or not STORAGE_NAME.fullmatch(name):
+            raise BackendConfigError(f"{_storage_where(source, str(name if name is not None else f'#{i}'), 'name')}: "
+                                     "not a storage name (lower-case letters, digits and '-', at most 32)")
+        unknown = sorted(set(entry) - set(_STORAGE_KEYS))
+        if unknown:
+            raise BackendConfigError(f"{_storage_where(source, name, unknown[0])}: unknown key; known: "
+                                     f"{', '.join(_STORAGE_KEYS)}")
+        if name in out:
+            raise BackendConfigError(f"{_storage_where(source, name, 'name')}: defined twice")
+        path = entry.get("path")
+        if clean_path(path) is None:
+            raise BackendConfigError(f"{_storage_where(source, name, 'path')}: must be an absolute, normalised path "
+                                     f"of plain names, e.g. /shared/datasets (got {path!r})")
+        overlap = next((s for s in out.values() if path == s.path or path.startswith(s.path + "/")
+                        or s.path.startswith(path + "/")), None)
+        if overlap is not None:
+            raise BackendConfigError(f"{_storage_where(source, name, 'path')}: {path} overlaps storage "
+                                     f"{overlap.name!r} at {overlap.path}")
+        mode = entry.get("mode", "read-only")
+        if mode not in MODES:
+            raise BackendConfigError(f"{_storage_where(source, name, 'mode')}: one of {', '.join(MODES)} "
+                                     f"(got {mode!r})")
+        tenancy = entry.get("tenancy", "account" if mode == "read-write" else "shared")
+        if tenancy not in TENANCIES:
+            raise BackendConfigError(f"{_storage_where(source, name, 'tenancy')}: one of {', '.join(TENANCIES)} "
+                                     f"(got {tenancy!r})")
+        accounts = entry.get("accounts")
+        if accounts is not None:
+            if not isinstance(accounts, list) or not accounts or \
+                    not all(isinstance(a, str) and ACCOUNT_NAME.fullmatch(a) for a in accounts):
+                raise BackendConfigError(f"{_storage_where(source, name, 'accounts')}: a non-empty list of account "
+                                         f"names, or leave it out for every account (got {accounts!r})")
+            accounts = frozenset(accounts)
+        provided = entry.get("pools")
+        if not isinstance(provided, dict) or not provided:
+            raise BackendConfigError(f"{_storage_where(source, name, 'pools')}: a mapping of pool name to how the "
+                                     "pool provides it, e.g. {slurm-a100: {}, kube-a100: {pvc: datasets}}")
+        provisions = {}
+        for pool, value in provided.items():
+            if pool not in pool_kinds:
+                known = ", ".join(sorted(pool_kinds)) or "none"
+                raise BackendConfigError(f"{_storage_where(source, name, f'pools.{pool}')}: unknown pool; "
+                                         f"configured: {known}")
+            provisions[pool] = _provision(source, name, pool, pool_kinds[pool], value)
+        out[name] = Storage(name=name, path=path, mode=mode, tenancy=tenancy, pools=provisions, accounts=accounts)
+    return Catalog(out)
 
 
 def build(pools: list[PoolConfig]) -> dict[str, Any]:

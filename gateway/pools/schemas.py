@@ -58,3 +58,26 @@ class AdminPoolOut(BaseModel):
     cost: float
     gpu_types: list[str]
     configured: bool = Field(description="false: no longer in the configuration (kept for history)")
+
+
+class StoragePoolOut(BaseModel):
+    pool: str
+    provider: str = Field(description="`shared` (the pool's own shared file system has it at `path`), `pvc`, `nfs` "
+                                      "or `host_path` (a volume the Kubernetes pool mounts)")
+    healthy: bool | None = Field(default=None, description="admins only: whether the pool can give it now "
+                                                           "(a Kubernetes claim exists and is bound); null: not asked")
+    reason: str | None = Field(default=None, description="admins only: why not")
+
+
+class StorageOut(BaseModel):
+    name: str
+    path: str = Field(description="where jobs see it, on every pool")
+    mode: str = Field(description="`read-only` or `read-write`")
+    tenancy: str = Field(description="`account`: each account sees only `<path>/<account>`; `shared`: all of it")
+    pools: list[StoragePoolOut] = Field(description="the pools that provide it; jobs that mount it go only there")
+    directories: dict[str, str] = Field(
+        default_factory=dict, description="the caller's accounts that may use it -> the directory their jobs see")
+
+
+class StorageList(BaseModel):
+    items: list[StorageOut]

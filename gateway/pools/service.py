@@ -130,6 +130,49 @@ def reconcile_at_startup(sessionmaker, pools) -> list[str]:
         return reconcile(session, pools)
 
 
+def storage_at_startup(sessionmaker, catalog, backends) -> list[str]:
+    """Check, through each pool, the storages it is said to provide (gateway/pools/config.py
+    ``check_storage``) for every account the registry has. Raises BackendConfigError."""
+    from sqlalchemy import inspect, select
+
+    from gateway.models.accounts import Account
+    from gateway.pools.config import check_storage
+
+    if not catalog:
+        return []
+    with sessionmaker.begin() as session:
+        accounts = list(session.scalars(select(Account.name))) if inspect(session.connection()).has_table(
+            "account") else []
+    return check_storage(catalog, backends, accounts)
+
+
+def storage_health(catalog, backends, session) -> dict[tuple[str, str], dict]:
+    """(storage, pool) -> {healthy, reason} for admins: each pool asked now, as at start-up."""
+    from sqlalchemy import select
+
+    from adapters.base import BackendError, VolumeMount
+    from gateway.models.accounts import Account
+
+    accounts = list(session.scalars(select(Account.name)))
+    out: dict[tuple[str, str], dict] = {}
+    for storage in catalog.storages.values():
+        users = [a for a in accounts if storage.allows(a)] if storage.accounts is None else sorted(storage.accounts)
+        for pool, p in storage.pools.items():
+            backend = backends.get(pool)
+            if backend is None:
+                out[(storage.name, pool)] = {"healthy": False, "reason": "the pool is not configured"}
+                continue
+            mount = VolumeMount(storage=storage.name, path=storage.path, root=storage.path,
+                                read_only=not storage.writable, provider=p.provider, claim=p.claim, server=p.server,
+                                source_path=p.source_path)
+            try:
+                problems = backend.storage_problems(mount, users)
+            except BackendError as exc:
+                problems = [exc.message]
+            out[(storage.name, pool)] = {"healthy": not problems, "reason": "; ".join(problems) or "ok"}
+    return out
+
+
 def pool_meta(session, *, queued_states: tuple[str, ...]) -> tuple[dict[str, dict], dict[str, int]]:
     """Each pool row as PoolView keyword arguments (kind, state, weight, cost, GPU types), and
     the registry's jobs in ``queued_states`` per pool: one statement, asked at every capacity
@@ -189,10 +232,11 @@ def record_limits(session, limits: dict[str, dict], *, now) -> None:
                                                                       updated_at=Pool.updated_at))
 
 
-def stored_views(session, *, now) -> tuple[dict[str, PoolView], set[str]]:
+def stored_views(session, *, now, storage=None) -> tuple[dict[str, PoolView], set[str]]:
     """(Views of the configured pools whose stored limits are fresh, the names of every
     configured pool): for the submit-time never-fits check in a process without a dispatcher.
-    A pool missing from the views has no known limits: nothing may be refused on its account."""
+    A pool missing from the views has no known limits: nothing may be refused on its account.
+    ``storage``: the storage catalog, whose storages each view then knows (docs/storage.md)."""
     from datetime import timedelta
 
     from sqlalchemy import select
@@ -206,5 +250,6 @@ def stored_views(session, *, now) -> tuple[dict[str, PoolView], set[str]]:
             select(Pool.name, Pool.kind, Pool.state, Pool.limits, Pool.limits_at).where(Pool.configured.is_(True))):
         configured.add(name)
         if limits and at is not None and as_utc(at) >= now - timedelta(seconds=LIMITS_FRESH_S):
-            views[name] = PoolView.from_limits(name, limits, {"kind": kind, "state": state})
+            views[name] = PoolView.from_limits(name, limits, {"kind": kind, "state": state, "storages": (
+                storage.provided_by(name) if storage is not None else frozenset())})
     return views, configured

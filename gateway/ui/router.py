@@ -29,7 +29,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.accounts import service as accounts
-from gateway.models.specs import spec_of
+from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.identity.authn import InvalidToken
 from gateway.identity.dependency import note_seen
 from gateway.identity.principal import Principal
@@ -237,6 +237,7 @@ def job_page(request: Request, job_id: str, partial: str = ""):
         job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
         events = jobs_repo.list_events(session, job.id)
         ctx = {"job": job, "spec": spec_of(job, session), "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
+               "checkpoint_dir": checkpoint_dir_of(job, getattr(request.app.state, "storage", None)),
                "events": [{"at": e.at, "kind": e.kind, "actor": e.actor, "from": e.from_state,
                            "to": e.to_state, "reason": e.reason} for e in events]}
         return render(request, "job_live.html" if partial == "live" else "job.html", ctx, principal=principal)

@@ -37,7 +37,7 @@ if [ "$MODE" = chroot ]; then
   # The chroot up.sh used (recorded in the state dir), else this environment's cache.
   roots=("$ROOTFS"); [ -s "$STATE/rootfs" ] && roots=("$(cat "$STATE/rootfs")" "$ROOTFS")
   for r in "${roots[@]}"; do
-    for m in "$r$STATE" "$r/dev" "$r/proc"; do
+    for m in "$r$SHARED" "$r$STATE" "$r/dev" "$r/proc"; do
       if mountpoint -q "$m"; then umount "$m" 2>/dev/null || umount -l "$m"; fi
     done
   done

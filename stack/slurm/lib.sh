@@ -14,6 +14,10 @@ slurm_version_layout() {
   SLURMD_PORT_LAST=$((SLURMD_PORT0 + 3))
   REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
   STATE="$REPO_ROOT/.stack/slurm-$1"
+  # The clusters' one shared file system (docs/storage.md): the same directory, at the same
+  # path, on the host clusters and inside every chroot cluster (bind-mounted), as a site's
+  # Lustre or NFS is on all its clusters. Storages in the tests live under it.
+  SHARED="$REPO_ROOT/.stack/shared"
   CACHE="${ISTHMUS_CACHE:-/var/cache/isthmus}/slurm-$1"
   ROOTFS="$CACHE/root"
   PREFIX="$CACHE/prefix"   # MODE=prefix: where build-<ver>.sh installed Slurm

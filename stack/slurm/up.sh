@@ -82,10 +82,13 @@ if [ "$MODE" = chroot ]; then
   # the env file and job output is valid on both sides.
   mkdir -p "$ROOTFS$STATE"
   mountpoint -q "$ROOTFS$STATE" || mount --bind "$STATE" "$ROOTFS$STATE"
+  mkdir -p -m 1777 "$SHARED" "$ROOTFS$SHARED"
+  mountpoint -q "$ROOTFS$SHARED" || mount --bind "$SHARED" "$ROOTFS$SHARED"
   echo "$ROOTFS" >"$STATE/rootfs"   # down.sh unmounts this even if ISTHMUS_CACHE differs
 fi
 
 # ------------------------------------------------------------------ state dirs
+mkdir -p -m 1777 "$SHARED"; chmod 1777 "$SHARED"   # every test user makes its directories here
 mkdir -p "$STATE"/{etc,log,run,spool,dev,work} "$STATE/munge" "$STATE/ctld" "$STATE/jwt"
 chmod 755 "$STATE" "$STATE"/{etc,log,run,spool,dev}
 chmod 1777 "$STATE/work"   # shared output dir for every test user

@@ -88,7 +88,7 @@ def test_a_pools_file_with_five_pools_of_two_kinds(tmp_path):
     ("pools:\n  - {name: a, kind: kubernetes, settings: {kubeconfig: KEY}}\n"
      "  - {name: a, kind: kubernetes, settings: {kubeconfig: KEY}}\n", "pool 'a', field 'name': defined twice"),
     ("pools: [1]\n", "pools[0] must be a mapping"),
-    ("pool:\n  - name: a\n", "must be a mapping with one key, pools"),
+    ("pool:\n  - name: a\n", "must be a mapping with the keys pools (a list of pools)"),
     ("pools: [\n", "not valid YAML at line"),
 ])
 def test_a_bad_pools_file_is_one_line_naming_the_pool_and_field(tmp_path, text, message):
