@@ -115,8 +115,11 @@ def claims(k8s, root: Path, specs: dict[str, tuple[str, str | None]]):
                     core.delete_persistent_volume(name)
 
 
-def pools_file(tmp_path: Path, pools: list[dict], root: Path, *, data_claim: str = "shared-data",
-               ckpt_claim: str = "shared-ckpt") -> Path:
+DATA_CLAIM, CKPT_CLAIM = f"data-{RUN}", f"ckpt-{RUN}"  # a claim being deleted keeps its name a while
+
+
+def pools_file(tmp_path: Path, pools: list[dict], root: Path, *, data_claim: str = DATA_CLAIM,
+               ckpt_claim: str = CKPT_CLAIM) -> Path:
     storage = [
         {"name": "data", "path": f"{root}/data", "mode": "read-write", "tenancy": "shared",
          "pools": {"slurm-22": {}, "slurm-24": {}, "kube-a100": {"pvc": data_claim}}},
@@ -139,8 +142,8 @@ def pg_url(pools):
 
 @pytest.fixture(scope="module")
 def gw(pg_url, dev_key_path, pools, root, k8s, tmp_path_factory):
-    with claims(k8s, root, {"shared-data": ("ReadWriteMany", f"{root}/data"),
-                                         "shared-ckpt": ("ReadWriteMany", f"{root}/ckpt")}):
+    with claims(k8s, root, {DATA_CLAIM: ("ReadWriteMany", f"{root}/data"),
+                            CKPT_CLAIM: ("ReadWriteMany", f"{root}/ckpt")}):
         path = pools_file(tmp_path_factory.mktemp("storage"), pools, root)
         with wired_gateway(pg_url, dev_key_path, {}, pools_file=str(path), ui_session_secret=UI_SECRET) as gw:
             gw.admin = gw.headers("root", admin=True)
@@ -271,7 +274,7 @@ def test_another_account_cannot_read_an_accounts_checkpoints(gw):
     ckpt_dir = done["checkpoint_dir"]
     assert ckpt_dir.endswith(f"/ckpt/team-a/checkpoints/{writer['id']}")
     # bob (team-b) on the same cluster, reading team-a's directories by their paths.
-    root = Path(ckpt_dir).parents[2]
+    root = Path(ckpt_dir).parents[3]  # the test's storage directories
     thief = submit(gw, "team-b", pool="slurm-22", mounts=[{"storage": "ckpt"}],
                    command=sh(f'cat {ckpt_dir}/state; ls {root}/secret/team-a; echo "mine: $ISTHMUS_STORAGE_CKPT"'))
     stolen = finish(gw, thief["id"])[thief["id"]]
@@ -319,9 +322,10 @@ def test_the_kubernetes_job_mounts_each_claim_at_its_path_with_the_accounts_subp
     assert ns == _namespace(env, "team-a")
     pod = batch.read_namespaced_job(name, ns).to_dict()["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["storage-data"]["persistent_volume_claim"] == {"claim_name": "shared-data", "read_only": True}
-    assert volumes["storage-ckpt"]["persistent_volume_claim"] == {"claim_name": "shared-ckpt", "read_only": False}
-    mounts = [(m["name"], m["mount_path"], m["sub_path"], m["read_only"])
+    claim = {name: (v["persistent_volume_claim"]["claim_name"], bool(v["persistent_volume_claim"]["read_only"]))
+             for name, v in volumes.items()}  # the API server leaves out readOnly: false
+    assert claim == {"storage-data": (DATA_CLAIM, True), "storage-ckpt": (CKPT_CLAIM, False)}
+    mounts = [(m["name"], m["mount_path"], m["sub_path"], bool(m["read_only"]))
               for m in pod["containers"][0]["volume_mounts"]]
     root = job["checkpoint_dir"].split("/ckpt/")[0]
     assert mounts == [
@@ -340,13 +344,13 @@ def test_a_claim_that_is_missing_unbound_or_read_only_stops_start_up(gw, pg_url,
                                                                      tmp_path):
     env = k8s[0]
     ns = _namespace(env, "team-a")
-    with claims(k8s, root, {"pending-claim": ("ReadWriteMany", None),
-                            "rox-claim": ("ReadOnlyMany", f"{root}/ckpt")}):
+    pending, rox = f"pending-{RUN}", f"rox-{RUN}"
+    with claims(k8s, root, {pending: ("ReadWriteMany", None), rox: ("ReadOnlyMany", f"{root}/ckpt")}):
         cases = [
             ({"ckpt_claim": "missing-claim"}, f"claim 'missing-claim' does not exist in namespace '{ns}'"),
-            ({"ckpt_claim": "pending-claim"}, f"claim 'pending-claim' in namespace '{ns}' is Pending, not Bound"),
-            ({"ckpt_claim": "rox-claim"}, f"the storage is read-write but claim 'rox-claim' in namespace '{ns}' is "
-                                          "ReadOnlyMany"),
+            ({"ckpt_claim": pending}, f"claim '{pending}' in namespace '{ns}' is Pending, not Bound"),
+            ({"ckpt_claim": rox}, f"the storage is read-write but claim '{rox}' in namespace '{ns}' is "
+                                  "ReadOnlyMany"),
         ]
         for kwargs, message in cases:
             path = pools_file(tmp_path, pools, root, **kwargs)
