@@ -27,7 +27,7 @@ from gateway.pools.adapters import BackendConfigError
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, kube_env, wired_gateway
 from tests.e2e.conftest import ISTHMUS
-from tests.pools.test_five_pools import FIVE, FINAL, POOLS_FILE
+from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
 from tests.ui.test_pages import SECRET as UI_SECRET  # the /ui session cookies of tests/ui
 
 pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes, pytest.mark.postgres]
@@ -38,13 +38,10 @@ NAMESPACES = ("team-a", "team-b")
 
 
 @pytest.fixture(scope="module")
-def pools() -> list[dict]:
-    if not POOLS_FILE.is_file() or not SHARED.is_dir():
-        missing_system(f"{POOLS_FILE} or {SHARED} missing: the test stack is not up (stack/up.sh)")
-    pools = yaml.safe_load(POOLS_FILE.read_text())["pools"]
-    if tuple(p["name"] for p in pools) != FIVE:
-        missing_system(f"{POOLS_FILE} does not list the five pools {FIVE}")
-    return pools
+def pools(five_pools) -> list[dict]:  # noqa: F811  (the imported fixture)
+    if not SHARED.is_dir():
+        missing_system(f"{SHARED} missing: the test stack is not up (stack/up.sh)")
+    return five_pools
 
 
 @pytest.fixture(scope="module")
