@@ -27,10 +27,12 @@ run-slurm: install
 	ISTHMUS_DEV_MODE=true ISTHMUS_BACKENDS="$$($(BIN)/python stack/backends_json.py slurm-22.05)" \
 	  $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
 
-## run-kube: the same, with the local Kubernetes + Kueue test pool as its backend (fake nodes)
+## run-kube: the same, with the local Kubernetes + Kueue control plane's real node as its
+## backend (kubelet + containerd: real containers; stack/kube/node.sh)
 run-kube: install
 	bash stack/kube/up.sh
-	ISTHMUS_DEV_MODE=true ISTHMUS_BACKENDS="$$($(BIN)/python stack/backends_json.py kube)" \
+	bash stack/kube/node.sh
+	ISTHMUS_DEV_MODE=true ISTHMUS_BACKENDS="$$($(BIN)/python stack/backends_json.py kube-node)" \
 	  $(BIN)/isthmus serve --dev --host 127.0.0.1 --port $${PORT:-8080}
 
 ## stack: every real system the tests use, on loopback (idempotent)

@@ -27,6 +27,17 @@ def kube_settings(env: dict[str, str], queue: str = "") -> dict:
             "local_queue": env[f"ISTHMUS_KUBE_{queue}LOCAL_QUEUE"]}
 
 
+def kube_node_settings(env: dict[str, str], node: dict[str, str]) -> dict:
+    """The Kubernetes adapter settings of the stack's real node (stack/kube/node.sh): its
+    ClusterQueue, the local Debian image, and the stack's users at their Slurm uids."""
+    uids = dict(pair.split("=", 1) for pair in node["ISTHMUS_KUBE_NODE_UID_MAP"].split(","))
+    return {"kubeconfig": env["KUBECONFIG"],
+            "cluster_queue": node["ISTHMUS_KUBE_NODE_CLUSTER_QUEUE"],
+            "local_queue": node["ISTHMUS_KUBE_NODE_LOCAL_QUEUE"],
+            "default_image": node["ISTHMUS_KUBE_NODE_IMAGE"],
+            "uid_map": {user: int(uid) for user, uid in uids.items()}}
+
+
 def main(parts: list[str]) -> None:
     backends: dict[str, dict] = {}
     for part in parts:
@@ -34,6 +45,9 @@ def main(parts: list[str]) -> None:
             backends["slurm"] = slurm_settings(read_env(ROOT / ".stack" / part / "env"))
         elif part == "kube":
             backends["kubernetes"] = kube_settings(read_env(ROOT / ".stack" / "kube" / "env"))
+        elif part == "kube-node":  # the one real node: real containers
+            backends["kubernetes"] = kube_node_settings(read_env(ROOT / ".stack" / "kube" / "env"),
+                                                        read_env(ROOT / ".stack" / "kube" / "node.env"))
     print(json.dumps(backends))
 
 

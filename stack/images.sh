@@ -6,6 +6,7 @@
 #      hybrid, rlimits cannot be raised).
 #   2. localhost/isthmus-debian:bookworm: debootstrap --variant=minbase, mirror read from the
 #      machine's apt sources at run time; rootfs tarball cached in $ISTHMUS_CACHE/images.
+#      (`images.sh base` stops here: the real Kubernetes node's worker image, stack/kube/node.sh.)
 #   3. localhost/isthmus-postgres:15: Debian's postgresql-15 on that base (stack/images/postgres).
 #   4. localhost/isthmus:dev: the Dockerfile (multi-stage), tagged with a hash of its inputs.
 set -euo pipefail
@@ -63,6 +64,8 @@ if ! podman image exists "$BASE"; then
   fi
   podman import "$tarball" "$BASE" >/dev/null
 fi
+# `images.sh base`: only that base (the real Kubernetes node's worker image, stack/kube/node.sh).
+if [ "${1:-}" = base ]; then echo "== images: $BASE ready in $((SECONDS - t0)) s"; exit 0; fi
 
 # The gateway's Python dependencies as wheels, fetched on the host (whose pip is configured
 # for this network) and mounted into the build, which then needs no index. Keyed on pyproject.

@@ -9,13 +9,14 @@ mkdir -p .stack "$ISTHMUS_CACHE"
 t0=$SECONDS
 step() { local s=$SECONDS; echo "== stack: $*"; "$@"; echo "== stack: $1 ${2:-} done in $((SECONDS - s)) s"; }
 step bash stack/postgres.sh up
-for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 slurm-25.11 slurm-26.05 kube prometheus images}; do
+for part in ${ISTHMUS_STACK_PARTS:-oidc slurm-22.05 slurm-24.11 slurm-25.11 slurm-26.05 kube prometheus images kube-node}; do
   case $part in
     prometheus) step bash stack/prometheus.sh ;;
     images) step bash stack/images.sh ;;  # podman images for docker-compose.yml (tests/deploy)
     oidc) [ -f stack/oidc/up.sh ] && step bash stack/oidc/up.sh ;;
     slurm-*) [ -f stack/slurm/up.sh ] && step bash stack/slurm/up.sh "${part#slurm-}" ;;
     kube) [ -f stack/kube/up.sh ] && step bash stack/kube/up.sh ;;
+    kube-node) [ -f stack/kube/node.sh ] && step bash stack/kube/node.sh ;;  # after kube and images
   esac
 done
 # The pools file (ISTHMUS_POOLS_FILE) for the systems that are up: five pools on the full stack.

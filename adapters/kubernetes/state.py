@@ -63,6 +63,9 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
     nodes = tuple(sorted({p["spec"].get("nodeName") for p in running if p["spec"].get("nodeName")}))
+    # Where the gang ran, for an ended job: a short one can start and end between two looks.
+    ran_on = tuple(sorted({p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")
+                           and (p.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")}))
     pod_starts = [parse_time((p.get("status") or {}).get("startTime")) for p in pods]
     pod_starts = [t for t in pod_starts if t]
     # The gang started when its last worker started; fall back to the Job's own start.
@@ -88,18 +91,18 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
         ended = parse_time(jstatus.get("completionTime")) or parse_time(c.get("lastTransitionTime"))
         return JobStatus(**base, state=BackendState.SUCCEEDED, reason=_msg(c, "Complete"), exit_code=0,
                          started_at=min(started_at, ended) if started_at and ended else started_at or ended,
-                         ended_at=ended)
+                         ended_at=ended, nodes=ran_on)
     if c := (_true(jc, "Failed") or _true(jc, "FailureTarget")):
         ended = parse_time(c.get("lastTransitionTime"))
         return JobStatus(**base, state=BackendState.FAILED, reason=_msg(c, "Failed"), exit_code=exit_code_of(pods),
-                         started_at=started_at, ended_at=ended)
+                         started_at=started_at, ended_at=ended, nodes=ran_on)
     if workload is None:
         return JobStatus(**base, state=BackendState.QUEUED, reason="waiting for Kueue to create the Workload")
     if c := _true(wc, "Finished"):
         ok = c.get("reason") == "Succeeded"
         return JobStatus(**base, state=BackendState.SUCCEEDED if ok else BackendState.FAILED, reason=_msg(c),
                          exit_code=0 if ok else exit_code_of(pods), started_at=started_at,
-                         ended_at=parse_time(c.get("lastTransitionTime")))
+                         ended_at=parse_time(c.get("lastTransitionTime")), nodes=ran_on)
     reserved = _true(wc, "QuotaReserved")
     evicted = _true(wc, "Evicted") or _true(wc, "Preempted")
     # An eviction newer than the current reservation wins: the gang is being taken down.

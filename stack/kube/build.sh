@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) the local Kubernetes control plane used by the kubernetes backend tests:
-# kube-apiserver, kube-controller-manager, kube-scheduler, the Kueue manager and kwok from
+# kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet of the one real node
+# (node.sh), the Kueue manager and kwok from
 # the Go module proxy, plus etcd. Binaries go to a cache OUTSIDE the repo, keyed by
 # component and version, so every clone on this machine reuses them:
 #   ${ISTHMUS_CACHE:-/var/cache/isthmus}/kube/<component>-<version>/<binary>
@@ -29,14 +30,15 @@ declare -A PKG=(
   [kube-apiserver]="k8s.io/kubernetes/cmd/kube-apiserver"
   [kube-controller-manager]="k8s.io/kubernetes/cmd/kube-controller-manager"
   [kube-scheduler]="k8s.io/kubernetes/cmd/kube-scheduler"
+  [kubelet]="k8s.io/kubernetes/cmd/kubelet"
   [kueue]="sigs.k8s.io/kueue/cmd/kueue"
 )
 declare -A VER=(
   [kube-apiserver]="$K8S_VERSION" [kube-controller-manager]="$K8S_VERSION"
-  [kube-scheduler]="$K8S_VERSION" [kueue]="$KUEUE_VERSION"
+  [kube-scheduler]="$K8S_VERSION" [kubelet]="$K8S_VERSION" [kueue]="$KUEUE_VERSION"
 )
 missing=()
-for c in kube-apiserver kube-controller-manager kube-scheduler kueue; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kueue; do
   [[ -x "$(bin_path "$c" "${VER[$c]}")" ]] || missing+=("$c")
 done
 
@@ -64,6 +66,7 @@ if ((${#missing[@]})); then
       go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
              "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
              "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+             "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
              "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
       touch .ready
     )
@@ -143,7 +146,7 @@ if [[ ! -d "$crd_dir" ]]; then
 fi
 
 VER[kwok]="$KWOK_VERSION"
-for c in kube-apiserver kube-controller-manager kube-scheduler kueue kwok; do
+for c in kube-apiserver kube-controller-manager kube-scheduler kubelet kueue kwok; do
   ls -la "$(bin_path "$c" "${VER[$c]}")"
 done
 echo "=== build.sh done $(date -u +%FT%TZ)"

@@ -129,6 +129,8 @@ start kube-apiserver "$APISERVER" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
   --service-account-key-file "$C/sa.pub" --service-account-signing-key-file "$C/sa.key" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true --profiling=false \
+  --kubelet-preferred-address-types InternalIP,Hostname \
+  --kubelet-client-certificate "$C/admin.crt" --kubelet-client-key "$C/admin.key" \
   --cert-dir "$STATE/certs/apiserver-generated"
 wait_until kube-apiserver api "$URL/readyz"
 
@@ -261,7 +263,7 @@ status:
   capacity: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
   allocatable: {cpu: "32", memory: 256Gi, pods: "110", nvidia.com/gpu: "$GPUS_PER_NODE"}
   # The apiserver proxies pods/log to the node's kubelet: kwok's server on loopback. Its
-  # first address type is Hostname (default --kubelet-preferred-address-types), so both are it.
+  # addresses are both 127.0.0.1 (--kubelet-preferred-address-types InternalIP,Hostname).
   addresses: [{type: InternalIP, address: 127.0.0.1}, {type: Hostname, address: 127.0.0.1}]
   daemonEndpoints: {kubeletEndpoint: {Port: $KWOK_PORT}}
 Y

@@ -16,7 +16,9 @@ source "$HERE/lib.sh"
 slurm_version_layout "$VER"
 [ "$(id -u)" = 0 ] || { log "must run as root (starts slurmd, creates users)"; exit 1; }
 
-TEST_USERS=(alice:2001 bob:2002 carol:2003 slurmrest:2010)
+source "$HERE/../users.sh"
+# shellcheck disable=SC2206  # word splitting intended
+TEST_USERS=($STACK_USERS slurmrest:2010)
 CONF="$STATE/etc/slurm.conf"
 mkdir -p "$STATE" "$CACHE"
 # Daemons started below get "9>&-" so they do not inherit (and hold) this lock.
@@ -291,7 +293,9 @@ q() { printf "'%s'" "$1"; }   # values never contain single quotes
   echo "SLURM_NODES=$(q 'gpu[1-4]')"
   echo "SLURM_GPUS_PER_NODE=$(q 8)"
   echo "SLURM_WORK_DIR=$(q "$STATE/work")"
-  echo "SLURM_TEST_USERS=$(q alice,bob,carol)"
+  echo "SLURM_TEST_USERS=$(q "$(printf '%s\n' $STACK_USERS | cut -d: -f1 | paste -sd,)")"
+  # Their uids: a Kubernetes pool maps the same users to the same uids (its uid_map).
+  echo "SLURM_TEST_UIDS=$(q "$(printf '%s\n' $STACK_USERS | tr : = | paste -sd,)")"
   echo "SLURM_CTLD_PORT=$(q "$CTLD_PORT")"
   echo "SLURM_STACK_DIR=$(q "$STATE")"
   # Only for a cluster whose commands are not on the default PATH (a built prefix).

@@ -80,3 +80,14 @@ def test_worker_finished_before_its_peers_is_still_running():
     w = wl(c("QuotaReserved"), c("Admitted"))
     s = derive_status(job(), w, [pod("Succeeded", node="n1", code=0), pod("Running", node="n2")])
     assert s.state is BackendState.RUNNING and s.allocated_gpus == 16
+
+
+def test_a_gang_that_ended_between_two_looks_still_says_where_it_ran():
+    # A real container can start and end between two polls: the ended job keeps its nodes.
+    s = derive_status(job([c("Complete", t=T2)], status={"completionTime": T2}), wl(c("Finished", reason="Succeeded")),
+                      [pod("Succeeded", node="n2", code=0), pod("Succeeded", node="n1", code=0)])
+    assert s.nodes == ("n1", "n2")
+    s = derive_status(job([c("Failed", t=T2)]), None, [pod("Failed", node="n3", code=1), pod("Pending", node="n4")])
+    assert s.nodes == ("n3",)
+    s = derive_status(job(), wl(c("Finished", reason="Succeeded", t=T2)), [pod("Succeeded", node="n5", code=0)])
+    assert s.nodes == ("n5",)
