@@ -40,9 +40,9 @@ class RunningGateway:
                               timeout=60, cwd=REPO)
 
 
-def start_gateway(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+def start_gateway(env: dict[str, str], port: int, log: Path, cwd: Path = REPO) -> subprocess.Popen:
     proc = subprocess.Popen([ISTHMUS, "serve", "--dev", "--port", str(port)], env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO)
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=cwd)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -52,7 +52,7 @@ def newcomer_gateway(tmp_path_factory, backends_arg: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ISTHMUS_") and k != "XDG_CONFIG_HOME"}
     env.update(HOME=str(home), ISTHMUS_DEV_MODE="true", ISTHMUS_BACKENDS=backends,
                ISTHMUS_DATABASE_URL=f"sqlite:///{work / 'isthmus.db'}")
-    proc = start_gateway(env, port, work / "gateway.log")
+    proc = start_gateway(env, port, work / "gateway.log", cwd=work)  # its ./isthmus-output lands there
     try:
         yield {"env": env, "port": port, "work": work, "home": home}
     finally:
