@@ -89,6 +89,40 @@ def render_mounts(request: SubmitRequest) -> tuple[list[dict[str, Any]], list[di
     return list(volumes.values()), mounts
 
 
+MKDIR_CONTAINER = "isthmus-mkdir"
+MKDIR_ROOT = "/isthmus-storage"  # where the helper sees each volume's root
+
+
+def render_mkdir(request: SubmitRequest, settings: KubernetesSettings, uid: int | None,
+                 container: dict[str, Any]) -> dict[str, Any] | None:
+    """The init container that makes the job's per-account and checkpoint directories before
+    its worker starts: as the job's user with ``umask 077`` (mode 0700, owned by that user),
+    as a Slurm job's script does. Left to the kubelet, a missing ``subPath`` is made as root
+    with the mode of the volume's root: on a root like ``/tmp`` (1777), a directory that any
+    user of a Slurm cluster sharing the file system could read (docs/storage.md, "Tenancy").
+
+    It sees each volume's whole root, so it runs the site's image (``helper_image``, else
+    ``default_image``), never the user's, with a fixed command and the directories as
+    arguments (no shell string is built). None when no directory is to be made, or when the
+    user has no uid here (``uid_map``): then the kubelet makes them.
+    """
+    dirs = [m for m in request.mounts if m.create and m.sub_path]
+    if not dirs or uid is None:
+        return None
+    volumes = {m.storage: {"name": volume_name(m.storage), "mountPath": f"{MKDIR_ROOT}/{m.storage}"} for m in dirs}
+    paths = list(dict.fromkeys(f"{MKDIR_ROOT}/{m.storage}/{m.sub_path}" for m in dirs))
+    return {
+        "name": MKDIR_CONTAINER,
+        "image": settings.helper_image or settings.default_image,
+        "command": ["sh", "-c", 'umask 077 && exec mkdir -p -- "$@"', MKDIR_CONTAINER, *paths],
+        "volumeMounts": list(volumes.values()),
+        # The worker's: the pod's requests stay the worker's (an init container's count only
+        # as a maximum), and its QoS class with them.
+        "resources": container["resources"],
+        "securityContext": dict(container["securityContext"]),
+    }
+
+
 def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str, Any]:
     """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker."""
     # The gateway refuses these keys (422); an adapter used directly still never lets a
@@ -154,6 +188,9 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
         volumes, volume_mounts = render_mounts(request)
         pod_spec["volumes"] = volumes
         pod_spec["containers"][0]["volumeMounts"] = volume_mounts
+        mkdir = render_mkdir(request, settings, uid, pod_spec["containers"][0])
+        if mkdir is not None:
+            pod_spec["initContainers"] = [mkdir]
     if request.gpu_type:
         pod_spec["nodeSelector"] = {settings.gpu_type_label: request.gpu_type}
     spec: dict[str, Any] = {

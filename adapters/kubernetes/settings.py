@@ -44,6 +44,10 @@ class KubernetesSettings:
         backoff_limit: Job backoffLimit; 0 = one failed worker fails the gang.
         request_timeout_s: per API request (connect+read).
         default_image: image when the request has none (kwok runs no containers).
+        helper_image: the image of the init container that makes a job's per-account and
+            checkpoint directories as the job's user (render.render_mkdir); it sees whole
+            volumes, so it is the site's, never the user's. Needs ``sh`` and ``mkdir``.
+            None: ``default_image``.
         ttl_after_finished_s: finished Jobs are garbage-collected after this long.
         cancelled_retention_s: a cancelled Job stays visible (as CANCELLED) this long.
         gpu_resource: the extended resource name of a GPU.
@@ -66,6 +70,7 @@ class KubernetesSettings:
     backoff_limit: int = 0
     request_timeout_s: float = 10.0
     default_image: str = "isthmus/placeholder:latest"
+    helper_image: str | None = None
     ttl_after_finished_s: int | None = 86400
     cancelled_retention_s: int = 300
     gpu_resource: str = "nvidia.com/gpu"
@@ -135,7 +140,8 @@ class KubernetesSettings:
             "CONTEXT": ("context", str), "NAMESPACE_TEMPLATE": ("namespace_template", str),
             "LOCAL_QUEUE": ("local_queue", str), "CLUSTER_QUEUE": ("cluster_queue", str),
             "BACKOFF_LIMIT": ("backoff_limit", int), "REQUEST_TIMEOUT_S": ("request_timeout_s", float),
-            "DEFAULT_IMAGE": ("default_image", str), "CANCELLED_RETENTION_S": ("cancelled_retention_s", int),
+            "DEFAULT_IMAGE": ("default_image", str), "HELPER_IMAGE": ("helper_image", str),
+            "CANCELLED_RETENTION_S": ("cancelled_retention_s", int),
             "DEFAULT_PRIORITY_CLASS": ("default_priority_class", str),
             "AUTOMOUNT_SERVICE_ACCOUNT_TOKEN": ("automount_service_account_token",
                                                 lambda v: v.strip().lower() in ("1", "true", "yes")),

@@ -5,12 +5,14 @@ real clusters in tests/storage/test_storage.py; this pins the details a test the
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pytest
 
 from adapters.base import SubmissionRejected, SubmitRequest, VolumeMount
-from adapters.kubernetes.render import render_mounts
+from adapters.kubernetes.render import render_job, render_mounts
+from adapters.kubernetes.settings import KubernetesSettings
 from adapters.slurm.script import mount_lines, render_script
 
 
@@ -66,3 +68,26 @@ def test_the_pod_has_one_volume_per_storage_and_a_mount_per_directory():
         {"name": "storage-ckpt", "mountPath": "/shared/ckpt/team-a/checkpoints/j", "readOnly": False,
          "subPath": "team-a/checkpoints/j"},
         {"name": "storage-scratch", "mountPath": "/scratch", "readOnly": False}]
+
+
+def test_the_pods_directories_are_made_by_the_jobs_user_in_the_sites_image():
+    ckpt = VolumeMount(storage="ckpt", path="/shared/ckpt/team-a/checkpoints/j", root="/shared/ckpt",
+                       sub_path="team-a/checkpoints/j", read_only=False, provider="pvc", claim="ckpt", create=True)
+    data = VolumeMount(storage="data", path="/shared/data", root="/shared/data", provider="pvc", claim="data")
+    request = dataclasses.replace(_request(data, ckpt), image="user/own:1")
+    settings = KubernetesSettings(uid_map={"alice": 2001}, helper_image="site/tools:1")
+    pod = render_job(request, settings)["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    worker = pod["containers"][0]
+    assert init["image"] == "site/tools:1" and worker["image"] == "user/own:1"
+    # argv, no shell string from the request: the directories are arguments of a fixed script.
+    assert init["command"] == ["sh", "-c", 'umask 077 && exec mkdir -p -- "$@"', "isthmus-mkdir",
+                               "/isthmus-storage/ckpt/team-a/checkpoints/j"]
+    assert init["volumeMounts"] == [{"name": "storage-ckpt", "mountPath": "/isthmus-storage/ckpt"}]
+    assert pod["securityContext"]["runAsUser"] == 2001 and init["securityContext"] == worker["securityContext"]
+    assert init["resources"] == worker["resources"]
+    # Without the site's helper image, its default image; without a uid, the kubelet makes them.
+    pod = render_job(request, KubernetesSettings(uid_map={"alice": 2001}))["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["image"] == KubernetesSettings().default_image
+    assert "initContainers" not in render_job(request, KubernetesSettings())["spec"]["template"]["spec"]
+    assert "initContainers" not in render_job(_request(data), settings)["spec"]["template"]["spec"]

@@ -7,8 +7,9 @@ another; a job with mounts goes only where its storage is; refusals name the fie
 nothing; another account cannot read an account's checkpoints (tried on the Slurm nodes, as
 the other account's POSIX user); a job resuming another sees the same checkpoint directory on
 another cluster; the Job the Kubernetes adapter creates mounts each claim at its path with
-the account's sub-path. kwok runs no container: what a kubelet does with that Job is not
-tested here (docs/testing.md, "Storage").
+the account's sub-path; and on a sixth pool, the control plane's one real node
+(stack/kube/node.sh), a real container reads through the claim what two Slurm clusters wrote,
+and another account can read a container's checkpoint neither in a container nor on Slurm.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from adapters.envfile import read_env_file
 from gateway.pools.adapters import BackendConfigError
+from stack.backends_json import kube_node_settings
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, kube_env, wired_gateway
 from tests.e2e.conftest import ISTHMUS
@@ -37,11 +40,21 @@ RUN = secrets.token_hex(4)  # this run's directories and claims: a rerun never m
 NAMESPACES = ("team-a", "team-b")
 
 
+NODE_ENV = REPO / ".stack" / "kube" / "node.env"
+NODE_POOL = "kube-node"  # the control plane's one real node (stack/kube/node.sh): real containers
+
+
 @pytest.fixture(scope="module")
 def pools(five_pools) -> list[dict]:  # noqa: F811  (the imported fixture)
+    """The stack's five pools and a sixth: the real node's ClusterQueue, whose containers run
+    the local Debian image as the stack's users at their Slurm uids."""
     if not SHARED.is_dir():
         missing_system(f"{SHARED} missing: the test stack is not up (stack/up.sh)")
-    return five_pools
+    if not NODE_ENV.is_file():
+        missing_system(f"{NODE_ENV} missing: the real node is not up (stack/kube/node.sh)")
+    node = read_env_file(NODE_ENV)
+    return [*five_pools, {"name": NODE_POOL, "kind": "kubernetes", "gpu_types": [node["ISTHMUS_KUBE_NODE_GPU_TYPE"]],
+                          "settings": kube_node_settings(kube_env(), node)}]
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +132,10 @@ def pools_file(tmp_path: Path, pools: list[dict], root: Path, *, data_claim: str
                ckpt_claim: str = CKPT_CLAIM) -> Path:
     storage = [
         {"name": "data", "path": f"{root}/data", "mode": "read-write", "tenancy": "shared",
-         "pools": {"slurm-22": {}, "slurm-24": {}, "kube-a100": {"pvc": data_claim}}},
+         "pools": {"slurm-22": {}, "slurm-24": {}, "kube-a100": {"pvc": data_claim}, NODE_POOL: {"pvc": data_claim}}},
         {"name": "ckpt", "path": f"{root}/ckpt", "mode": "read-write",
-         "pools": {"slurm-22": {}, "slurm-24": {}, "slurm-26": {}, "kube-a100": {"pvc": ckpt_claim}}},
+         "pools": {"slurm-22": {}, "slurm-24": {}, "slurm-26": {}, "kube-a100": {"pvc": ckpt_claim},
+                   NODE_POOL: {"pvc": ckpt_claim}}},
         {"name": "secret", "path": f"{root}/secret", "mode": "read-write", "accounts": ["team-a"],
          "pools": {"slurm-22": {}}},
         {"name": "refdata", "path": f"{root}/refdata", "mode": "read-only", "pools": {"slurm-22": {}, "slurm-24": {}}},
@@ -332,6 +346,72 @@ def test_the_kubernetes_job_mounts_each_claim_at_its_path_with_the_accounts_subp
     env_vars = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env_vars["ISTHMUS_CHECKPOINT_DIR"] == job["checkpoint_dir"] and env_vars["ISTHMUS_STORAGE_CKPT"] == "/ckpt"
     finish(gw, job["id"])
+
+
+# ------------------------------------------------------------------ the real node: real containers, real claims
+
+
+def on_node(gw, account="team-a", **spec) -> dict:
+    """A one-worker job on the real node (2 extended-resource GPUs, 2 CPUs)."""
+    return submit(gw, account, pool=NODE_POOL, gpus_per_worker=1, memory_per_worker="256Mi", **spec)
+
+
+def test_a_pipeline_writes_on_one_slurm_cluster_reads_on_another_and_in_a_real_container(gw, root):
+    name = f"pipeline-{secrets.token_hex(3)}.txt"
+    first = submit(gw, pool="slurm-22", mounts=[{"storage": "data"}], checkpoint={"storage": "ckpt"},
+                   command=sh(f'echo "step 1 on $(hostname) by $(id -un)" > "$ISTHMUS_STORAGE_DATA/{name}" && '
+                              'echo epoch-1 > "$ISTHMUS_CHECKPOINT_DIR/last"'))
+    second = submit(gw, pool="slurm-24", mounts=[{"storage": "data"}], depends_on=[{"job": first["id"]}],
+                    command=sh(f'echo "step 2 on $(hostname) by $(id -un)" >> "$ISTHMUS_STORAGE_DATA/{name}"'))
+    third = on_node(gw, depends_on=[{"job": second["id"]}], mounts=[{"storage": "data", "read_only": True}],
+                    checkpoint={"storage": "ckpt"}, resume_from=first["id"],
+                    command=sh(f'cat "$ISTHMUS_STORAGE_DATA/{name}" "$ISTHMUS_CHECKPOINT_DIR/last"; '
+                               'echo "step 3 in $(hostname) as uid $(id -u)"; '
+                               'echo step-3 > "$ISTHMUS_CHECKPOINT_DIR/last"; '
+                               f'echo overwritten > "$ISTHMUS_STORAGE_DATA/{name}" || echo "data is read-only"'))
+    done = finish(gw, first["id"], second["id"], third["id"])
+    assert [done[j["id"]]["state"] for j in (first, second, third)] == ["succeeded"] * 3, done
+    node = read_env_file(NODE_ENV)
+    assert done[third["id"]]["nodes"] == [node["ISTHMUS_KUBE_NODE_NAME"]], done[third["id"]]
+    # The container's own output, through the gateway's logs API.
+    text = output(gw, third["id"]).splitlines()
+    alice = dict(p.split("=") for p in node["ISTHMUS_KUBE_NODE_UID_MAP"].split(","))["alice"]
+    assert text[0].startswith("step 1 on ") and text[0].endswith(" by alice"), text
+    assert text[1].startswith("step 2 on ") and text[1].endswith(" by alice"), text
+    assert text[2] == "epoch-1", text
+    assert text[3].startswith("step 3 in isthmus-") and text[3].endswith(f" as uid {alice}"), text
+    # stderr and stdout are two streams: their lines may interleave either way.
+    assert len(text) == 6 and "data is read-only" in text[4:], text
+    assert any(line.endswith(f"{name}: Read-only file system") for line in text[4:]), text
+    # What the container wrote is on the shared file system, where the Slurm clusters see it.
+    assert (Path(first["checkpoint_dir"]) / "last").read_text() == "step-3\n"
+    assert not (root / "data" / name).read_text().startswith("overwritten")
+
+
+def test_another_account_cannot_read_a_checkpoint_a_real_container_wrote(gw, root):
+    writer = on_node(gw, checkpoint={"storage": "ckpt"}, command=sh('echo alice-secret > "$ISTHMUS_CHECKPOINT_DIR/state"'))
+    done = finish(gw, writer["id"])[writer["id"]]
+    assert done["state"] == "succeeded", (done, output(gw, writer["id"]))
+    ckpt_dir = Path(done["checkpoint_dir"])
+    assert (ckpt_dir / "state").read_text() == "alice-secret\n"
+    # Made by alice, for alice only, as on Slurm (the kubelet would make it root's, mode 1777).
+    uids = dict(p.split("=") for p in read_env_file(NODE_ENV)["ISTHMUS_KUBE_NODE_UID_MAP"].split(","))
+    st = ckpt_dir.stat()
+    assert (st.st_uid, oct(st.st_mode & 0o7777)) == (int(uids["alice"]), "0o700"), (st.st_uid, oct(st.st_mode))
+    # bob (team-b), in a container on the same node, mounting the same storage: he sees his
+    # account's directory at the storage's path, and nothing of team-a's ...
+    in_pod = on_node(gw, "team-b", mounts=[{"storage": "ckpt"}],
+                     command=sh(f'cat {ckpt_dir}/state; ls -A {root}/ckpt; echo "mine: $ISTHMUS_STORAGE_CKPT"'))
+    # ... and on a Slurm cluster sharing the file system, he is refused.
+    on_slurm = submit(gw, "team-b", pool="slurm-22", mounts=[{"storage": "ckpt"}], command=sh(f"cat {ckpt_dir}/state"))
+    done = finish(gw, in_pod["id"], on_slurm["id"])
+    text = output(gw, in_pod["id"], "team-b")
+    assert done[in_pod["id"]]["state"] == "succeeded", (done, text)
+    assert "alice-secret" not in text and "team-a" not in text.replace(str(ckpt_dir), ""), text
+    assert f"cat: {ckpt_dir}/state: No such file or directory" in text, text
+    assert f"mine: {root}/ckpt" in text, text
+    text = output(gw, on_slurm["id"], "team-b")
+    assert "alice-secret" not in text and "Permission denied" in text, text
 
 
 # ------------------------------------------------------------------ start-up checks through the real API server
