@@ -144,6 +144,9 @@ class SubmitRequest:
     submitted_after: datetime | None = None
     # Storages the job sees, at the same paths on every pool (docs/storage.md).
     mounts: Sequence[VolumeMount] = ()
+    # The gateway's attempt at this job (1, then 2, ... after a retry): each attempt is its
+    # own backend job, so the backend's idempotency key includes it (docs/recovery.md).
+    attempt: int = 1
 
     @property
     def total_gpus(self) -> int:
@@ -180,6 +183,15 @@ class JobStatus:
     # InvalidAccount, InvalidQOS: usually a user the cluster does not know); "" otherwise.
     # The gateway fails such a job after ``ISTHMUS_HELD_JOB_FAIL_AFTER_S`` (docs/dispatch.md).
     held: str = ""
+    # Why a FAILED job failed, when the backend says more than an exit code: ``NODE_FAILURE``
+    # (a node failed, booted wrong, was lost or drained under the gang: not the job's doing),
+    # ``TIME_LIMIT`` (it ran out of time), or "" (its own exit, anything else). The gateway's
+    # retry policy reads it (docs/recovery.md).
+    failure: str = ""
+
+
+NODE_FAILURE = "node_failure"
+TIME_LIMIT = "time_limit"
 
 
 @dataclasses.dataclass(frozen=True)

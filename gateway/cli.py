@@ -294,13 +294,21 @@ def _job_detail(job: dict) -> str:
             "routing_reason", "command", "workers", "gpus_per_worker", "total_gpus", "cpus_per_worker",
             "memory_per_worker", "gpu_type", "time_limit", "priority", "backend_job_id", "nodes",
             "exit_code", "created_at", "started_at", "ended_at", "job_set_id", "array_index", "parameters",
-            "depends_on", "dependents"]
-    return "\n".join(f"{k + ':':18} {json.dumps(job[k]) if k in JSON_KEYS else fmt(job[k])}"
-                     for k in keys if k in job and (job[k] is not None or k not in OPTIONAL_KEYS))
+            "depends_on", "dependents", "checkpoint_dir"]
+    lines = [f"{k + ':':18} {json.dumps(job[k]) if k in JSON_KEYS else fmt(job[k])}"
+             for k in keys if k in job and (job[k] is not None or k not in OPTIONAL_KEYS)]
+    if job.get("attempts"):  # the attempts that ended and were retried (docs/recovery.md)
+        lines.append(f"{'attempt:':18} {job.get('attempt')}")
+        for a in job["attempts"]:
+            ran = f"{fmt(a['started_at'])} to {fmt(a['ended_at'])}" if a.get("started_at") else "never started"
+            lines.append(f"  attempt {a['number']}: {a['outcome']} on {a.get('pool') or '-'} "
+                         f"({','.join(a.get('nodes') or []) or '-'}), {ran}, {a['charged_gpu_hours']:.4f} GPU-h: "
+                         f"{a['reason']}")
+    return "\n".join(lines)
 
 
 JSON_KEYS = ("command", "parameters", "depends_on", "dependents")
-OPTIONAL_KEYS = ("job_set_id", "array_index", "parameters", "depends_on", "dependents")
+OPTIONAL_KEYS = ("job_set_id", "array_index", "parameters", "depends_on", "dependents", "checkpoint_dir")
 
 
 JOB_STATES = ["blocked", "pending", "dispatching", "queued", "starting", "running", "requeued", "cancelling",

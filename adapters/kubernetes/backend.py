@@ -34,6 +34,7 @@ from adapters.base import (
 )
 
 from .render import (
+    ANN_ATTEMPT,
     ANN_CANCELLED_AT,
     ANN_GATEWAY_ID,
     ANN_USER,
@@ -311,7 +312,7 @@ class KubernetesBackend(Backend):
         meta = job["metadata"]
         ann = meta.get("annotations") or {}
         if (meta.get("namespace"), meta.get("name")) != (self.settings.namespace_for(request.account),
-                                                         job_name(request.gateway_job_id)):
+                                                         job_name(request.gateway_job_id, request.attempt)):
             return False
         if ann.get(ANN_GATEWAY_ID) != request.gateway_job_id or ann.get(ANN_USER) != request.user:
             return False
@@ -408,7 +409,8 @@ class KubernetesBackend(Backend):
     def find_by_gateway_id(self, gateway_job_id: str, *, request: SubmitRequest | None = None) -> JobStatus | None:
         if request is not None:
             try:
-                job = self._read_job(f"{self.settings.namespace_for(request.account)}/{job_name(gateway_job_id)}")
+                job = self._read_job(f"{self.settings.namespace_for(request.account)}/"
+                                     f"{job_name(gateway_job_id, request.attempt)}")
             except JobNotFound:
                 return None
             return self._status_of(job) if self._created_for(job, request) else None
@@ -418,8 +420,10 @@ class KubernetesBackend(Backend):
             items = self._raw(api.batch.list_job_for_all_namespaces, label_selector=selector)["items"]
         for job in items:
             # Only the deterministic name: a label alone is anyone's to write.
-            if ((job["metadata"].get("annotations") or {}).get(ANN_GATEWAY_ID) == gateway_job_id
-                    and job["metadata"]["name"] == job_name(gateway_job_id)):
+            ann = job["metadata"].get("annotations") or {}
+            attempt = int(ann[ANN_ATTEMPT]) if str(ann.get(ANN_ATTEMPT, "")).isdigit() else 1
+            if (ann.get(ANN_GATEWAY_ID) == gateway_job_id
+                    and job["metadata"]["name"] == job_name(gateway_job_id, attempt)):
                 return self._status_of(job)
         return None
 

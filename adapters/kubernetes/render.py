@@ -23,6 +23,7 @@ ANN_NAME = f"{GROUP}/job-name"
 ANN_WORKERS = f"{GROUP}/workers"
 ANN_GPUS_PER_WORKER = f"{GROUP}/gpus-per-worker"
 ANN_CANCELLED_AT = f"{GROUP}/cancelled-at"
+ANN_ATTEMPT = f"{GROUP}/attempt"
 TOMBSTONE_FINALIZER = f"{GROUP}/cancel-tombstone"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"  # the Workload API the adapter reads
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -46,13 +47,16 @@ def label_value(value: str) -> str:
     return "h-" + _digest(value, 40)
 
 
-def job_name(gateway_job_id: str) -> str:
+def job_name(gateway_job_id: str, attempt: int = 1) -> str:
     """Deterministic DNS-1123 Job name: a re-submit hits 409 and adopts, never duplicates.
 
-    The digest keeps ids that differ only in case or punctuation apart.
+    The digest keeps ids that differ only in case or punctuation apart. Each gateway attempt
+    at a job (a retry, docs/recovery.md) is its own Job: ``-a<n>`` from the second on.
     """
-    slug = re.sub(r"[^a-z0-9-]+", "-", gateway_job_id.lower()).strip("-")[:36].strip("-")
-    return f"isthmus-{slug}-{_digest(gateway_job_id, 8)}" if slug else f"isthmus-{_digest(gateway_job_id, 16)}"
+    key = gateway_job_id if attempt <= 1 else f"{gateway_job_id}/{attempt}"
+    tail = "" if attempt <= 1 else f"-a{attempt}"
+    slug = re.sub(r"[^a-z0-9-]+", "-", gateway_job_id.lower()).strip("-")[:36 - len(tail)].strip("-")
+    return f"isthmus-{slug}{tail}-{_digest(key, 8)}" if slug else f"isthmus-{_digest(key, 16)}"
 
 
 def volume_name(storage: str) -> str:
@@ -151,6 +155,7 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
         ANN_NAME: request.name,
         ANN_WORKERS: str(request.workers),
         ANN_GPUS_PER_WORKER: str(request.gpus_per_worker),
+        ANN_ATTEMPT: str(request.attempt),
     }
     resources: dict[str, str] = {
         "cpu": str(request.cpus_per_worker),
@@ -210,7 +215,7 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(request.gateway_job_id),
+            "name": job_name(request.gateway_job_id, request.attempt),
             "namespace": settings.namespace_for(request.account),
             "labels": job_labels,
             "annotations": annotations,

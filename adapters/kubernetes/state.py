@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from adapters.base import BackendState, JobStatus
+from adapters.base import NODE_FAILURE, TIME_LIMIT, BackendState, JobStatus
 
 from .render import ANN_CANCELLED_AT, ANN_GATEWAY_ID, ANN_GPUS_PER_WORKER, ANN_WORKERS
 
@@ -53,6 +53,17 @@ def exit_code_of(pods: Sequence[Obj]) -> int | None:
     return nonzero[0] if nonzero else (0 if codes else None)
 
 
+def failure_of(pods: Sequence[Obj]) -> str:
+    """``NODE_FAILURE`` when a worker was taken down by its node, not by its own doing: the
+    pod carries the ``DisruptionTarget`` condition (node lost and its pods garbage-collected,
+    a taint eviction, the kubelet's node-pressure or shutdown termination, an API eviction)."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+                return NODE_FAILURE
+    return ""
+
+
 def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobStatus:
     meta = job["metadata"]
     ann = meta.get("annotations") or {}
@@ -95,7 +106,8 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
     if c := (_true(jc, "Failed") or _true(jc, "FailureTarget")):
         ended = parse_time(c.get("lastTransitionTime"))
         return JobStatus(**base, state=BackendState.FAILED, reason=_msg(c, "Failed"), exit_code=exit_code_of(pods),
-                         started_at=started_at, ended_at=ended, nodes=ran_on)
+                         started_at=started_at, ended_at=ended, nodes=ran_on,
+                         failure=TIME_LIMIT if c.get("reason") == "DeadlineExceeded" else failure_of(pods))
     if workload is None:
         return JobStatus(**base, state=BackendState.QUEUED, reason="waiting for Kueue to create the Workload")
     if c := _true(wc, "Finished"):

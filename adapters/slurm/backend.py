@@ -320,7 +320,7 @@ class SlurmBackend(Backend):
         return True
 
     def find_by_gateway_id(self, gateway_job_id: str, *, request: SubmitRequest | None = None) -> JobStatus | None:
-        comment = parse.GATEWAY_COMMENT_PREFIX + gateway_job_id
+        comment = parse.gateway_comment(gateway_job_id, request.attempt if request is not None else 1)
         with self._comments_lock:
             known = dict(self._comments)
         current = self._transport.comments(known)

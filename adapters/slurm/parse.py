@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from adapters.base import BackendState, JobStatus, PoolCapacity
+from adapters.base import NODE_FAILURE, TIME_LIMIT, BackendState, JobStatus, PoolCapacity
 
 GATEWAY_COMMENT_PREFIX = "isthmus:"
 
@@ -156,13 +156,45 @@ def _expand_one(part: str) -> list[str]:
     return names
 
 
-def gateway_id_of(record: Mapping[str, Any]) -> str | None:
+def gateway_comment(gateway_job_id: str, attempt: int = 1) -> str:
+    """The comment of the gateway's submission of one attempt at a job: ``isthmus:<id>``,
+    then ``isthmus:<id>/<n>`` for the n-th attempt (each attempt is its own Slurm job)."""
+    return f"{GATEWAY_COMMENT_PREFIX}{gateway_job_id}" + (f"/{attempt}" if attempt > 1 else "")
+
+
+def _comment_of(record: Mapping[str, Any]) -> str:
     comment = record.get("comment") or ""
     if isinstance(comment, Mapping):  # some versions nest comments
         comment = comment.get("job") or ""
+    return str(comment)
+
+
+def gateway_id_of(record: Mapping[str, Any]) -> str | None:
+    comment = _comment_of(record)
     if comment.startswith(GATEWAY_COMMENT_PREFIX):
-        return comment[len(GATEWAY_COMMENT_PREFIX):]
+        job_id, _, attempt = comment[len(GATEWAY_COMMENT_PREFIX):].partition("/")
+        return job_id if not attempt or attempt.isdigit() else None
     return None
+
+
+def attempt_of(record: Mapping[str, Any]) -> int:
+    """The gateway attempt a gateway job's comment names (1 when it names none)."""
+    _, _, attempt = _comment_of(record).partition("/")
+    return int(attempt) if attempt.isdigit() else 1
+
+
+# Base states in which Slurm ended a job for its nodes, not for anything the job did.
+NODE_FAILURE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+TIME_LIMIT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
+
+
+def failure_of(state: BackendState, names: Iterable[str]) -> str:
+    """``JobStatus.failure`` of a Slurm job: its nodes failed, or it hit its time limit."""
+    if state is not BackendState.FAILED:
+        return ""
+    if NODE_FAILURE_STATES & set(names):
+        return NODE_FAILURE
+    return TIME_LIMIT if TIME_LIMIT_STATES & set(names) else ""
 
 
 _GPU_TRES = re.compile(r"gres[/:]gpu(?::[^=:,]+)?[=:](\d+)")
@@ -242,6 +274,7 @@ def job_status(record: Mapping[str, Any]) -> JobStatus:
         raw_state=raw_state,
         requeued_at=requeued_at,
         held=slurm_reason if state is BackendState.QUEUED and slurm_reason in HELD_REASONS else "",
+        failure=failure_of(state, names),
     )
 
 

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Sequence
 
 from adapters.base import SubmissionRejected, SubmitRequest, VolumeMount
-from adapters.slurm.parse import GATEWAY_COMMENT_PREFIX
+from adapters.slurm.parse import gateway_comment
 
 # Slurm terminates a step by sending TERM to every process in it; the wrapper's own TERM
 # may arrive just after its child died of it, hence the short grace before reporting a
@@ -144,7 +144,7 @@ def build_spec(request: SubmitRequest, *, partition: str, account: str | None,
     name = _JOB_NAME.sub("-", request.name or "isthmus")[:100] or "isthmus"
     return JobSpec(
         name=name,
-        comment=f"{GATEWAY_COMMENT_PREFIX}{request.gateway_job_id}",
+        comment=gateway_comment(request.gateway_job_id, request.attempt),
         user=request.user,
         partition=partition,
         account=account,

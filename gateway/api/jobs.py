@@ -25,6 +25,7 @@ from gateway.models.jobs import Job
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
+    AttemptOut,
     JobEventOut,
     JobEventPage,
     JobOut,
@@ -61,7 +62,7 @@ def to_out(job: Job) -> JobOut:
         created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
         job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
-        mounts=spec.get("mounts") or None, **_estimate(job),
+        mounts=spec.get("mounts") or None, attempt=job.attempt or 1, **_estimate(job),
     )
 
 
@@ -181,7 +182,15 @@ def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, requ
     # null (not []) when there are none: a job outside any workflow reads as it always did.
     out.depends_on = dependencies_of(session, job, principal=principal) or None
     out.dependents = dependents_of(session, job, principal=principal) or None
+    out.attempts = attempts_out(service.attempts_of(session, job.id)) if job.attempt > 1 else None
     return out
+
+
+def attempts_out(attempts) -> list[AttemptOut]:
+    return [AttemptOut(number=a.number, pool=a.pool, backend_job_id=a.backend_job_id, nodes=a.nodes,
+                       started_at=as_utc(a.started_at), ended_at=as_utc(a.ended_at), outcome=a.outcome,
+                       exit_code=a.exit_code, reason=a.reason or "",
+                       charged_gpu_hours=round(a.charged_gpu_seconds / 3600, 6)) for a in attempts]
 
 
 @router.post(

@@ -64,9 +64,12 @@ def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = 
         cpus_per_worker=int(spec.get("cpus_per_worker", 1)),
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
-        env={**(spec.get("env") or {}), **storage_env}, labels=dict(spec.get("labels") or {}), priority=job.priority,
+        # ISTHMUS_ATTEMPT: which attempt this is (1, then 2, ... after a retry; docs/recovery.md).
+        env={**(spec.get("env") or {}), **storage_env, "ISTHMUS_ATTEMPT": str(job.attempt or 1)},
+        labels=dict(spec.get("labels") or {}), priority=job.priority,
         priority_class=account.priority_class if account is not None else None,
         first_attempt=first_attempt, submitted_after=as_utc(job.created_at), mounts=tuple(mounts),
+        attempt=job.attempt or 1,
     )
 
 

@@ -11,18 +11,20 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from adapters.base import Backend, BackendError, Feature, JobNotFound, JobStatus
+from adapters.base import Backend, BackendError, BackendState, Feature, JobNotFound, JobStatus
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
 from gateway.domain.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
 from gateway.jobs import logs as output
 from gateway.jobs import service as jobs
 from gateway.models.jobs import Job, JobEvent
+from gateway.domain import retry
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
 from gateway.models.ledger import Reservation
+from gateway.models.specs import spec_of
 
 
 class Reconciler:
@@ -233,7 +235,10 @@ class Reconciler:
             self._misses.pop(job.id, None)
             # Only statuses the adapter matched to our submission get here (find_by_gateway_id
             # with the job's request); the watch defers jobs without a recorded id.
-            jobs.observe(job, backend_job_id=status.backend_job_id, nodes=list(status.nodes))
+            # The nodes a gang ran on are those seen while it ran: an ended Slurm job drops a
+            # node that failed under it from its node list.
+            jobs.observe(job, backend_job_id=status.backend_job_id,
+                         nodes=None if status.state.final and job.nodes else list(status.nodes))
             target, reason = seen.target, seen.reason
             if seen.awaiting_cancel:
                 return 0  # still waiting for the backend to confirm the cancel
@@ -243,6 +248,12 @@ class Reconciler:
                 if job.state != JobState.REQUEUED.value or not seen.after_requeue:
                     return changed
                 # ... and running again (or ended) already: record that run below.
+            if (target is JobState.FAILED and status.state is BackendState.FAILED and job.cancel_requested_at is None
+                    and job.state != JobState.CANCELLING.value):
+                cause = retry.verdict(retry.policy_of(spec_of(job), self.settings.retry_max_attempts),
+                                      attempt=job.attempt, failure=status.failure, exit_code=status.exit_code)
+                if cause is not None:
+                    return self._retry(s, job, status, cause, reason, now, via)
             if target in (JobState.RUNNING,) and job.started_at is None:
                 jobs.mark_started(job, self._run_start(s, job, as_utc(status.started_at) or now))
                 ledger.record_start(s, job=job, started_at=job.started_at, actor=RECONCILER)
@@ -326,6 +337,34 @@ class Reconciler:
                            reason=f"cancelled at requeue: over budget: {outcome.over_budget}",
                            data={"over_budget": outcome.over_budget, "via": via})
             self._wake.set()  # the polling thread cancels it on the backend now
+        return 1
+
+    def _retry(self, s: Session, job: Job, status: JobStatus, cause: str, reason: str, now: datetime,
+               via: str) -> int:
+        """The attempt failed the way the job's retry policy runs again (docs/recovery.md):
+        charge its run as any run is charged (queue time never), record the attempt, and queue
+        the next one in the gateway, where routing and admission decide afresh."""
+        started = job.started_at or self._run_start(s, job, as_utc(status.started_at), final=True)
+        ended = as_utc(status.ended_at) or now
+        if started is not None:
+            # A short run can start and end between two rounds: record its start too.
+            ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
+        before = sum(a.charged_gpu_seconds for a in jobs.attempts_of(s, job.id))
+        ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
+                             half_life_s=self.settings.fairshare_half_life_s, retried=True)
+        charged = ledger.charged_gpu_seconds(s, job_id=job.id) - before
+        policy = retry.policy_of(spec_of(job), self.settings.retry_max_attempts)
+        number, pool = job.attempt, job.pool
+        nodes = list(job.nodes or []) or list(status.nodes)
+        job.nodes = nodes or None
+        words = ("a node failed under it" if cause == retry.NODE_FAILURE
+                 else f"it exited with code {status.exit_code}")
+        jobs.retry(s, job, outcome=cause, started_at=started, ended_at=ended, exit_code=status.exit_code,
+                   backend_reason=reason, charged_gpu_seconds=charged, actor=RECONCILER,
+                   reason=f"attempt {number} on {pool} ended: {words} ({reason}); "
+                          f"attempt {number + 1} of at most {policy.max_attempts} waits for its turn",
+                   data={"raw_state": status.raw_state, "nodes": nodes, "charged_gpu_seconds": charged, "via": via})
+        self._wake.set()  # the dispatcher routes it again now
         return 1
 
     def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:

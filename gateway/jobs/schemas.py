@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import re
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gateway.domain.shapes import format_duration, format_memory, normalise_gpu_type, parse_duration_s, parse_memory_mib
 from gateway.domain.states import JobState
@@ -105,7 +105,7 @@ class Dependency(BaseModel):
 MAX_MOUNTS = 16
 # Fields left out of a stored spec while empty: a spec without them hashes as it did before
 # they existed (an earlier request replayed with its Idempotency-Key still matches).
-OPTIONAL_STORED = ("depends_on", "mounts", "checkpoint", "resume_from")
+OPTIONAL_STORED = ("depends_on", "mounts", "checkpoint", "resume_from", "retry")
 STORAGE_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
 MOUNT_PATH_RE = r"^(/[A-Za-z0-9._+-]+)+$"
 
@@ -139,6 +139,36 @@ class Checkpoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     storage: Annotated[str, Field(pattern=STORAGE_NAME_RE, description="A read-write storage's name.")]
+
+
+MAX_ATTEMPTS = 10
+
+
+class Retry(BaseModel):
+    """When the gateway runs the job again after an attempt failed (docs/recovery.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS, description="Attempts in all, the first included; "
+                                                                         "1: never retried.")]
+    on: Annotated[list[Literal["node_failure", "exit_code"]], Field(
+        default_factory=lambda: ["node_failure"], min_length=1, max_length=2,
+        description="`node_failure`: a node failed, booted wrong or was lost under the gang (the default); "
+                    "`exit_code`: the job's own non-zero exit.")]
+    exit_codes: Annotated[list[Annotated[int, Field(ge=1, le=255)]] | None, Field(
+        default=None, max_length=32, description="With `exit_code`: only these codes (default: any non-zero).")]
+
+    @field_validator("on")
+    @classmethod
+    def _on(cls, v: list[str]) -> list[str]:
+        return sorted(set(v))
+
+    @field_validator("exit_codes")
+    @classmethod
+    def _codes_need_exit_code(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if v is not None and "exit_code" not in (info.data.get("on") or ()):
+            raise ValueError("exit_codes needs `exit_code` in `on`")
+        return sorted(set(v)) if v is not None else None
 
 
 class JobSpec(BaseModel):
@@ -186,6 +216,10 @@ class JobSpec(BaseModel):
         default=None, pattern=JOB_ID_RE,
         description="With `checkpoint`: an earlier job of the same account whose checkpoint directory this job "
                     "continues.")]
+
+    retry: Retry | None = Field(default=None, description="Run the job again when an attempt fails "
+                                                       "(docs/recovery.md). Default: the gateway's, up to "
+                                                       "`ISTHMUS_RETRY_MAX_ATTEMPTS` attempts on `node_failure`.")
 
     def stored(self) -> dict[str, Any]:
         """The normalised spec kept on the job (and hashed for idempotency)."""
@@ -284,6 +318,22 @@ class JobSpec(BaseModel):
         return parse_memory_mib(self.memory_per_worker)
 
 
+class AttemptOut(BaseModel):
+    """One ended attempt at a job: where it ran and why it ended."""
+
+    number: int
+    pool: str | None
+    backend_job_id: str | None
+    nodes: list[str] | None
+    started_at: datetime | None = Field(description="null: it ended before the whole gang started.")
+    ended_at: datetime
+    outcome: str = Field(description="Why the gateway ran the job again: `node_failure` or `exit_code`.")
+    exit_code: int | None
+    reason: str = Field(description="The backend's words.")
+    charged_gpu_hours: float = Field(description="What the attempt's run was charged (0 for one that never "
+                                                 "started); queue time never is.")
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "id": "0192f0c4-7d3e-7a51-8c3e-5b1f0d9a2c44", "state": "pending", "state_reason": "waiting for dispatch",
@@ -352,6 +402,11 @@ class JobOut(BaseModel):
                                   "retry and `resume_from`; null without `checkpoint`.")
     estimate_reason: str | None = Field(
         default=None, description="Why the estimate is what it is, or why there is none (e.g. held by a quota).")
+    attempt: int = Field(default=1, description="The job's current attempt (1, then 2, ... after each retry; "
+                                                "docs/recovery.md).")
+    attempts: list[AttemptOut] | None = Field(
+        default=None, description="getJob only: the attempts that ended and were retried, oldest first; null "
+                                  "when none.")
 
 
 class JobPage(BaseModel):

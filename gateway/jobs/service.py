@@ -24,7 +24,7 @@ from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.accounts.tree import subtree_names, up_cte
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
-from gateway.models.jobs import IdempotencyKey, Job, JobEvent
+from gateway.models.jobs import IdempotencyKey, Job, JobAttempt, JobEvent
 from gateway.domain.shapes import parse_duration_s
 from gateway.jobs.schemas import JobSpec
 from gateway.domain.states import JobState, check_transition
@@ -448,6 +448,34 @@ def mark_started(job: Job, started_at: datetime | None) -> None:
 def clear_run(job: Job) -> None:
     """The gang was taken down (requeue): the next ``running`` records the new start."""
     job.started_at = None
+
+
+def retry(session: Session, job: Job, *, outcome: str, started_at: datetime | None, ended_at: datetime,
+          exit_code: int | None, backend_reason: str, charged_gpu_seconds: int, actor: str, reason: str,
+          data: dict[str, Any] | None = None) -> JobAttempt:
+    """End the job's current attempt and queue the next one in the gateway (docs/recovery.md).
+
+    The ended attempt becomes a ``job_attempt`` row (pool, backend job, nodes, times, why);
+    the job goes back to ``pending`` with its next attempt number and nothing of the old run
+    (pool, backend job, nodes, start): routing and admission decide afresh, and the job keeps
+    its id, so its place in line (priority, then age) and its checkpoint lineage.
+    """
+    attempt = JobAttempt(job_id=job.id, number=job.attempt, pool=job.pool, backend_job_id=job.backend_job_id,
+                         nodes=list(job.nodes) if job.nodes else None, started_at=started_at, ended_at=ended_at,
+                         outcome=outcome, exit_code=exit_code, reason=backend_reason,
+                         charged_gpu_seconds=int(charged_gpu_seconds))
+    session.add(attempt)
+    job.attempt += 1
+    job.pool = job.backend_job_id = job.nodes = job.started_at = job.exit_code = job.held_gpus = None
+    job.dispatch_attempts, job.next_attempt_at = 0, None
+    set_state(session, job, JobState.PENDING, actor=actor, reason=reason,
+              data={**(data or {}), "attempt": attempt.number, "outcome": outcome})
+    return attempt
+
+
+def attempts_of(session: Session, job_id: str) -> list[JobAttempt]:
+    """The job's ended attempts, oldest first."""
+    return list(session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.number)))
 
 
 def finish(session: Session, job: Job, target: JobState, *, ended_at: datetime, actor: str, reason: str,

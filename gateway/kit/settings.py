@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     # in the user's words, once held this long (s); 0 = wait forever (docs/dispatch.md,
     # "Jobs held for an unknown user"). Keep it above Slurm's ~2 min hold after a requeue.
     held_job_fail_after_s: float = Field(default=600.0, ge=0, le=30 * 86400)
+    # Attempts in all (the first included) of a job whose spec has no `retry`, on
+    # infrastructure failures only (a node failed under it); 1 = never retried (docs/recovery.md).
+    retry_max_attempts: int = Field(default=3, ge=1, le=10)
     # Charge running jobs' usage this often (s), so fair share sees long jobs as they run; 0 = only at the end.
     usage_accrual_interval_s: float = Field(default=300.0, ge=0, le=86400)
     # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
@@ -319,6 +322,7 @@ class DispatchSettings(_Group):
     capacity_ttl_s: float
     reconcile_resync_s: float
     held_job_fail_after_s: float
+    retry_max_attempts: int
     usage_accrual_interval_s: float
     pool_queue_depth: int
     scheduling_policy: Literal["reservation", "greedy"]

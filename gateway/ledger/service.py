@@ -747,16 +747,21 @@ def record_start(session: Session, *, job: Any, started_at: datetime, actor: str
 
 
 def record_finish(session: Session, *, job: Any, started_at: datetime | None, ended_at: datetime, actor: str,
-                  half_life_s: float) -> None:
+                  half_life_s: float, retried: bool = False) -> int:
     """Charge the real usage and release the rest of the reservation. Idempotent per job.
 
     used = total_gpus x clamp(ended - started, 0, time_limit_s) x billing weight (0 if never
     started). A job without a reservation (cancelled while pending) is a no-op.
+
+    ``retried``: only this attempt ended, and the gateway runs the job again
+    (docs/recovery.md): the run is charged the same way, and the reservation is left
+    ``released``, so that the next attempt is admitted afresh (budgets, quotas) in whatever
+    pool it goes to. Returns the GPU-seconds the run was charged in all (accruals included).
     """
     ended_at = as_utc(ended_at)
     names, balances, r = _locked_reservation(session, job)
     if r is None or r.status in ("finished", "released"):
-        return
+        return 0
     was_queued = r.status == "reserved"
     started = as_utc(started_at) or as_utc(r.started_at)
     used = 0
@@ -767,7 +772,8 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
     accrued = (r.accrued_gpu_seconds or 0) if not was_queued else 0
     charge = used - accrued
     # += : a requeued job was charged its earlier run segments already (record_requeue).
-    r.status, r.ended_at, r.used_gpu_seconds = "finished", ended_at, r.used_gpu_seconds + used
+    r.status, r.ended_at, r.used_gpu_seconds = ("released" if retried else "finished"), ended_at, \
+        r.used_gpu_seconds + used
     if started is not None and r.started_at is None:
         r.started_at = started
     if started is not None:
@@ -781,16 +787,20 @@ def record_finish(session: Session, *, job: Any, started_at: datetime | None, en
     _entry(session, at=ended_at, account_name=r.account_name, kind="release", job_id=job.id, pool=r.pool,
            gpu_type=r.gpu_type, username=r.username, gpus=-r.gpus, committed_gpu_seconds=-rest, gpu_seconds=0,
            billing_weight=r.billing_weight, actor=actor,
-           reason="job ended; unused committed time returned" if started else "job ended without starting")
+           reason=("attempt ended, the job runs again; " if retried else "job ended; ")
+           + ("unused committed time returned" if started else "it never started"))
     _apply(balances, names, utcnow(), reserved_gpus=-r.gpus, committed_gpu_seconds=-(r.committed_gpu_seconds - accrued),
            charged_gpu_seconds=charge, queued_jobs=-1 if was_queued else 0)
     _apply_pool(session, names, r.pool, -r.gpus)
+    # A job counts once, in the bucket of the day it ends: not at an attempt that is retried.
+    ended_jobs = 0 if retried else 1
     if charge:
-        _add_bucket(session, r.account_name, ended_at.date(), r.pool, charge, usage=charge, jobs=1)
+        _add_bucket(session, r.account_name, ended_at.date(), r.pool, charge, usage=charge, jobs=ended_jobs)
         _add_decayed_usage(session, r.account_name, charge, ended_at, float(half_life_s))
-    elif used:
+    elif used and ended_jobs:
         _add_bucket(session, r.account_name, ended_at.date(), r.pool, 0, usage=0, jobs=1)
     session.flush()
+    return used
 
 
 def accrue_usage(session: Session, *, job: Any, now: datetime, actor: str, half_life_s: float) -> int:

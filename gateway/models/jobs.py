@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, validates
 
 from gateway.domain.states import JobState, check_transition
@@ -67,6 +67,9 @@ class Job(Base):
     # A job resuming another's checkpoints (resume_from): the first job of that chain, whose
     # checkpoint directory it uses (docs/storage.md). NULL: the job's own (checkpoint_lineage).
     lineage: Mapped[str | None] = mapped_column(String(36))
+    # The current attempt (1, then 2, ... after each retry; docs/recovery.md). Ended attempts
+    # are rows of job_attempt.
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
     @property
     def checkpoint_lineage(self) -> str:
@@ -101,6 +104,25 @@ class JobEvent(Base):
     to_state: Mapped[str | None] = mapped_column(String(STATE_LEN))
     reason: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class JobAttempt(Base):
+    """An attempt at a job that ended and was run again (docs/recovery.md): where it ran,
+    why it ended, what its run was charged. The current attempt is the job itself."""
+
+    __tablename__ = "job_attempt"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pool: Mapped[str | None] = mapped_column(String(POOL_NAME_LEN))
+    backend_job_id: Mapped[str | None] = mapped_column(String(128))
+    nodes: Mapped[list[str] | None] = mapped_column(JSON)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[str] = mapped_column(String(32))  # why it was retried: node_failure | exit_code
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    charged_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class IdempotencyKey(Base):

@@ -238,6 +238,7 @@ def job_page(request: Request, job_id: str, partial: str = ""):
         events = jobs_repo.list_events(session, job.id)
         ctx = {"job": job, "spec": spec_of(job, session), "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
                "checkpoint_dir": checkpoint_dir_of(job, getattr(request.app.state, "storage", None)),
+               "attempts": jobs.attempts_of(session, job.id) if job.attempt > 1 else [],
                "events": [{"at": e.at, "kind": e.kind, "actor": e.actor, "from": e.from_state,
                            "to": e.to_state, "reason": e.reason} for e in events]}
         return render(request, "job_live.html" if partial == "live" else "job.html", ctx, principal=principal)

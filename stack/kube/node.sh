@@ -262,6 +262,7 @@ metadata: {name: $CQ}
 spec:
   namespaceSelector: {}
   queueingStrategy: BestEffortFIFO
+  preemption: {withinClusterQueue: LowerPriority}
   resourceGroups:
   - coveredResources: [cpu, memory, nvidia.com/gpu]
     flavors:

@@ -352,8 +352,8 @@ def test_the_kubernetes_job_mounts_each_claim_at_its_path_with_the_accounts_subp
 
 
 def on_node(gw, account="team-a", **spec) -> dict:
-    """A one-worker job on the real node (2 extended-resource GPUs, 2 CPUs)."""
-    return submit(gw, account, pool=NODE_POOL, gpus_per_worker=1, memory_per_worker="256Mi", **spec)
+    """A one-worker job on the real node (2 extended-resource GPUs, 2 CPUs): 1 GPU unless asked."""
+    return submit(gw, account, pool=NODE_POOL, **{"gpus_per_worker": 1, "memory_per_worker": "256Mi", **spec})
 
 
 def test_a_pipeline_writes_on_one_slurm_cluster_reads_on_another_and_in_a_real_container(gw, root):

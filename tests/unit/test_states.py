@@ -55,5 +55,8 @@ def test_a_new_job_starts_pending_or_blocked_only():
             check_transition(None, target)
 
 
-def test_only_a_claimed_job_can_go_back_to_pending():
-    assert {s for s in S if S.PENDING in TRANSITIONS[s]} == {S.BLOCKED, S.DISPATCHING}
+def test_only_a_claimed_job_or_a_failed_attempt_goes_back_to_pending():
+    # A claimed job whose submission did not go through; an attempt that failed on its
+    # backend and is run again (docs/recovery.md). Never a final job, never one being cancelled.
+    assert {s for s in S if S.PENDING in TRANSITIONS[s]} == {
+        S.BLOCKED, S.DISPATCHING, S.QUEUED, S.STARTING, S.RUNNING, S.REQUEUED}

@@ -91,3 +91,14 @@ def test_a_gang_that_ended_between_two_looks_still_says_where_it_ran():
     assert s.nodes == ("n3",)
     s = derive_status(job(), wl(c("Finished", reason="Succeeded", t=T2)), [pod("Succeeded", node="n5", code=0)])
     assert s.nodes == ("n5",)
+
+
+def test_a_failure_says_whether_a_node_or_the_clock_ended_it():
+    lost = pod("Failed", code=137)
+    lost["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}]
+    s = derive_status(job([c("Failed", reason="BackoffLimitExceeded", t=T2)]), None, [lost, pod("Running")])
+    assert s.state is BackendState.FAILED and s.failure == "node_failure"
+    s = derive_status(job([c("Failed", reason="DeadlineExceeded", t=T2)]), None, [pod("Failed", code=143)])
+    assert s.failure == "time_limit"
+    s = derive_status(job([c("Failed", reason="BackoffLimitExceeded", t=T2)]), None, [pod("Failed", code=3)])
+    assert s.failure == "" and s.exit_code == 3

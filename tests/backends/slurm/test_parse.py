@@ -88,3 +88,19 @@ def test_script_quotes_every_word():
     assert "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 -- /bin/sh -c" in script
     with pytest.raises(SubmissionRejected):
         render_script(["true"], {"BAD NAME": "x"}, nodes=1)
+
+
+def test_each_attempt_is_its_own_slurm_job_and_a_failure_says_whose_it_was():
+    from adapters.slurm.parse import attempt_of, gateway_comment
+
+    assert gateway_comment("g1") == "isthmus:g1" and gateway_comment("g1", 3) == "isthmus:g1/3"
+    third = job_status({"job_id": 7, "job_state": ["NODE_FAIL"], "comment": "isthmus:g1/3", "nodes": "gpu1",
+                        "start_time": 1700000000, "end_time": 1700000100})
+    assert third.gateway_job_id == "g1" and attempt_of({"comment": "isthmus:g1/3"}) == 3
+    assert third.state is BackendState.FAILED and third.failure == "node_failure"
+    assert job_status({"job_id": 8, "job_state": "BOOT_FAIL", "comment": ""}).failure == "node_failure"
+    assert job_status({"job_id": 9, "job_state": ["TIMEOUT"]}).failure == "time_limit"
+    assert job_status({"job_id": 10, "job_state": ["FAILED"]}).failure == ""
+    assert job_status({"job_id": 11, "job_state": ["RUNNING"], "nodes": "gpu1"}).failure == ""
+    # Not ours: a comment that only looks like an attempt.
+    assert job_status({"job_id": 12, "job_state": "PENDING", "comment": "isthmus:g1/x"}).gateway_job_id is None
