@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import httpx
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -41,14 +41,34 @@ def live_text(driver, element_id: str) -> str:
 
     The page replaces its live section whole at every refresh (gateway/ui/static/ui.js:
     on each of the job's events and every 2 s), so an element found a moment ago may be
-    gone by the time its text is read (StaleElementReferenceException): read the new one.
+    gone by the time its text is read: Chromium then answers with a stale reference, or
+    with "Node with given id does not belong to the document" (CI, 2026-12-03). So the
+    text is read in one script, inside the page, where no refresh can come between the
+    lookup and the read. A missing element is a NoSuchElementException, which
+    ``WebDriverWait`` ignores like a refresh in flight.
     """
-    for _ in range(10):
+    text = driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e === null ? null : e.innerText;", element_id)
+    if text is None:
+        raise NoSuchElementException(f"no element #{element_id} on the page")
+    return text.strip()
+
+
+def live_click(driver, element_id: str) -> None:
+    """Click an element of a live job page (a button of its live section) as a user does.
+
+    A refresh may replace the button between its lookup and the click; the click is then
+    made again on the new button. Only the replaced-element errors are retried: a click
+    that lands is never repeated (the form posts and the page moves on)."""
+    for attempt in range(10):
         try:
-            return driver.find_element(By.ID, element_id).text
+            driver.find_element(By.ID, element_id).click()
+            return
         except StaleElementReferenceException:
             continue
-    return driver.find_element(By.ID, element_id).text
+        except WebDriverException as e:
+            if "does not belong to the document" not in str(e) or attempt == 9:
+                raise
 
 
 def shot(driver, name: str) -> None:

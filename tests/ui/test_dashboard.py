@@ -21,7 +21,7 @@ from gateway.app import create_app
 from gateway.kit.settings import Settings
 from tests.browser import network, new_browser, off_loopback, requested_urls, serving
 from tests.identity.conftest import _migrate_and_seed, issuer_configs, oidc_env, provider  # noqa: F401
-from tests.ui.conftest import api, live_text, log_in, shot, submit
+from tests.ui.conftest import api, live_click, live_text, log_in, shot, submit
 
 pytestmark = pytest.mark.oidc
 
@@ -101,7 +101,7 @@ def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboar
         assert api(dashboard, alice).post(f"/v1/jobs/{watched['id']}/cancel").status_code in (200, 202)
         WebDriverWait(driver, 20).until(lambda d: live_text(d, "state") == "cancelled")
         assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-not-reloaded") == "1"
-        assert "cancelled" in driver.find_element(By.ID, "events").text
+        assert "cancelled" in live_text(driver, "events")
 
         # A form post without the session's CSRF token is refused; with it (the button) it works.
         forged = httpx.post(f"{dashboard}/ui/jobs/{hostile['id']}/cancel", data={"csrf": "guess"},
@@ -109,7 +109,7 @@ def test_a_user_logs_in_sees_only_their_jobs_watches_one_and_cancels_it(dashboar
         assert forged.status_code == 403
         driver.get(f"{dashboard}/ui/jobs/{hostile['id']}")
         shot(driver, "job")
-        driver.find_element(By.ID, "cancel").click()
+        live_click(driver, "cancel")
         WebDriverWait(driver, 20).until(lambda d: live_text(d, "state") == "cancelled")
         assert api(dashboard, alice).get(f"/v1/jobs/{hostile['id']}").json()["state"] == "cancelled"
         assert api(dashboard, bob).get(f"/v1/jobs/{other['id']}").json()["state"] == "pending"

@@ -35,7 +35,7 @@ from tests.dispatch.conftest import (  # noqa: F401  (k8s, kube, slurm22: fixtur
 )
 from tests.identity.conftest import issuer_configs, oidc_env, provider  # noqa: F401
 from tests.jobs.live import served
-from tests.ui.conftest import api, live_text, log_in, shot, submit
+from tests.ui.conftest import api, live_click, live_text, log_in, shot, submit
 
 pytestmark = [
     pytest.mark.oidc, pytest.mark.slurm, pytest.mark.kubernetes,
@@ -147,14 +147,14 @@ def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_can
         # Slurm: the page moves from pending through running to succeeded, without a reload.
         driver.switch_to.window(tabs[on_slurm["id"]])
         WebDriverWait(driver, 150, 0.5).until(lambda d: page_state(d) in FINAL)
-        assert page_state(driver) == "succeeded", driver.find_element(By.ID, "live").text
+        assert page_state(driver) == "succeeded", live_text(driver, "live")
         seen = driver.execute_script("return window.__states")
         assert seen[0] == "pending" and "running" in seen and seen[-1] == "succeeded", seen
         assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-not-reloaded") == "1"
-        events = driver.find_element(By.ID, "events").text
+        events = live_text(driver, "events")
         for state in ("dispatching", "queued", "running", "succeeded"):
             assert f"→ {state}" in events, events
-        assert driver.find_element(By.ID, "pool").text == "slurm"
+        assert live_text(driver, "pool") == "slurm"
         # Its output, per worker: what the job's command printed on the cluster's nodes.
         WebDriverWait(driver, 20).until(lambda d: "w0 step 5" in output_text(d))
         out0 = output_text(driver).splitlines()
@@ -172,11 +172,11 @@ def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_can
         # Kueue: the same, on the real control plane (kwok's pods).
         driver.switch_to.window(tabs[on_kueue["id"]])
         WebDriverWait(driver, 120, 0.5).until(lambda d: page_state(d) in FINAL)
-        assert page_state(driver) == "succeeded", driver.find_element(By.ID, "live").text
+        assert page_state(driver) == "succeeded", live_text(driver, "live")
         seen = driver.execute_script("return window.__states")
         assert seen[0] == "pending" and "running" in seen and seen[-1] == "succeeded", seen
         assert driver.find_element(By.TAG_NAME, "body").get_attribute("data-not-reloaded") == "1"
-        assert driver.find_element(By.ID, "pool").text == "kubernetes"
+        assert live_text(driver, "pool") == "kubernetes"
         WebDriverWait(driver, 30).until(lambda d: output_text(d).splitlines() == kube_lines(0))
         Select(driver.find_element(By.ID, "worker")).select_by_value("1")
         WebDriverWait(driver, 20).until(lambda d: output_text(d).splitlines() == kube_lines(1))
@@ -188,7 +188,7 @@ def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_can
         WebDriverWait(driver, 90, 0.5).until(lambda d: page_state(d) in ("running", *FINAL))
         assert page_state(driver) == "running"
         backend_job_id = api_state(base, alice, to_cancel["id"])["backend_job_id"]
-        driver.find_element(By.ID, "cancel").click()  # a CSRF-protected form post, then back to the page
+        live_click(driver, "cancel")  # a CSRF-protected form post, then back to the page
         WebDriverWait(driver, 90, 0.5).until(lambda d: page_state(d) in FINAL)
         assert page_state(driver) == "cancelled"
         assert api_state(base, alice, to_cancel["id"])["state"] == "cancelled"
