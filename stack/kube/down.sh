@@ -38,16 +38,7 @@ ip -o addr show dev lo 2>/dev/null | grep -q " ${ISTHMUS_KUBE_NODE_IP:-10.246.0.
 rm -f "$STATE/node.env"
 
 for name in kwok kueue kube-scheduler kube-controller-manager kube-apiserver etcd; do
-  f="$STATE/pids/$name.pid"
-  [[ -f "$f" ]] || continue
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid"
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    echo "[kube down] stopped $name ($pid)"
-  fi
-  rm -f "$f"
+  stop_pid "$name"
 done
 rm -f "$STATE/env"
 if [[ "${1:-}" == "--purge" ]]; then rm -rf "$STATE"; fi

@@ -5,8 +5,9 @@ ends the job NODE_FAIL (the gateway submits jobs non-requeueable; Slurm 22.05's 
 ignores that flag and requeues the job itself, docs/slurm.md); the gateway records the
 attempt, queues the job again in its own line, and runs it on the nodes that are left; the
 second attempt finds in its checkpoint directory what the first wrote; the ledger charged
-both runs and nothing else, and still balances. A job's own non-zero exit is retried only
-when its spec asks.
+both runs and nothing else, and still balances. A gang its cluster can no longer hold runs
+again on another cluster with the same storage. (tests/recovery/test_retry_rules.py: exit
+codes and refusals, on SQLite and Postgres.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.dispatch.conftest import drive_until, job_state, slurm_env, wired_gat
 from tests.dispatch.test_slurm_e2e import scontrol
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
 from tests.ui.test_pages import SECRET as UI_SECRET  # the /ui session cookies of tests/ui
+from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 
@@ -70,21 +72,6 @@ def submit(gw, **spec) -> dict:
 
 def get(gw, job_id: str) -> dict:
     return gw.client.get(f"/v1/jobs/{job_id}", headers=gw.admin).json()
-
-
-def page(gw, job_id: str) -> str:
-    """The job's dashboard page, as its owner sees it (a /ui session made as the login makes one)."""
-    from gateway.ui.session import COOKIE
-    from tests.ui.test_pages import session_cookie
-
-    token = gw.headers("alice", ("team-a",))["Authorization"].split()[1]
-    gw.client.cookies.set(COOKIE, session_cookie(gw.app, token))
-    try:
-        r = gw.client.get(f"/ui/jobs/{job_id}")
-    finally:
-        gw.client.cookies.clear()
-    assert r.status_code == 200, r.text
-    return r.text
 
 
 def resume(env: dict[str, str], node: str) -> None:
@@ -131,7 +118,7 @@ def test_a_gang_whose_node_fails_runs_again_elsewhere_and_resumes_from_its_check
     out = gw.client.get(f"/v1/jobs/{job['id']}/logs", params={"worker": 0}, headers=gw.admin).text
     assert out.strip().endswith(f"finds: {marks}"), out
     # Where people look: the job's page and `isthmus job`.
-    html = page(gw, job["id"])
+    html = page_as(gw, gw.headers("alice", ("team-a",)), f"/ui/jobs/{job['id']}")
     assert f'<tr class="attempt"><td>1</td><td>{POOL}</td><td>{", ".join(running["nodes"])}</td>' in html, html
     assert "This is attempt 2." in html and "node failure: NODE_FAIL" in html
     from gateway.cli import _job_detail
@@ -157,25 +144,43 @@ def test_a_gang_whose_node_fails_runs_again_elsewhere_and_resumes_from_its_check
     assert between >= 5 * held and run1 >= 2 * held, (between, run1)  # the wait was not charged (above)
 
 
-def test_a_jobs_own_exit_is_retried_only_when_it_asks(gw):
-    default = submit(gw, command=["sh", "-c", "exit 3"])
-    asked = submit(gw, retry={"max_attempts": 2, "on": ["exit_code"], "exit_codes": [3]},
-                   command=["sh", "-c", 'echo "attempt $ISTHMUS_ATTEMPT"; exit 3'])
-    done = drive_until(gw, lambda: all(job_state(gw, j["id"], *FINAL) for j in (default, asked)), timeout_s=120)
-    assert done
-    plain, retried = get(gw, default["id"]), get(gw, asked["id"])
-    assert plain["state"] == "failed" and plain["attempt"] == 1 and plain["attempts"] is None, plain
-    assert retried["state"] == "failed" and retried["exit_code"] == 3 and retried["attempt"] == 2, retried
-    assert [(a["number"], a["outcome"], a["exit_code"]) for a in retried["attempts"]] == [(1, "exit_code", 3)]
-    out = gw.client.get(f"/v1/jobs/{asked['id']}/logs", params={"worker": 0}, headers=gw.admin).text
-    assert out.strip() == "attempt 2", out
+VERSIONS = {"slurm-24": "24.11", "slurm-26": "26.05"}  # REST APIs that honour requeue=false
 
 
-def test_a_retry_policy_the_gateway_cannot_follow_is_refused_naming_the_field(gw):
-    for retry, field in (({"max_attempts": 11}, "body.retry.max_attempts"),
-                         ({"max_attempts": 2, "on": ["preempted"]}, "body.retry.on.0"),
-                         ({"max_attempts": 2, "exit_codes": [3]}, "body.retry.exit_codes")):
-        r = gw.client.post("/v1/jobs", json={"name": "bad", "account": "team-a", "command": ["true"], "retry": retry},
-                           headers=gw.headers("alice", ("team-a",)))
-        assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json"), r.text
-        assert [e["field"] for e in r.json()["errors"]] == [field], r.json()
+@pytest.fixture(scope="module")
+def gw2(five_pools, root, dev_key_path, tmp_path_factory):  # noqa: F811  (five_pools: the imported fixture)
+    """Two Slurm clusters that both have the checkpoint storage (the shared directory)."""
+    pools = [p for p in five_pools if p["name"] in VERSIONS]
+    path = tmp_path_factory.mktemp("recovery2") / "pools.yaml"
+    path.write_text(yaml.safe_dump({"pools": pools, "storage": [
+        {"name": "ckpt", "path": str(root), "mode": "read-write", "pools": dict.fromkeys(VERSIONS, {})}]}))
+    with postgres_database(migrated=True) as url, wired_gateway(url, dev_key_path, {}, pools_file=str(path)) as gw:
+        gw.admin = gw.headers("root", admin=True)
+        yield gw
+
+
+def test_a_gang_its_cluster_can_no_longer_hold_runs_again_on_another(gw2):
+    """Four whole nodes: when one of its cluster's four fails, attempt 2 cannot start there,
+    and goes to the other cluster, which has the same checkpoint storage."""
+    job = submit(gw2, workers=4, command=["sh", "-c",
+        'touch "$ISTHMUS_CHECKPOINT_DIR/attempt-$ISTHMUS_ATTEMPT-$SLURMD_NODENAME"; '
+        'if [ "$ISTHMUS_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
+        'echo "attempt $ISTHMUS_ATTEMPT finds" $(cd "$ISTHMUS_CHECKPOINT_DIR" && ls attempt-1-* | wc -l) marks'])
+    running = drive_until(gw2, lambda: job_state(gw2, job["id"], "running"), timeout_s=90)
+    first_pool, failed_node = running["assigned_pool"], running["nodes"][0]
+    env = slurm_env(VERSIONS[first_pool])
+    scontrol(env, "update", f"nodename={failed_node}", "state=down", "reason=isthmus-test-node-failure")
+    try:
+        scontrol(env, "update", f"nodename={failed_node}", "state=drain", "reason=isthmus-test-node-failure")
+        done = drive_until(gw2, lambda: job_state(gw2, job["id"], *FINAL), timeout_s=150)
+    finally:
+        resume(env, failed_node)
+    assert done["state"] == "succeeded" and done["attempt"] == 2, done
+    (first,) = done["attempts"]
+    assert (first["pool"], first["outcome"]) == (first_pool, "node_failure"), first
+    assert done["assigned_pool"] == next(p for p in VERSIONS if p != first_pool), done
+    assert f"routed to {done['assigned_pool']}" in done["routing_reason"], done["routing_reason"]
+    out = gw2.client.get(f"/v1/jobs/{job['id']}/logs", params={"worker": 0}, headers=gw2.admin).text
+    assert out.strip() == "attempt 2 finds 4 marks", out
+    with gw2.app.state.sessionmaker() as s:
+        assert ledger.verify(s) == []

@@ -32,6 +32,7 @@ from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, kube_e
 from tests.e2e.conftest import ISTHMUS
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
 from tests.ui.test_pages import SECRET as UI_SECRET  # the /ui session cookies of tests/ui
+from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes, pytest.mark.postgres]
 
@@ -186,18 +187,8 @@ def output(gw, job_id: str, account="team-a") -> str:
 
 
 def page(gw, job_id: str, account="team-a") -> str:
-    """The job's dashboard page, as its owner sees it (a /ui session made as the login makes one)."""
-    from gateway.ui.session import COOKIE
-    from tests.ui.test_pages import session_cookie
-
-    token = user(gw, account)["Authorization"].split()[1]
-    gw.client.cookies.set(COOKIE, session_cookie(gw.app, token))
-    try:
-        r = gw.client.get(f"/ui/jobs/{job_id}")
-    finally:
-        gw.client.cookies.clear()
-    assert r.status_code == 200, r.text
-    return r.text
+    """The job's dashboard page, as its owner sees it."""
+    return page_as(gw, user(gw, account), f"/ui/jobs/{job_id}")
 
 
 def sh(script: str) -> list[str]:

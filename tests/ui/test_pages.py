@@ -52,6 +52,20 @@ def session_cookie(app, token: str, csrf: str = "the-csrf") -> str:
     return sign({"sid": sid})
 
 
+def page_as(gw, headers: dict, path: str) -> str:
+    """A /ui page as the holder of ``headers``' token sees it, through a wired gateway's
+    client (a session made as the login makes one); asserts it is served."""
+    from gateway.ui.session import COOKIE
+
+    gw.client.cookies.set(COOKIE, session_cookie(gw.app, headers["Authorization"].split()[1]))
+    try:
+        r = gw.client.get(path)
+    finally:
+        gw.client.cookies.clear()
+    assert r.status_code == 200, r.text
+    return r.text
+
+
 def sign(data: dict) -> str:
     signer = itsdangerous.TimestampSigner(SECRET, salt="isthmus-ui-session")
     return signer.sign(b64encode(json.dumps(data).encode())).decode()
