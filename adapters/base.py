@@ -138,6 +138,9 @@ class SubmitRequest:
     # (the job's first dispatch claim, not a retry or a crash recovery). An adapter whose
     # duplicate look-up is expensive (Slurm cannot filter jobs by comment) may skip it.
     first_attempt: bool = False
+    # Seconds a job gets between the gateway's preemption signal and its stop (docs/recovery.md);
+    # Kubernetes renders it as the pods' terminationGracePeriodSeconds. 0: the backend's default.
+    preempt_grace_s: int = 0
     # No submission of this job can have reached the backend before this time (the gateway
     # job's creation). Adoption refuses a backend job submitted earlier: anyone can copy a
     # gateway id into a Slurm comment, not back-date a submission.
@@ -293,6 +296,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, backend_job_id: str) -> None:
         """Cancel a job; cancelling a finished or unknown job is not an error."""
+
+    def preempt(self, backend_job_id: str, grace_s: float) -> str:
+        """Tell a running job it will be stopped in ``grace_s`` seconds (reclaim, docs/recovery.md);
+        returns what was done, in words for the job's history.
+
+        The default stops it at once: :meth:`cancel`. Slurm signals it (``SIGUSR1``) and is
+        cancelled by the gateway at the deadline; Kubernetes deletes its pods, whose
+        ``terminationGracePeriodSeconds`` is the grace period (``SIGTERM``, then ``SIGKILL``).
+        """
+        self.cancel(backend_job_id)
+        return "cancelled at once (this backend has no signal before a stop)"
+
+    # Whether :meth:`preempt` already stops the job by itself at the end of the grace period
+    # (the gateway then does not cancel it at the deadline).
+    preempt_stops: ClassVar[bool] = True
 
     @abc.abstractmethod
     def capacity(self) -> Capacity:

@@ -28,6 +28,7 @@ from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
 from gateway.identity.bodylimit import BodyLimitMiddleware
+from gateway.jobs.checkpoints import JobCredentials
 from gateway.kit.settings import Settings, get_settings
 from gateway.kit.streams import StreamLimiter
 from gateway.api.metrics import check_access as check_metrics_access, router as metrics_router
@@ -197,8 +198,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                        write_every_s=settings.membership_seen_write_s)
     install_error_handlers(app)
     # Refuses oversized, unauthenticated or slow bodies before anything reads them.
+    # Jobs' checkpoint credentials (docs/recovery.md): good for their checkpoint call only.
+    app.state.job_credentials = JobCredentials(lambda: app.state.sessionmaker)
     app.add_middleware(BodyLimitMiddleware, authenticator=app.state.authenticator,
-                       max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+                       max_body_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s,
+                       job_credentials=app.state.job_credentials)
     # Added last, so outermost: every request, even one refused above, gets a request id
     # (logs and the X-Request-ID header).
     app.add_middleware(RequestIdMiddleware, access_log=settings.access_log)

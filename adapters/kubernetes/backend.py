@@ -499,6 +499,14 @@ class KubernetesBackend(Backend):
         except JobNotFound:
             return
 
+    def preempt(self, backend_job_id: str, grace_s: float) -> str:
+        """Stop the Job as a cancel does: suspended, its pods deleted, each with its
+        ``terminationGracePeriodSeconds`` (the gateway's grace period, rendered at submit):
+        SIGTERM now, SIGKILL at the deadline, what torchrun and most trainers handle."""
+        self.cancel(backend_job_id)
+        return (f"Job {backend_job_id} suspended and its pods deleted: SIGTERM now, SIGKILL after their "
+                f"terminationGracePeriodSeconds ({grace_s:g} s)")
+
     def _sweep_tombstone(self, job: dict) -> None:
         """Let a cancelled Job go once its retention is over (drop our finalizer)."""
         meta = job["metadata"]

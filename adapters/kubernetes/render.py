@@ -189,6 +189,9 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
                                 "capabilities": {"drop": ["ALL"]}},
         }],
     }
+    if request.preempt_grace_s:
+        # A preemption deletes the pods (docs/recovery.md): SIGTERM, then SIGKILL this much later.
+        pod_spec["terminationGracePeriodSeconds"] = int(request.preempt_grace_s)
     if request.mounts:
         volumes, volume_mounts = render_mounts(request)
         pod_spec["volumes"] = volumes

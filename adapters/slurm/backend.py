@@ -281,6 +281,19 @@ class SlurmBackend(Backend):
             return
         self._transport.cancel(str(backend_job_id))
 
+    # The gateway cancels a preempted job itself at its deadline (Slurm's own cancel then
+    # sends SIGTERM to every step and SIGKILL after the cluster's KillWait).
+    preempt_stops = False
+
+    def preempt(self, backend_job_id: str, grace_s: float) -> str:
+        """``SIGUSR1`` to the batch shell and its children: srun, which the batch script execs,
+        forwards it to every task of the gang (what Lightning's Slurm auto-requeue handler
+        listens for). The gateway cancels the job at the deadline (docs/recovery.md)."""
+        if str(backend_job_id).isdigit():
+            self._transport.signal(str(backend_job_id), "USR1")
+        return (f"SIGUSR1 sent to Slurm job {backend_job_id} (its batch shell and every task); it is cancelled in "
+                f"{grace_s:g} s (SIGTERM to its steps, SIGKILL after the cluster's KillWait)")
+
     def capacity(self) -> Capacity:
         """The configured partition only: jobs go nowhere else. A partition the cluster does
         not have is an error, never an empty (or another partition's) "idle" pool."""

@@ -172,6 +172,17 @@ class CliTransport(Transport):
                 return
             raise exc
 
+    def signal(self, job_id: str, signal: str) -> None:
+        proc = self._run(["scancel", "--batch", f"--signal={signal}", str(job_id)], user=self._admin_user)
+        if proc.returncode != 0:
+            msg = self._message(proc)
+            if is_done(msg):
+                return
+            exc = classify(msg)
+            if isinstance(exc, JobNotFound):
+                return
+            raise exc
+
     def nodes(self) -> list[Record]:
         if self._json_scontrol is not False:   # 23.02+; their sinfo --json groups by partition
             proc = self._run(["scontrol", "--json", "show", "nodes"], user=self._admin_user)

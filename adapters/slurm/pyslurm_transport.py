@@ -301,6 +301,16 @@ class PyslurmTransport(Transport):
                 return
             raise
 
+    def signal(self, job_id: str, signal: str) -> None:
+        try:
+            self._call("signal", job_id=int(job_id), signal=signal)
+        except JobNotFound:
+            return
+        except BackendUnavailable as exc:
+            if is_done(exc.message):
+                return
+            raise
+
     def nodes(self) -> list[Record]:
         return list(self._call("nodes"))
 

@@ -128,6 +128,19 @@ def _cancel(pyslurm, job_id: int) -> str:
         return "done"
 
 
+def _signal(pyslurm, job_id: int, signal: str) -> str:
+    """``scancel --batch --signal=...``: the batch step and its children (srun forwards it)."""
+    if signal not in ("USR1", "USR2", "TERM", "INT", "HUP", "CONT"):
+        raise ValueError(f"signal {signal!r} is not one the gateway sends")
+    try:
+        pyslurm.Job(job_id).send_signal(f"SIG{signal}", steps="batch")
+        return "signalled"
+    except pyslurm.RPCError as exc:
+        if getattr(exc, "errno", None) == 2017:  # ESLURM_INVALID_JOB_ID: gone
+            return "unknown"
+        raise
+
+
 def handle(pyslurm, req: dict[str, Any]) -> Any:
     op = req.get("op")
     if op == "submit":
@@ -145,6 +158,8 @@ def handle(pyslurm, req: dict[str, Any]) -> Any:
         return {str(j.id): j.comment or "" for j in _all_jobs(pyslurm)}
     if op == "cancel":
         return _cancel(pyslurm, int(req["job_id"]))
+    if op == "signal":
+        return _signal(pyslurm, int(req["job_id"]), str(req["signal"]))
     if op == "nodes":
         return [node_record(n) for n in pyslurm.Nodes.load().values()]
     if op == "version":   # the controller's, e.g. "25.11.7"

@@ -230,6 +230,20 @@ class RestTransport(Transport):
         except JobNotFound:
             return
 
+    def signal(self, job_id: str, signal: str) -> None:
+        version = self.negotiate()
+        # v0.0.41 and later take flags=BATCH_JOB (scancel --batch); v0.0.38-0.0.40 know only
+        # the signal, which then goes to every step of the job, the batch step included.
+        query = f"?signal=SIG{signal}" + ("&flags=BATCH_JOB" if version >= "v0.0.41" else "")
+        status, data = self._send("DELETE", self._paths["job"] + str(job_id) + query)
+        for text, num in self._errors(data):
+            if is_done(text, num):
+                return
+        try:
+            self._raise_for(status, data)
+        except JobNotFound:
+            return
+
     def nodes(self) -> list[Record]:
         self.negotiate()
         status, data = self._send("GET", self._paths["nodes"])

@@ -21,9 +21,14 @@ from adapters.slurm.parse import gateway_comment
 
 # Slurm terminates a step by sending TERM to every process in it; the wrapper's own TERM
 # may arrive just after its child died of it, hence the short grace before reporting a
-# signal death as the worker's own failure.
-TASK_WRAPPER = ('trap "exit 0" TERM; "$@" & wait "$!"; rc=$?; '
-                'if [ "$rc" -gt 128 ]; then sleep 1; fi; exit "$rc"')
+# signal death as the worker's own failure. The wrapper waits for its child whatever
+# signal it gets: TERM (a cancel, a time limit, a preemption's stop) lets the command end
+# as it handles TERM (a checkpoint, within the cluster's KillWait), and USR1/USR2 (the
+# gateway's preemption signal, docs/recovery.md) reach the command without ending the
+# wrapper. ``trap ":"`` (a handler, not "ignore") leaves the command its default actions.
+TASK_WRAPPER = ('t=0; trap "t=1" TERM; trap ":" USR1 USR2; "$@" & p=$!; '
+                'while :; do wait "$p"; rc=$?; kill -0 "$p" 2>/dev/null || break; done; '
+                '[ "$t" = 1 ] && exit 0; if [ "$rc" -gt 128 ]; then sleep 1; [ "$t" = 1 ] && exit 0; fi; exit "$rc"')
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"[^A-Za-z0-9_.:-]+")
 

@@ -6,6 +6,7 @@ import abc
 from collections.abc import Mapping
 from typing import Any
 
+from adapters.base import Unsupported
 from adapters.slurm.script import JobSpec
 
 Record = Mapping[str, Any]
@@ -45,6 +46,12 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_id: str) -> None:
         """Cancel; a finished or unknown job is silently ignored."""
+
+    def signal(self, job_id: str, signal: str) -> None:
+        """Send ``signal`` (e.g. ``USR1``) to the job's batch shell and its children (``scancel
+        --batch``): srun, which the batch script execs, forwards it to every task of the gang.
+        A finished or unknown job is silently ignored."""
+        raise Unsupported(f"the {self.name} transport cannot signal a job", backend="slurm")
 
     @abc.abstractmethod
     def nodes(self) -> list[Record]:

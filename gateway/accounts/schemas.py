@@ -36,13 +36,22 @@ class QuotaIn(BaseModel):
     (the nearest ancestor's then applies). A limit caps the sum over the account's subtree."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=True, json_schema_extra={"examples": [
-        {"max_gpus": 64, "max_gpus_per_pool": {"slurm-h100": 48}, "budget_gpu_hours": 20000, "budget_period": "month",
+        {"max_gpus": 64, "max_gpus_per_pool": {"slurm-h100": 48}, "guaranteed_gpus": 32,
+         "budget_gpu_hours": 20000, "budget_period": "month",
          "max_queued_jobs": 50, "max_queued_jobs_per_user": 10}]})
 
     max_gpus: int | None = Field(default=None, ge=0, le=1_000_000, description="Concurrent GPUs, all pools together.")
     max_gpus_per_pool: dict[Pool, Annotated[int, Field(ge=0, le=1_000_000)] | None] | None = Field(
         default=None, description="Concurrent GPUs in one pool, on top of `max_gpus`; pools left out are left "
                                   "as they are, `null` removes that pool's limit.")
+    guaranteed_gpus: int | None = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Concurrent GPUs, all pools together, that the subtree's work may hold without ever being "
+                    "preempted for another account's; work beyond it runs *borrowed* on idle GPUs and may be "
+                    "reclaimed (docs/recovery.md). At most `max_gpus`.")
+    guaranteed_gpus_per_pool: dict[Pool, Annotated[int, Field(ge=0, le=1_000_000)] | None] | None = Field(
+        default=None, description="The guarantee in one pool; pools left out are left as they are, `null` removes "
+                                  "it. At most that pool's limit.")
     max_gpus_slurm: int | None = Field(default=None, ge=0, le=1_000_000, deprecated=True,
                                        description="Deprecated: `max_gpus_per_pool` of the pool named `slurm`.")
     max_gpus_kubernetes: int | None = Field(default=None, ge=0, le=1_000_000, deprecated=True,
@@ -74,6 +83,12 @@ class QuotaOut(BaseModel):
     max_gpus: EffectiveLimitOut
     max_gpus_per_pool: dict[str, EffectiveLimitOut] = Field(
         default_factory=dict, description="Per-pool concurrent-GPU limits in force (pools without one are absent).")
+    guaranteed_gpus: EffectiveLimitOut = Field(
+        default_factory=lambda: EffectiveLimitOut(value=None, source=None),
+        description="The guarantee the account's work counts against (its own, else the nearest ancestor's); "
+                    "null: none, so all its work runs borrowed.")
+    guaranteed_gpus_per_pool: dict[str, EffectiveLimitOut] = Field(
+        default_factory=dict, description="Per-pool guarantees in force (pools without one are absent).")
     max_gpus_slurm: EffectiveLimitOut = Field(deprecated=True, description="Deprecated: `max_gpus_per_pool.slurm`.")
     max_gpus_kubernetes: EffectiveLimitOut = Field(deprecated=True,
                                                    description="Deprecated: `max_gpus_per_pool.kubernetes`.")

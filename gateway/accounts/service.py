@@ -19,10 +19,12 @@ from gateway.kit.errors import Conflict, Invalid, NotFound
 from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow
 
-QUOTA_FIELDS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
+QUOTA_FIELDS = ("max_gpus", "guaranteed_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
 # Limits that are absurd rather than merely large: refuse them so a typo cannot disable a quota.
-QUOTA_MAX = {"max_gpus": 1_000_000, "budget_gpu_seconds": 10**15, "max_queued_jobs": 10_000_000,
-             "max_queued_jobs_per_user": 10_000_000}
+QUOTA_MAX = {"max_gpus": 1_000_000, "guaranteed_gpus": 1_000_000, "budget_gpu_seconds": 10**15,
+             "max_queued_jobs": 10_000_000, "max_queued_jobs_per_user": 10_000_000}
+# The per-pool settings: (the body's field, the account_pool_quota column).
+PER_POOL = (("max_gpus_per_pool", "max_gpus"), ("guaranteed_gpus_per_pool", "guaranteed_gpus"))
 MAX_POOL_GPUS = 1_000_000
 
 
@@ -85,13 +87,16 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
             if q is not None and getattr(q, field) is not None:
                 out[field] = EffectiveLimit(getattr(q, field), acc)
                 break
-    per_pool: dict[str, EffectiveLimit] = {}
-    for acc, pool, value in session.execute(
-            select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus)
-            .where(AccountPoolQuota.account_name.in_(accounts), AccountPoolQuota.max_gpus.isnot(None))):
-        if pool not in per_pool or accounts.index(acc) > accounts.index(per_pool[pool].source):
-            per_pool[pool] = EffectiveLimit(value, acc)  # the nearest (deepest) account's value
-    out["max_gpus_per_pool"] = dict(sorted(per_pool.items()))
+    pool_rows = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(accounts))))
+    for field, column in PER_POOL:
+        per_pool: dict[str, EffectiveLimit] = {}
+        for row in pool_rows:
+            value, acc, pool = getattr(row, column), row.account_name, row.pool
+            if value is None:
+                continue
+            if pool not in per_pool or accounts.index(acc) > accounts.index(per_pool[pool].source):
+                per_pool[pool] = EffectiveLimit(value, acc)  # the nearest (deepest) account's value
+        out[field] = dict(sorted(per_pool.items()))
     src = out["budget_gpu_seconds"].source
     q = rows.get(src) if src else None
     out["budget_period"] = q.budget_period if q else None
@@ -110,21 +115,26 @@ def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str
 
     get_or_raise(session, name=name)
     values = dict(values)
-    per_pool = values.pop("max_gpus_per_pool", None) or {}
-    for pool, value in per_pool.items():
-        require_known(session, pool, f"body.max_gpus_per_pool.{pool}")
-        if value is not None and not 0 <= value <= MAX_POOL_GPUS:
-            raise Invalid(f"body.max_gpus_per_pool.{pool}", f"must be between 0 and {MAX_POOL_GPUS} (null removes it)")
-    for pool, value in per_pool.items():
-        row = session.get(AccountPoolQuota, (name, pool))
-        if value is None:
-            if row is not None:
+    for field, column in PER_POOL:
+        per_pool = values.pop(field, None) or {}
+        for pool, value in per_pool.items():
+            require_known(session, pool, f"body.{field}.{pool}")
+            if value is not None and not 0 <= value <= MAX_POOL_GPUS:
+                raise Invalid(f"body.{field}.{pool}", f"must be between 0 and {MAX_POOL_GPUS} (null removes it)")
+        for pool, value in per_pool.items():
+            row = session.get(AccountPoolQuota, (name, pool))
+            if row is None:
+                if value is None:
+                    continue
+                row = AccountPoolQuota(account_name=name, pool=pool)
+                session.add(row)
+            setattr(row, column, value)
+            row.updated_at, row.updated_by = utcnow(), actor
+            if row.max_gpus is None and row.guaranteed_gpus is None:
                 session.delete(row)
-            continue
-        if row is None:
-            row = AccountPoolQuota(account_name=name, pool=pool)
-            session.add(row)
-        row.max_gpus, row.updated_at, row.updated_by = value, utcnow(), actor
+            elif row.max_gpus is not None and row.guaranteed_gpus is not None and row.guaranteed_gpus > row.max_gpus:
+                raise Invalid(f"body.{field}.{pool}", f"{name}'s guarantee in pool {pool} ({row.guaranteed_gpus}) "
+                                                      f"exceeds its limit there ({row.max_gpus})")
     for field, value in values.items():
         if field in QUOTA_MAX and value is not None:
             if value < 0:
@@ -144,6 +154,10 @@ def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str
         if field in ("budget_period", "budget_window_days") and value is None:
             continue
         setattr(q, field, value)
+    if q.max_gpus is not None and q.guaranteed_gpus is not None and q.guaranteed_gpus > q.max_gpus:
+        field = "guaranteed_gpus" if "guaranteed_gpus" in values else "max_gpus"
+        raise Invalid(f"body.{field}", f"{name}'s guarantee ({q.guaranteed_gpus} GPUs) exceeds its limit "
+                                       f"({q.max_gpus} GPUs)")
     q.updated_at = utcnow()
     q.updated_by = actor
     session.flush()

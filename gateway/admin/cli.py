@@ -109,6 +109,10 @@ def accounts_delete(name, url, token, as_json) -> None:
 @click.option("--max-gpus", type=int, help="GPUs the account's running jobs may hold at once, all pools")
 @click.option("--max-gpus-pool", "per_pool", multiple=True, metavar="POOL=N",
               help="the same in one pool (repeatable); POOL= (no number) removes that pool's limit")
+@click.option("--guaranteed-gpus", type=int,
+              help="GPUs the subtree's work holds without ever being preempted (docs/recovery.md)")
+@click.option("--guaranteed-gpus-pool", "guaranteed_pool", multiple=True, metavar="POOL=N",
+              help="the same in one pool (repeatable); POOL= (no number) removes that pool's guarantee")
 @click.option("--max-gpus-slurm", type=int, help="deprecated: --max-gpus-pool slurm=N")
 @click.option("--max-gpus-kubernetes", type=int, help="deprecated: --max-gpus-pool kubernetes=N")
 @click.option("--budget-gpu-hours", type=float, help="GPU-hours per budget period")
@@ -119,23 +123,24 @@ def accounts_delete(name, url, token, as_json) -> None:
 @click.option("--max-queued-jobs-per-user", type=int, help="jobs one user may have waiting in the account")
 @click.option("--unset", multiple=True, help="remove a limit (field name, repeatable), e.g. --unset max_gpus")
 @client_options
-def quota(name, unset, per_pool, url, token, as_json, **limits) -> None:
+def quota(name, unset, per_pool, guaranteed_pool, url, token, as_json, **limits) -> None:
     """Set an account's quotas (unset limits are inherited from ancestors)."""
     body: dict[str, Any] = {k: v for k, v in limits.items() if v is not None}
-    if per_pool:
-        body["max_gpus_per_pool"] = {}
-        for item in per_pool:
+    for field, items, hint in (("max_gpus_per_pool", per_pool, "--max-gpus-pool"),
+                               ("guaranteed_gpus_per_pool", guaranteed_pool, "--guaranteed-gpus-pool")):
+        for item in items:
             pool_name, sep, n = item.partition("=")
             if not sep or (n and not n.isdigit()):
-                raise click.BadParameter(f"{item!r}: expected POOL=N, e.g. slurm-h100=16", param_hint="--max-gpus-pool")
-            body["max_gpus_per_pool"][pool_name] = int(n) if n else None
+                raise click.BadParameter(f"{item!r}: expected POOL=N, e.g. slurm-h100=16", param_hint=hint)
+            body.setdefault(field, {})[pool_name] = int(n) if n else None
     body.update({u.replace("-", "_"): None for u in unset})
     data = Client(url, token).call("PUT", f"/v1/admin/accounts/{name}/quota", json=body)
     def limits(q: dict) -> list[tuple[str, dict]]:
         # Per-pool limits as max_gpus[POOL]; the deprecated per-kind fields are left out.
         out = [(k, v) for k, v in q.items() if isinstance(v, dict) and "value" in v
                and k not in ("max_gpus_slurm", "max_gpus_kubernetes")]
-        return out + [(f"max_gpus[{p}]", v) for p, v in sorted((q.get("max_gpus_per_pool") or {}).items())]
+        return out + [(f"{field}[{p}]", v) for field in ("max_gpus", "guaranteed_gpus")
+                      for p, v in sorted((q.get(f"{field}_per_pool") or {}).items())]
 
     _emit(data, as_json, lambda a: "\n".join(f"{k:26} {v['value']!s:>12}  (from {v['source'] or '-'})"
                                              for k, v in limits(a["quota"])))

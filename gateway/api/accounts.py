@@ -52,8 +52,11 @@ def quota_out(eff: dict) -> QuotaOut:
 
     budget = eff["budget_gpu_seconds"]
     per_pool = {p: EffectiveLimitOut(value=v.value, source=v.source) for p, v in eff["max_gpus_per_pool"].items()}
+    guaranteed = {p: EffectiveLimitOut(value=v.value, source=v.source)
+                  for p, v in eff["guaranteed_gpus_per_pool"].items()}
     none = EffectiveLimitOut(value=None, source=None)
-    return QuotaOut(max_gpus=lim("max_gpus"), max_gpus_per_pool=per_pool,
+    return QuotaOut(max_gpus=lim("max_gpus"), max_gpus_per_pool=per_pool, guaranteed_gpus=lim("guaranteed_gpus"),
+                    guaranteed_gpus_per_pool=guaranteed,
                     max_gpus_slurm=per_pool.get("slurm", none), max_gpus_kubernetes=per_pool.get("kubernetes", none),
                     budget_gpu_hours=EffectiveBudgetOut(
                         value=None if budget.value is None else budget.value / 3600, source=budget.source),

@@ -19,27 +19,31 @@ from fastapi import (
 )
 from fastapi.responses import StreamingResponse
 
-from gateway.identity.dependency import CurrentPrincipal
-from gateway.jobs import admission, repository, service
+from gateway.domain.preempt import Running, at_risk_gpu_hours
+from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
+from gateway.jobs import admission, checkpoints, preemption, repository, service
 from gateway.models.jobs import Job
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
     AttemptOut,
+    CheckpointIn,
+    CheckpointOut,
     JobEventOut,
     JobEventPage,
     JobOut,
     JobPage,
     JobSpec,
+    PreemptionOut,
 )
 from gateway.domain.shapes import format_duration
 from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.domain.states import JobState
 from gateway.kit.db import DbSession
-from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.errors import Invalid, NotFound, problem_responses
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.streams import HeldStreamingResponse
-from gateway.kit.timeutil import as_utc
+from gateway.kit.timeutil import as_utc, utcnow
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -62,8 +66,21 @@ def to_out(job: Job) -> JobOut:
         created_at=as_utc(job.created_at), updated_at=as_utc(job.updated_at), started_at=as_utc(job.started_at),
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
         job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
-        mounts=spec.get("mounts") or None, attempt=job.attempt or 1, **_estimate(job),
+        mounts=spec.get("mounts") or None, attempt=job.attempt or 1, borrowed=job.borrowed,
+        checkpoint_at=as_utc(job.checkpoint_at), gpu_hours_at_risk=_at_risk(job), **_estimate(job),
     )
+
+
+def _at_risk(job: Job) -> float | None:
+    """A running job's GPU-hours since its last checkpoint (or start): the rule reclaim uses."""
+    if job.state != JobState.RUNNING.value or job.started_at is None:
+        return None
+    started = as_utc(job.started_at).timestamp()
+    checkpoint = as_utc(job.checkpoint_at)
+    running = Running(id=job.id, account=job.account_name, pool=job.pool or "", gpus=job.held_gpus or job.total_gpus,
+                      nodes=job.workers, borrowed=bool(job.borrowed), started_at=started,
+                      checkpoint_at=checkpoint.timestamp() if checkpoint else None)
+    return round(at_risk_gpu_hours(running, utcnow().timestamp()), 4)
 
 
 def with_checkpoint_dir(out: JobOut, job: Job, request: Request) -> JobOut:
@@ -183,7 +200,39 @@ def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, requ
     out.depends_on = dependencies_of(session, job, principal=principal) or None
     out.dependents = dependents_of(session, job, principal=principal) or None
     out.attempts = attempts_out(service.attempts_of(session, job.id)) if job.attempt > 1 else None
+    stopping = preemption.current(session, job) if job.borrowed else None
+    if stopping is not None:
+        out.preemption = PreemptionOut(
+            preemptor_id=stopping.preemptor_id, preemptor_account=stopping.preemptor_account, pool=stopping.pool,
+            reason=stopping.reason, gpu_hours_at_risk=round(stopping.gpu_hours_at_risk, 4),
+            chosen_at=as_utc(stopping.chosen_at), deadline=as_utc(stopping.deadline),
+            signalled_at=as_utc(stopping.signalled_at), stopped_at=as_utc(stopping.stopped_at))
     return out
+
+
+@router.post(
+    "/{job_id}/checkpoints", status_code=201, response_model=CheckpointOut, operation_id="reportCheckpoint",
+    summary="Report a committed checkpoint",
+    description="A running job says it has committed a checkpoint: from then on only the work since it is at "
+                "risk when the gateway chooses which borrowed jobs to stop (docs/recovery.md). Called from "
+                "inside the job with its job credential (`ISTHMUS_JOB_TOKEN`, good for this call of this job's "
+                "current attempt only), or by anyone who may read the job. 409 when the job is not running "
+                "or the credential is an earlier attempt's.",
+    responses=problem_responses(401, 404, 409, 413, 422),
+)
+def report_checkpoint(caller: PrincipalOrJob, session: DbSession, job_id: JobId,
+                      body: Annotated[CheckpointIn | None, Body()] = None) -> CheckpointOut:
+    body = body or CheckpointIn()
+    if isinstance(caller, tuple):  # a job credential the middleware checked for this very job
+        job = repository.get_for_update(session, job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id!r}")
+        attempt, actor = caller[1], f"job:{job_id}"
+    else:
+        job = service.get_or_raise(session, principal=caller, job_id=job_id, for_update=True)
+        attempt, actor = None, caller.subject
+    checkpoints.report(session, job, attempt=attempt, at=utcnow(), actor=actor, step=body.step, note=body.note)
+    return CheckpointOut(job_id=job.id, attempt=job.attempt, checkpoint_at=as_utc(job.checkpoint_at), step=body.step)
 
 
 def attempts_out(attempts) -> list[AttemptOut]:

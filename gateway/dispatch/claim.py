@@ -23,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, aliased
 
 from adapters.base import SubmitRequest
-from gateway.dispatch.common import ACTOR, _is_deadlock, first_attempt, log, submit_request
+from gateway.dispatch.common import ACTOR, NO_LAUNCH, Launch, _is_deadlock, first_attempt, log, submit_request
 from gateway.dispatch.faults import NONE, Faults
 from gateway.jobs import service as jobs
 from gateway.models.jobs import Job
@@ -31,7 +31,9 @@ from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import service as ledger
+from gateway.ledger import guarantees
 from gateway.ledger.round import RoundLedger
+from gateway.jobs import preemption
 from gateway.dispatch import planning
 from gateway.domain.decide import Params, RoundResult, Snapshot, decide
 from gateway.models.specs import shape_of
@@ -174,8 +176,9 @@ class Claimer:
     apply the result in bulk, in one transaction; then hand what it claimed to the submitter."""
 
     def __init__(self, *, sessions, backends: dict, settings, clock, capacity, submitter, recent_ends, weights,
-                 faults: Faults = NONE) -> None:
+                 launch: Launch = NO_LAUNCH, faults: Faults = NONE) -> None:
         self.faults = faults
+        self.launch = launch
         self.sessions = sessions
         self.backends = backends
         self.settings = settings
@@ -191,6 +194,7 @@ class Claimer:
             return []
         fresh_views = self.capacity.views(fresh=True)
         is_pg = not self.settings.is_sqlite
+        self.launch.prime()
         for attempt in range(1, 4):
             now = self.clock()
             prepared: dict[str, tuple[str, SubmitRequest]] = {}
@@ -201,7 +205,7 @@ class Claimer:
                     self._apply(s, result, rl, now)
                     for c in result.claims:
                         prepared[c.job.id] = (c.pool, submit_request(c.job, first_attempt=first_attempt(c.job, False),
-                                                                     pool=c.pool, storage=self.capacity.storage))
+                                                                     pool=c.pool, launch=self.launch))
                 break
             except (ledger.ChainChanged, OperationalError) as exc:
                 # The account tree moved under a reservation, or two dispatchers locked two
@@ -224,15 +228,18 @@ class Claimer:
     def _params(self) -> Params:
         return Params(weights=self.weights, queue_depth=self.settings.pool_queue_depth,
                       cost_factor=self.settings.routing_cost_factor, reservation_depth=self.settings.reservation_depth,
-                      max_starts=self.settings.dispatch_batch)
+                      max_starts=self.settings.dispatch_batch,
+                      preempt_min_runtime_s=self.settings.preempt_min_runtime_s,
+                      preempt_max_per_pool_per_minute=self.settings.preempt_max_per_pool_per_minute)
 
     def _snapshot(self, s: Session, fresh_views: dict[str, PoolView], now: datetime, *,
                   lock: bool) -> tuple[Snapshot, RoundLedger]:
         """What the round decides over: the picked jobs (locked on Postgres), copies of the
         pools' views, the planner's inputs, and the ledger read once for the picked accounts."""
         views = {name: dataclasses.replace(v) for name, v in fresh_views.items()}
-        factors = {name: fs.factor for name, fs in ledger.fairshare(
-            s, now=now, half_life_s=self.settings.fairshare_half_life_s).items()}
+        shares, overall, with_pool = ledger.fairshare_and_guarantees(
+            s, now=now, half_life_s=self.settings.fairshare_half_life_s)
+        factors = {name: fs.factor for name, fs in shares.items()}
         planned = self._planned()
         picked = pending_order(s, now=now, lock=lock, factors=factors,
                                limit=self.settings.scheduling_window if planned else self.settings.dispatch_batch,
@@ -242,6 +249,13 @@ class Claimer:
         rl = RoundLedger(s, accounts_=(job.account_name for job in picked), now=now)
         snap = Snapshot(now=now, picked=picked, views=views, planned=planned,
                         shapes={job.id: shape_of(job) for job in picked})
+        if picked and (overall or with_pool):  # guarantees are set somewhere (docs/recovery.md)
+            g = guarantees.read(s, now=now, overall=overall, has_pool_guarantee=with_pool,
+                                parents={name: fs.parent for name, fs in shares.items()},
+                                accounts={job.account_name for job in picked})
+            if g is not None:
+                snap.guarantees, snap.running, snap.reclaiming = g.guarantees, g.running, g.reclaiming
+                snap.recent_evictions = g.recent
         if planned:
             snap.releases, snap.registry_held = planning.releases(s, views, now=now)
             snap.recent_ends, snap.monotonic_now = list(self.recent_ends), time.monotonic()
@@ -260,7 +274,12 @@ class Claimer:
             writes.note_estimate(e.job, start=e.start, pool=e.pool, reason=e.reason)
         lease_until = now + timedelta(seconds=self.settings.dispatch_lease_s)
         for c in result.claims:
+            data = {"pool": c.pool, "fairshare_position": c.position}
+            if c.borrowed is not None:
+                data.update(borrowed=c.borrowed, guarantee=c.guarantee)
             writes.claim(c.job, pool=c.pool, held_gpus=c.held_gpus, reason=c.reason, lease_until=lease_until,
-                         actor=ACTOR, data={"pool": c.pool, "fairshare_position": c.position})
+                         actor=ACTOR, data=data, borrowed=c.borrowed)
         writes.flush()
         rl.flush()
+        if result.reclaims:
+            preemption.choose(s, result.reclaims, now=now, grace_s=self.settings.preempt_grace_s, actor=ACTOR)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import object_session
@@ -48,13 +50,44 @@ def volume_mounts(job: Job, spec: dict, pool: str | None, storage: Catalog) -> t
     return out, env_of(mounts)
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What every job the dispatcher submits gets besides its spec: the pools file's storages,
+    the preemption grace period, and the credential and URL of its checkpoint reports."""
+
+    storage: Catalog = NO_STORAGE
+    preempt_grace_s: float = 0
+    job_api_url: str = ""
+    credentials: Any = None  # gateway.jobs.checkpoints.JobCredentials
+
+    def prime(self) -> None:
+        """Before a transaction that builds submit requests (the credential key's first read)."""
+        if self.credentials is not None:
+            self.credentials.prime()
+
+    def env(self, job: Job) -> dict[str, str]:
+        out = {}
+        if self.preempt_grace_s:
+            # How long the job has between a preemption signal and its stop (docs/recovery.md).
+            out["ISTHMUS_PREEMPT_GRACE_S"] = str(int(self.preempt_grace_s))
+        if self.credentials is not None:
+            out["ISTHMUS_JOB_ID"] = job.id
+            out["ISTHMUS_JOB_TOKEN"] = self.credentials.token(job.id, job.attempt or 1)
+            if self.job_api_url:
+                out["ISTHMUS_URL"] = self.job_api_url
+        return out
+
+
+NO_LAUNCH = Launch()
+
+
 def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = None,
-                   storage: Catalog = NO_STORAGE) -> SubmitRequest:
+                   launch: Launch = NO_LAUNCH) -> SubmitRequest:
     """What the job's pool (``pool``, else the job's own) is asked to run."""
     spec = spec_of(job)
     # The backend priority class is the account's (an admin setting), never the user's choice.
     account = object_session(job).get(Account, job.account_name)
-    mounts, storage_env = volume_mounts(job, spec, pool or job.pool, storage)
+    mounts, storage_env = volume_mounts(job, spec, pool or job.pool, launch.storage)
     return SubmitRequest(
         gateway_job_id=job.id, name=job.name, account=job.account_name, user=job.username,
         # A gang charged for whole nodes gets every GPU of them (held_gpus, set at the claim):
@@ -65,11 +98,11 @@ def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = 
         memory_mib_per_worker=parse_memory_mib(spec.get("memory_per_worker", "4Gi")),
         time_limit_s=job.time_limit_s, image=spec.get("image"), gpu_type=spec.get("gpu_type"),
         # ISTHMUS_ATTEMPT: which attempt this is (1, then 2, ... after a retry; docs/recovery.md).
-        env={**(spec.get("env") or {}), **storage_env, "ISTHMUS_ATTEMPT": str(job.attempt or 1)},
+        env={**(spec.get("env") or {}), **storage_env, "ISTHMUS_ATTEMPT": str(job.attempt or 1), **launch.env(job)},
         labels=dict(spec.get("labels") or {}), priority=job.priority,
         priority_class=account.priority_class if account is not None else None,
         first_attempt=first_attempt, submitted_after=as_utc(job.created_at), mounts=tuple(mounts),
-        attempt=job.attempt or 1,
+        attempt=job.attempt or 1, preempt_grace_s=int(launch.preempt_grace_s),
     )
 
 

@@ -14,14 +14,16 @@ import threading
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from adapters.base import Backend, Feature, JobStatus
 from gateway.dispatch.capacity import Capacity
 from gateway.dispatch.claim import Claimer
-from gateway.dispatch.common import log
+from gateway.dispatch.common import Launch, log
 from gateway.dispatch.faults import NONE, Faults
 from gateway.dispatch.feeds import Deferred, OpenFeeds, Watcher
+from gateway.dispatch.preempt import Preemptor
 from gateway.dispatch.reconcile import Reconciler
 from gateway.dispatch.recovery import Recovery
 from gateway.dispatch.submit import Submitter
@@ -29,6 +31,7 @@ from gateway.kit.settings import DispatchSettings
 from gateway.kit.timeutil import utcnow
 from gateway.domain.routing import PoolView, parse_weights
 from gateway.domain.storage import NO_STORAGE, Catalog
+from gateway.jobs.checkpoints import JobCredentials
 
 
 class Dispatcher:
@@ -50,15 +53,26 @@ class Dispatcher:
         self.open_feeds = open_feeds = OpenFeeds()
         deferred = Deferred()
         self.capacity = Capacity(**common, settings=settings, storage=storage)
+        # What every submitted job gets besides its spec (common.Launch): storages, the
+        # preemption grace period, its checkpoint credential and the gateway's URL.
+        self.credentials = JobCredentials(sessions)
+        try:  # read (or make) its key now, not inside the first round; else at the first round
+            self.credentials.prime()
+        except SQLAlchemyError as exc:
+            log.info("job credential key not read yet (%s); the first dispatch round reads it", type(exc).__name__)
+        self.launch = Launch(storage=storage, preempt_grace_s=settings.preempt_grace_s,
+                             job_api_url=settings.job_api_url, credentials=self.credentials)
         self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,
                                      recent_ends=self.recent_ends)
         self.watcher = Watcher(**common, stop=self._stop, open_feeds=open_feeds, deferred=deferred,
                                reconciler=self.reconciler)
         self.submitter = Submitter(**common, settings=settings, clock=clock, capacity=self.capacity,
-                                   deferred=deferred, apply_status=self.reconciler.apply_status, faults=faults)
+                                   deferred=deferred, apply_status=self.reconciler.apply_status, launch=self.launch,
+                                   faults=faults)
         self.claimer = Claimer(**common, settings=settings, clock=clock, capacity=self.capacity,
                                submitter=self.submitter, recent_ends=self.recent_ends,
-                               weights=parse_weights(settings.routing_weights), faults=faults)
+                               weights=parse_weights(settings.routing_weights), launch=self.launch, faults=faults)
+        self.preemptor = Preemptor(**common, settings=settings, clock=clock)
         self.recovery = Recovery(sessions=sessions, settings=settings, clock=clock, submitter=self.submitter)
 
     @property
@@ -101,9 +115,13 @@ class Dispatcher:
     def orphans(self) -> list[dict]:
         return self.reconciler.orphans()
 
+    def preempt_round(self) -> int:
+        return self.preemptor.preempt_round()
+
     def run_once(self) -> None:
         self.recover_round()
         self.dispatch_round()
+        self.preempt_round()
         self.capacity.store_limits()
         self.reconcile_round()
 
@@ -120,6 +138,7 @@ class Dispatcher:
             try:
                 self.recover_round()
                 self.dispatch_round()
+                self.preempt_round()
                 self.capacity.store_limits()
             except Exception:  # noqa: BLE001 - the loop must survive DB restarts and bugs alike
                 log.exception("dispatch loop iteration failed; retrying")

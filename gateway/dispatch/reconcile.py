@@ -15,6 +15,7 @@ from adapters.base import Backend, BackendError, BackendState, Feature, JobNotFo
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
 from gateway.domain.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
 from gateway.jobs import logs as output
+from gateway.jobs import preemption
 from gateway.jobs import service as jobs
 from gateway.models.jobs import Job, JobEvent
 from gateway.domain import retry
@@ -248,10 +249,18 @@ class Reconciler:
                 if job.state != JobState.REQUEUED.value or not seen.after_requeue:
                     return changed
                 # ... and running again (or ended) already: record that run below.
+            if target.final and job.borrowed and job.cancel_requested_at is None \
+                    and job.state != JobState.CANCELLING.value:
+                stopped = preemption.current(s, job)
+                if stopped is not None and stopped.signalled_at is not None:
+                    # The gateway signalled it to reclaim its borrowed GPUs: whatever it exited
+                    # with, the attempt was preempted (docs/recovery.md, "Reclaim").
+                    return self._preempted(s, job, status, stopped, reason, now, via)
             if (target is JobState.FAILED and status.state is BackendState.FAILED and job.cancel_requested_at is None
                     and job.state != JobState.CANCELLING.value):
                 cause = retry.verdict(retry.policy_of(spec_of(job), self.settings.retry_max_attempts),
-                                      attempt=job.attempt, failure=status.failure, exit_code=status.exit_code)
+                                      attempt=self._failures(s, job), failure=status.failure,
+                                      exit_code=status.exit_code)
                 if cause is not None:
                     return self._retry(s, job, status, cause, reason, now, via)
             if target in (JobState.RUNNING,) and job.started_at is None:
@@ -326,21 +335,55 @@ class Reconciler:
         outcome = ledger.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now,
                                  half_life_s=self.settings.fairshare_half_life_s)
         ran_s = int((at - started).total_seconds())
+        # The run that ended is an attempt of its own, under the job's retry policy (docs/recovery.md,
+        # "Backend preemption"): the backend runs the same backend job again, the gateway counts it.
+        cause = retry.NODE_FAILURE if status.failure == retry.NODE_FAILURE else retry.PREEMPTED
+        policy = retry.policy_of(spec_of(job), self.settings.retry_max_attempts)
+        again = retry.verdict(policy, attempt=self._failures(s, job), failure=cause, exit_code=None)
+        ended = jobs.end_attempt(s, job, outcome=cause, started_at=started, ended_at=at, exit_code=None,
+                                 backend_reason=f"requeued by {job.pool}: {reason}",
+                                 charged_gpu_seconds=outcome.charged_gpu_seconds)
         jobs.clear_run(job)  # the next RUNNING records the new start
         jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
-                       reason=f"requeued by {job.pool} after running {ran_s} s: {reason}",
-                       data={"raw_state": status.raw_state, "ran_s": ran_s,
-                             "charged_gpu_seconds": outcome.charged_gpu_seconds, "requeued_at": at.isoformat(),
-                             "via": via})
-        if outcome.over_budget:
+                       reason=f"requeued by {job.pool} after running {ran_s} s: {reason}; attempt {ended.number} "
+                              f"ended ({cause.replace('_', ' ')}), attempt {job.attempt} waits on {job.pool}",
+                       data={"raw_state": status.raw_state, "ran_s": ran_s, "attempt": ended.number,
+                             "outcome": cause, "charged_gpu_seconds": outcome.charged_gpu_seconds,
+                             "requeued_at": at.isoformat(), "via": via})
+        refusal = outcome.over_budget and f"over budget: {outcome.over_budget}"
+        if again is None:
+            refusal = f"its retry policy ({policy.words()}) does not run a {cause.replace('_', ' ')} attempt again"
+        if refusal:
             jobs.set_state(s, job, JobState.CANCELLING, actor=RECONCILER,
-                           reason=f"cancelled at requeue: over budget: {outcome.over_budget}",
-                           data={"over_budget": outcome.over_budget, "via": via})
+                           reason=f"cancelled at requeue: {refusal}",
+                           data={"over_budget": outcome.over_budget, "via": via} if outcome.over_budget
+                           else {"retry": policy.words(), "via": via})
             self._wake.set()  # the polling thread cancels it on the backend now
         return 1
 
+    def _failures(self, s: Session, job: Job) -> int:
+        """The attempts that ended by a failure, the current one included (retry.verdict's count:
+        preempted attempts are not counted)."""
+        return 1 + sum(1 for a in jobs.attempts_of(s, job.id) if a.outcome != retry.PREEMPTED)
+
+    def _preempted(self, s: Session, job: Job, status: JobStatus, stopped, reason: str, now: datetime,
+                   via: str) -> int:
+        """A victim of reclaim ended: run it again under its retry policy, saying who preempted it and why."""
+        preemption.close(s, job.id, job.attempt, at=now)
+        who = (f"preempted to start {stopped.preemptor_account}'s job {stopped.preemptor_id} within its guarantee "
+               f"on {job.pool} (this job ran on borrowed GPUs; {stopped.gpu_hours_at_risk:.2f} GPU-hours since its "
+               f"last checkpoint were at risk)")
+        policy = retry.policy_of(spec_of(job), self.settings.retry_max_attempts)
+        if retry.verdict(policy, attempt=self._failures(s, job), failure=retry.PREEMPTED,
+                         exit_code=status.exit_code) is not None:
+            return self._retry(s, job, status, retry.PREEMPTED, reason, now, via, words=who)
+        started = job.started_at or self._run_start(s, job, as_utc(status.started_at), final=True)
+        return self._finish(s, job, JobState.FAILED, f"{who}; its retry policy ({policy.words()}) does not run it "
+                                                     "again", status.exit_code, as_utc(status.ended_at) or now,
+                            started, status, via=via)
+
     def _retry(self, s: Session, job: Job, status: JobStatus, cause: str, reason: str, now: datetime,
-               via: str) -> int:
+               via: str, words: str = "") -> int:
         """The attempt failed the way the job's retry policy runs again (docs/recovery.md):
         charge its run as any run is charged (queue time never), record the attempt, and queue
         the next one in the gateway, where routing and admission decide afresh."""
@@ -357,12 +400,14 @@ class Reconciler:
         number, pool = job.attempt, job.pool
         nodes = list(job.nodes or []) or list(status.nodes)
         job.nodes = nodes or None
-        words = ("a node failed under it" if cause == retry.NODE_FAILURE
-                 else f"it exited with code {status.exit_code}")
+        words = words or ("a node failed under it" if cause == retry.NODE_FAILURE
+                          else f"it exited with code {status.exit_code}")
+        bound = ("(preemptions are not counted in its attempts)" if cause == retry.PREEMPTED
+                 else f"of at most {policy.max_attempts}")
         jobs.retry(s, job, outcome=cause, started_at=started, ended_at=ended, exit_code=status.exit_code,
                    backend_reason=reason, charged_gpu_seconds=charged, actor=RECONCILER,
                    reason=f"attempt {number} on {pool} ended: {words} ({reason}); "
-                          f"attempt {number + 1} of at most {policy.max_attempts} waits for its turn",
+                          f"attempt {number + 1} {bound} waits for its turn",
                    data={"raw_state": status.raw_state, "nodes": nodes, "charged_gpu_seconds": charged, "via": via})
         self._wake.set()  # the dispatcher routes it again now
         return 1
@@ -432,6 +477,8 @@ class Reconciler:
         data = {"exit_code": exit_code, "via": via}
         if status is not None:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
+        if job.borrowed:  # only borrowed attempts are ever preempted: close one still open
+            preemption.close(s, job.id, job.attempt, at=ended)
         jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
         if job.pool:
             self.recent_ends.append((job.pool, job.workers, job.held_gpus or job.total_gpus, time.monotonic()))

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from adapters.base import BackendError, BackendForbidden, BackendUnavailable, SubmitRequest, Unsupported
-from gateway.dispatch.common import ACTOR, first_attempt, log, submit_request
+from gateway.dispatch.common import ACTOR, NO_LAUNCH, Launch, first_attempt, log, submit_request
 from gateway.dispatch.faults import NONE, Faults
 from gateway.jobs import service as jobs
 from gateway.models.jobs import Job
@@ -21,8 +21,9 @@ class Submitter:
     """The backend calls of claimed jobs, outside any transaction, and what follows from them."""
 
     def __init__(self, *, sessions, backends: dict, settings, clock, capacity, deferred, apply_status,
-                 faults: Faults = NONE) -> None:
+                 launch: Launch = NO_LAUNCH, faults: Faults = NONE) -> None:
         self.faults = faults
+        self.launch = launch
         self.sessions = sessions
         self.backends = backends
         self.settings = settings
@@ -57,6 +58,7 @@ class Submitter:
         if prepared is not None:
             pool, request = prepared
         else:
+            self.launch.prime()
             with transaction(self.sessions) as s:
                 job = s.get(Job, job_id)
                 if job is None or job.state not in (JobState.DISPATCHING.value, JobState.CANCELLING.value):
@@ -64,7 +66,7 @@ class Submitter:
                 if job.backend_job_id:
                     return
                 pool, request = job.pool, submit_request(job, first_attempt=first_attempt(job, recovering),
-                                                         storage=self.capacity.storage)
+                                                         launch=self.launch)
         backend = self.backends.get(pool or "")
         if backend is None:
             return

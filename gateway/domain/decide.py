@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from gateway.domain import plan_inputs as planning
+from gateway.domain.guarantee import Guarantees
+from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
 from gateway.domain.routing import JobShape, PoolView, held_gpus, ranked, route, take
 from gateway.domain.planner import Candidate, Release, plan
 
@@ -56,6 +58,9 @@ class Params:
     cost_factor: float
     reservation_depth: int = 0
     max_starts: int = 0
+    # Reclaim (docs/recovery.md): a victim has run at least this long; at most this many per pool a minute.
+    preempt_min_runtime_s: float = 600.0
+    preempt_max_per_pool_per_minute: int = 4
 
 
 @dataclasses.dataclass
@@ -75,6 +80,12 @@ class Snapshot:
     # Each picked job's shape, read with the snapshot (a set task's shape comes from its
     # set's template, a read): the decision itself touches no session.
     shapes: dict[str, JobShape] = dataclasses.field(default_factory=dict)
+    # Guarantees and what reclaim may stop (gateway/ledger/guarantees.py); None: no guarantee
+    # is set anywhere, so every claim is unrecorded (borrowed None) and nothing is reclaimed.
+    guarantees: Guarantees | None = None
+    running: Sequence[Running] = ()  # borrowed gangs running now, not being stopped already
+    reclaiming: frozenset[str] = frozenset()  # jobs whose victims are still stopping
+    recent_evictions: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +95,16 @@ class Claim:
     held_gpus: int
     reason: str
     position: int
+    borrowed: bool | None = None  # None: no guarantee is set anywhere
+    guarantee: str = ""  # why within its guarantee or borrowed, in words
+
+
+@dataclasses.dataclass(frozen=True)
+class Reclaim:
+    """Borrowed gangs to stop so that ``job``, within its guarantee, can start."""
+
+    job: Any
+    eviction: Eviction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,17 +135,38 @@ class RoundResult:
     waiting: list[Waiting] = dataclasses.field(default_factory=list)
     estimates: list[Estimate] = dataclasses.field(default_factory=list)
     failures: list[Failure] = dataclasses.field(default_factory=list)
+    reclaims: list[Reclaim] = dataclasses.field(default_factory=list)
+    # Jobs that wait for capacity only (not for quota, budget or a pool's state), in order:
+    # the ones reclaim may help.
+    short: list[Any] = dataclasses.field(default_factory=list)
 
 
 def decide(snap: Snapshot, ledger: LedgerPort, params: Params) -> RoundResult:
-    """The round's decision: greedy in fair-share order, or the reservation plan (``snap.planned``)."""
+    """The round's decision: greedy in fair-share order, or the reservation plan (``snap.planned``).
+
+    Where guarantees are set, work that may run within its guarantee is placed before
+    borrowed work (fair share orders each), and a gang within its guarantee that fits
+    nowhere may reclaim borrowed GPUs (:func:`_reclaim`).
+    """
     result = RoundResult()
+    if snap.guarantees is not None:
+        snap = dataclasses.replace(snap, picked=_guaranteed_first(snap))
     if snap.planned:
         _plan_round(snap, ledger, params, result)
     else:
         for position, job in enumerate(snap.picked, start=1):
             _claim_one(snap, job, position, ledger, params, result)
+    if snap.guarantees is not None and snap.running:
+        _reclaim(snap, ledger, params, result)
     return result
+
+
+def _guaranteed_first(snap: Snapshot) -> list[Any]:
+    """The picked jobs, those that may run within a guarantee first (stable: fair share orders each)."""
+    g, names = snap.guarantees, list(snap.views)
+    within = [job for job in snap.picked if g.may_be_within(job.account_name, names, job.total_gpus)]
+    ids = {job.id for job in within}
+    return within + [job for job in snap.picked if job.id not in ids]
 
 
 def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, params: Params, result: RoundResult,
@@ -154,13 +196,20 @@ def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, para
         result.failures.append(Failure(job, f"cannot run: {decision.reason}"))
         return None
     if decision.pool is None:
+        result.short.append(job)
         return _wait(result, job, decision.reason, position)
     # What the gang will hold there: whole nodes on a node-exclusive pool.
     held = held_gpus(shape, views[decision.pool])
     refused = ledger.reserve(job, decision.pool, held)
     if refused is not None:
         return _wait(result, job, f"quota: {refused}")
-    result.claims.append(Claim(job, decision.pool, held, decision.reason, position))
+    g, borrowed, words = snap.guarantees, None, ""
+    if g is not None:
+        borrowed = not g.within(job.account_name, decision.pool, held)
+        words = g.words(job.account_name, decision.pool, held)
+        if not borrowed:
+            g.take(job.account_name, decision.pool, held)
+    result.claims.append(Claim(job, decision.pool, held, decision.reason, position, borrowed, words))
     take(shape, views[decision.pool])
     return None
 
@@ -250,6 +299,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
                    f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
                    "time limits")
             result.estimates.append(Estimate(job, at, held.pool, why))
+            result.short.append(job)
             _wait(result, job, f"waiting for capacity: {why}", position)
             continue
         no_estimate = planned.unplanned.get(job.id) or (
@@ -259,4 +309,53 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
             why = f"waiting for capacity: held back, starting now would delay a higher job's reservation; {no_estimate}"
         else:
             why = decision.reason
+        result.short.append(job)
         _wait(result, job, why, position)
+
+
+def _reclaim(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundResult) -> None:
+    """Borrowed GPUs back for work within its guarantee (docs/recovery.md, "Reclaim").
+
+    Each job that waits for capacity only and would run within its guarantee on a pool it
+    may use asks :func:`gateway.domain.preempt.choose_eviction` for one eviction set across
+    those pools (borrowed victims of other accounts only, the cheapest by the GPU-hours
+    they would lose, never younger than the minimum runtime, never more than needed, at
+    most so many per pool a minute). A job whose victims are still stopping waits for them.
+    The job keeps waiting (its reason says for whom it stops what); once the victims have
+    ended, work within a guarantee is placed first, so it takes what they gave back.
+    """
+    g, views, now = snap.guarantees, snap.views, snap.now.timestamp()
+    taken: set[str] = set()
+    recent = {pool: list(times) for pool, times in snap.recent_evictions.items()}
+    notes = {w.job.id: i for i, w in enumerate(result.waiting)}
+    for job in result.short:
+        if job.id in snap.reclaiming:
+            continue
+        shape = snap.shapes[job.id]
+        rooms: dict[str, Room] = {}
+        for name in ranked(shape, job.requested_pool, views, weights=params.weights, cost_factor=params.cost_factor):
+            view = views[name]
+            held = held_gpus(shape, view)
+            if view.capacity is None or not g.within(job.account_name, name, held):
+                continue
+            if ledger.limited(job.account_name) and not ledger.admission_check(job, name, held)[0]:
+                continue  # its own limits would refuse it there: stopping others would not help
+            rooms[name] = Room(name, view.node_exclusive, view.free_gpus, view.idle_nodes)
+        if not rooms:
+            continue
+        candidates = [r for r in snap.running if r.id not in taken and r.account != job.account_name]
+        eviction = choose_eviction(workers=shape.workers, gpus_per_worker=max(shape.gpus_per_worker, 0),
+                                   pools=rooms, running=candidates, now=now,
+                                   min_runtime_s=params.preempt_min_runtime_s, recent=recent,
+                                   max_per_pool_per_minute=params.preempt_max_per_pool_per_minute,
+                                   preemptor=job.account_name)
+        if eviction is None or not eviction.victims:
+            continue
+        taken.update(v.id for v in eviction.victims)
+        recent.setdefault(eviction.pool, []).extend([now] * len(eviction.victims))
+        result.reclaims.append(Reclaim(job, eviction))
+        why = f"reclaiming borrowed GPUs {eviction.reason}; it starts when they have stopped"
+        if job.id in notes:
+            result.waiting[notes[job.id]] = Waiting(job, why)
+        else:
+            result.waiting.append(Waiting(job, why))

@@ -20,17 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
 from anyio import to_thread
 
 from gateway.identity.authn import InvalidToken
-from gateway.identity.dependency import PRINCIPAL_SCOPE_KEY
+from gateway.identity.dependency import JOB_CREDENTIAL_SCOPE_KEY, PRINCIPAL_SCOPE_KEY
 from gateway.kit.errors import PROBLEM_JSON, TYPE_BASE
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AUTHENTICATED_PREFIX = "/v1/"
+# The one call a job credential is good for (gateway/jobs/checkpoints.py): the whole path.
+CHECKPOINT_PATH = re.compile(r"/v1/jobs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/checkpoints")
+JOB_CREDENTIAL_PREFIX = "ijt1."
 
 
 class _Refusal(Exception):
@@ -48,9 +52,11 @@ def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app, *, authenticator, max_body_bytes: int, body_timeout_s: float):
+    def __init__(self, app, *, authenticator, max_body_bytes: int, body_timeout_s: float, job_credentials=None):
         self.app = app
         self.authenticator = authenticator
+        # check(token, job_id) -> attempt, raising on anything else (gateway/jobs/checkpoints.py).
+        self.job_credentials = job_credentials
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
 
@@ -61,7 +67,11 @@ class BodyLimitMiddleware:
         try:
             self._check_length(scope)
             if scope["path"].startswith(AUTHENTICATED_PREFIX):
-                scope[PRINCIPAL_SCOPE_KEY] = await self._authenticate(scope)
+                credential = await self._job_credential(scope)
+                if credential is not None:
+                    scope[JOB_CREDENTIAL_SCOPE_KEY] = credential
+                else:
+                    scope[PRINCIPAL_SCOPE_KEY] = await self._authenticate(scope)
             body = await self._read_body(receive)
         except _Refusal as refusal:
             await _send_problem(send, refusal)
@@ -92,6 +102,24 @@ class BodyLimitMiddleware:
         return _Refusal(413, "Request body too large", "body-too-large",
                         f"the request body exceeds this gateway's limit of {self.max_body_bytes} bytes "
                         f"(ISTHMUS_MAX_BODY_BYTES)")
+
+    async def _job_credential(self, scope) -> tuple[str, int] | None:
+        """(job id, attempt) of a job credential on the checkpoint call, else None (the token
+        is then validated as any other, and a job credential there is refused as invalid)."""
+        match = CHECKPOINT_PATH.fullmatch(scope["path"])
+        if match is None or self.job_credentials is None:
+            return None
+        raw = _header(scope, b"authorization")
+        scheme, _, token = (raw or b"").decode("latin-1").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token.startswith(JOB_CREDENTIAL_PREFIX):
+            return None
+        try:
+            attempt = await to_thread.run_sync(self.job_credentials.check, token, match.group(1))
+        except Exception:  # noqa: BLE001 - any failure to check is a refusal, never a pass
+            raise _Refusal(401, "Unauthorized", "unauthorized", "not a job credential of this job",
+                           {"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+        return match.group(1), attempt
 
     async def _authenticate(self, scope):
         raw = _header(scope, b"authorization")

@@ -12,6 +12,8 @@ from gateway.identity.principal import Principal
 from gateway.kit.errors import Forbidden, Unauthorized
 
 PRINCIPAL_SCOPE_KEY = "isthmus.principal"  # set by gateway.identity.bodylimit.BodyLimitMiddleware
+# (job id, attempt) of a job credential, set by the same middleware on the checkpoint call only.
+JOB_CREDENTIAL_SCOPE_KEY = "isthmus.job_credential"
 
 bearer = HTTPBearer(auto_error=False, description="OIDC access token (or a dev token in dev mode)")
 
@@ -45,4 +47,17 @@ def require_admin(principal: Principal = Depends(get_principal)) -> Principal:
 
 
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+def get_principal_or_job(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+                         ) -> Principal | tuple[str, int]:
+    """The checkpoint call's caller: a job credential (job id, attempt) checked by the body
+    middleware, else a principal as everywhere."""
+    credential = request.scope.get(JOB_CREDENTIAL_SCOPE_KEY)
+    if credential is not None:
+        return credential
+    return get_principal(request, credentials)
+
+
+PrincipalOrJob = Annotated[Principal | tuple[str, int], Depends(get_principal_or_job)]
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]

@@ -26,6 +26,12 @@ def get_readable(session: Session, principal: Principal, job_id: str, *, for_upd
     return session.scalars(stmt).first()
 
 
+def get_for_update(session: Session, job_id: str) -> Job | None:
+    """One job, locked, whoever may read it: for a caller the middleware has already bound to
+    this very job (its job credential, gateway/jobs/checkpoints.py)."""
+    return session.get(Job, job_id, with_for_update=True)
+
+
 def list_readable(session: Session, principal: Principal, *, states: Sequence[str] = (),
                   account: str | None = None, pool: str | None = None,
                   after_id: str | None = None, limit: int = 50, job_set: str | None = None) -> list[Job]:

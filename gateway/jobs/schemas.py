@@ -151,10 +151,12 @@ class Retry(BaseModel):
 
     max_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS, description="Attempts in all, the first included; "
                                                                          "1: never retried.")]
-    on: Annotated[list[Literal["node_failure", "exit_code"]], Field(
-        default_factory=lambda: ["node_failure"], min_length=1, max_length=2,
-        description="`node_failure`: a node failed, booted wrong or was lost under the gang (the default); "
-                    "`exit_code`: the job's own non-zero exit.")]
+    on: Annotated[list[Literal["node_failure", "preempted", "exit_code"]], Field(
+        default_factory=lambda: ["node_failure", "preempted"], min_length=1, max_length=3,
+        description="`node_failure`: a node failed, booted wrong or was lost under the gang; `preempted`: the "
+                    "gateway stopped it to reclaim borrowed GPUs, or its backend preempted or evicted it (not "
+                    "counted in `max_attempts`); `exit_code`: the job's own non-zero exit. Default: "
+                    "`node_failure` and `preempted`.")]
     exit_codes: Annotated[list[Annotated[int, Field(ge=1, le=255)]] | None, Field(
         default=None, max_length=32, description="With `exit_code`: only these codes (default: any non-zero).")]
 
@@ -219,7 +221,8 @@ class JobSpec(BaseModel):
 
     retry: Retry | None = Field(default=None, description="Run the job again when an attempt fails "
                                                        "(docs/recovery.md). Default: the gateway's, up to "
-                                                       "`ISTHMUS_RETRY_MAX_ATTEMPTS` attempts on `node_failure`.")
+                                                       "`ISTHMUS_RETRY_MAX_ATTEMPTS` attempts on `node_failure`, "
+                                                       "and every `preempted` attempt.")
 
     def stored(self) -> dict[str, Any]:
         """The normalised spec kept on the job (and hashed for idempotency)."""
@@ -327,11 +330,43 @@ class AttemptOut(BaseModel):
     nodes: list[str] | None
     started_at: datetime | None = Field(description="null: it ended before the whole gang started.")
     ended_at: datetime
-    outcome: str = Field(description="Why the gateway ran the job again: `node_failure` or `exit_code`.")
+    outcome: str = Field(description="Why the attempt ended: `node_failure`, `preempted` (the gateway reclaimed "
+                                     "its borrowed GPUs, or its backend preempted or evicted it) or `exit_code`.")
     exit_code: int | None
     reason: str = Field(description="The backend's words.")
     charged_gpu_hours: float = Field(description="What the attempt's run was charged (0 for one that never "
                                                  "started); queue time never is.")
+
+
+class PreemptionOut(BaseModel):
+    """The gateway chose to stop the job's current attempt to reclaim borrowed GPUs (docs/recovery.md)."""
+
+    preemptor_id: str | None = Field(description="The job, within its guarantee, that the GPUs go to.")
+    preemptor_account: str
+    pool: str
+    reason: str
+    gpu_hours_at_risk: float = Field(description="GPU-hours since its last checkpoint report when it was chosen.")
+    chosen_at: datetime
+    deadline: datetime = Field(description="When it is stopped: the signal's time plus the grace period.")
+    signalled_at: datetime | None
+    stopped_at: datetime | None
+
+
+class CheckpointIn(BaseModel):
+    """A committed checkpoint, as the job reports it (docs/recovery.md, "Checkpoint reports")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int | None = Field(default=None, ge=0, le=10**15, description="The training step it holds, if known.")
+    note: str = Field(default="", max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$",
+                      description="A short note for the job's history (no control characters).")
+
+
+class CheckpointOut(BaseModel):
+    job_id: str
+    attempt: int
+    checkpoint_at: datetime
+    step: int | None
 
 
 class JobOut(BaseModel):
@@ -407,6 +442,20 @@ class JobOut(BaseModel):
     attempts: list[AttemptOut] | None = Field(
         default=None, description="getJob only: the attempts that ended and were retried, oldest first; null "
                                   "when none.")
+    borrowed: bool | None = Field(
+        default=None, description="Whether the current attempt runs on borrowed GPUs, beyond every guarantee of "
+                                  "its account chain, so that work within a guarantee may reclaim them "
+                                  "(docs/recovery.md); false: within a guarantee; null: not dispatched yet, or no "
+                                  "guarantee was set anywhere when it was.")
+    checkpoint_at: datetime | None = Field(
+        default=None, description="When the job last reported a committed checkpoint (POST "
+                                  "/v1/jobs/{id}/checkpoints); null: never.")
+    gpu_hours_at_risk: float | None = Field(
+        default=None, description="A running job's GPU-hours since its last checkpoint report in this attempt (or "
+                                  "since its start): what a stop now would lose.")
+    preemption: PreemptionOut | None = Field(
+        default=None, description="getJob only: the gateway chose to stop this attempt to reclaim borrowed GPUs; "
+                                  "null otherwise.")
 
 
 class JobPage(BaseModel):

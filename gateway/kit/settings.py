@@ -67,6 +67,15 @@ class Settings(BaseSettings):
     # Attempts in all (the first included) of a job whose spec has no `retry`, on
     # infrastructure failures only (a node failed under it); 1 = never retried (docs/recovery.md).
     retry_max_attempts: int = Field(default=3, ge=1, le=10)
+    # Reclaim (docs/recovery.md): a borrowed job is never chosen to stop before it has run this
+    # long (s) in its attempt; a chosen one gets this long (s) between its signal and its stop;
+    # at most this many are chosen per pool in any 60 s.
+    preempt_min_runtime_s: float = Field(default=600.0, ge=0, le=30 * 86400)
+    preempt_grace_s: float = Field(default=120.0, ge=0, le=86400)
+    preempt_max_per_pool_per_minute: int = Field(default=4, ge=0, le=10_000)
+    # The gateway's URL as a job on the pools reaches it: the job's ISTHMUS_URL, beside its
+    # checkpoint credential ISTHMUS_JOB_TOKEN (docs/recovery.md). Empty: jobs get no ISTHMUS_URL.
+    job_api_url: str = ""
     # Charge running jobs' usage this often (s), so fair share sees long jobs as they run; 0 = only at the end.
     usage_accrual_interval_s: float = Field(default=300.0, ge=0, le=86400)
     # Jobs a pool may have queued (accepted, waiting) beyond what fits now. 0: jobs wait in
@@ -323,6 +332,10 @@ class DispatchSettings(_Group):
     reconcile_resync_s: float
     held_job_fail_after_s: float
     retry_max_attempts: int
+    preempt_min_runtime_s: float
+    preempt_grace_s: float
+    preempt_max_per_pool_per_minute: int
+    job_api_url: str
     usage_accrual_interval_s: float
     pool_queue_depth: int
     scheduling_policy: Literal["reservation", "greedy"]

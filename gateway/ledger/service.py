@@ -954,22 +954,40 @@ def fairshare(session: Session, *, now: datetime | None = None, half_life_s: flo
 
     Reads one materialised decayed-usage row per account (not the entries): O(accounts).
     """
+    return fairshare_and_guarantees(session, now=now, half_life_s=half_life_s)[0]
+
+
+def fairshare_and_guarantees(session: Session, *, now: datetime | None = None,
+                             half_life_s: float) -> tuple[dict[str, FairShare], dict[str, int], set[str]]:
+    """:func:`fairshare`, plus which accounts set a guarantee (docs/recovery.md): each
+    account's overall ``guaranteed_gpus`` and the accounts with a per-pool one. One
+    statement, which every dispatch round asks (gateway/ledger/guarantees.py reads the rest
+    only where a guarantee is set)."""
     now = _now(now)
     h = float(half_life_s)
     tree: dict[str, tuple[str | None, int]] = {}
     own: dict[str, float] = {}
-    # One statement (asked every dispatch round): usage rows of accounts that no longer
-    # exist would count for nothing in compute_fairshare anyway.
-    for name, parent, shares, v, at in session.execute(_FAIRSHARE_ROWS):
+    overall: dict[str, int] = {}
+    with_pool: set[str] = set()
+    # Usage rows of accounts that no longer exist would count for nothing in compute_fairshare anyway.
+    for name, parent, shares, v, at, guaranteed, pool_guaranteed in session.execute(_FAIRSHARE_ROWS):
         tree[name] = (parent, shares)
         if at is not None:
             own[name] = decay(v, as_utc(at), now, h)
-    return compute_fairshare(tree, own)
+        if guaranteed is not None:
+            overall[name] = int(guaranteed)
+        if pool_guaranteed:
+            with_pool.add(name)
+    return compute_fairshare(tree, own), overall, with_pool
 
 
 _FAIRSHARE_ROWS = (select(Account.name, Account.parent_name, Account.shares, FairshareUsage.decayed_gpu_seconds,
-                          FairshareUsage.decayed_at)
-                   .outerjoin(FairshareUsage, FairshareUsage.account_name == Account.name))
+                          FairshareUsage.decayed_at, AccountQuota.guaranteed_gpus,
+                          select(AccountPoolQuota.account_name).where(
+                              AccountPoolQuota.account_name == Account.name,
+                              AccountPoolQuota.guaranteed_gpus.is_not(None)).exists())
+                   .outerjoin(FairshareUsage, FairshareUsage.account_name == Account.name)
+                   .outerjoin(AccountQuota, AccountQuota.account_name == Account.name))
 
 
 def get_balance(session: Session, account: str) -> AccountBalance:

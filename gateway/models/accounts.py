@@ -68,11 +68,15 @@ class AccountQuota(Base):
         CheckConstraint("max_queued_jobs IS NULL OR max_queued_jobs >= 0", name="max_queued_non_negative"),
         CheckConstraint("max_queued_jobs_per_user IS NULL OR max_queued_jobs_per_user >= 0",
                         name="max_queued_per_user_non_negative"),
+        CheckConstraint("guaranteed_gpus IS NULL OR guaranteed_gpus >= 0", name="guaranteed_gpus_non_negative"),
     )
 
     account_name: Mapped[str] = mapped_column(
         String(63), ForeignKey("account.name", ondelete="CASCADE"), primary_key=True)
     max_gpus: Mapped[int | None] = mapped_column(Integer)
+    # GPUs the subtree's work may hold without ever being preempted by another account's
+    # (docs/recovery.md, "Guaranteed and borrowed GPUs"); work beyond it runs borrowed.
+    guaranteed_gpus: Mapped[int | None] = mapped_column(Integer)
     budget_gpu_seconds: Mapped[int | None] = mapped_column(BigInteger)
     budget_period: Mapped[str] = mapped_column(String(16), default="month", server_default="month")
     budget_window_days: Mapped[int] = mapped_column(Integer, default=30, server_default="30")
@@ -83,16 +87,19 @@ class AccountQuota(Base):
 
 
 class AccountPoolQuota(Base):
-    """Concurrent-GPU limit of one account (its whole subtree) in one pool; on top of ``max_gpus``."""
+    """Concurrent-GPU limit (on top of ``max_gpus``) and guarantee of one account (its whole
+    subtree) in one pool."""
 
     __tablename__ = "account_pool_quota"
     __table_args__ = (
         PrimaryKeyConstraint("account_name", "pool", name="pk_account_pool_quota"),
         CheckConstraint("max_gpus IS NULL OR max_gpus >= 0", name="max_gpus_non_negative"),
+        CheckConstraint("guaranteed_gpus IS NULL OR guaranteed_gpus >= 0", name="guaranteed_gpus_non_negative"),
     )
 
     account_name: Mapped[str] = mapped_column(String(63), ForeignKey("account.name", ondelete="CASCADE"))
     pool: Mapped[str] = mapped_column(String(63))
     max_gpus: Mapped[int | None] = mapped_column(Integer)
+    guaranteed_gpus: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
     updated_by: Mapped[str] = mapped_column(String(255), default="")

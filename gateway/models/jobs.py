@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, validates
 
 from gateway.domain.states import JobState, check_transition
@@ -70,6 +70,12 @@ class Job(Base):
     # The current attempt (1, then 2, ... after each retry; docs/recovery.md). Ended attempts
     # are rows of job_attempt.
     attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Whether the current attempt runs on borrowed GPUs (beyond every guarantee of its account
+    # chain: preemptible by work within a guarantee), decided at its claim; NULL before one.
+    borrowed: Mapped[bool | None] = mapped_column(Boolean)
+    # When the job last reported a committed checkpoint in its current attempt (POST
+    # /v1/jobs/{id}/checkpoints); NULL: never, so all its run time is at risk.
+    checkpoint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     @property
     def checkpoint_lineage(self) -> str:
@@ -119,10 +125,44 @@ class JobAttempt(Base):
     nodes: Mapped[list[str] | None] = mapped_column(JSON)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    outcome: Mapped[str] = mapped_column(String(32))  # why it was retried: node_failure | exit_code
+    outcome: Mapped[str] = mapped_column(String(32))  # why it ended: node_failure | exit_code | preempted
     exit_code: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str] = mapped_column(Text, default="")
     charged_gpu_seconds: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class JobPreemption(Base):
+    """One attempt of a job that the gateway chose to stop so that work within a guarantee
+    can start (docs/recovery.md, "Reclaim"): who for, the deadline, what was sent when."""
+
+    __tablename__ = "job_preemption"
+    __table_args__ = (Index("ix_job_preemption_open", "ended_at", "pool"),
+                      Index("ix_job_preemption_chosen", "pool", "chosen_at"))
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    pool: Mapped[str] = mapped_column(String(POOL_NAME_LEN))
+    preemptor_id: Mapped[str | None] = mapped_column(String(36), ForeignKey("job.id", ondelete="SET NULL"))
+    preemptor_account: Mapped[str] = mapped_column(String(63))
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_hours_at_risk: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    chosen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    deadline: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    signalled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    stopped_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # the backend was told to stop it
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # the attempt ended
+
+
+class GatewaySecret(Base):
+    """Secrets the gateway makes itself and every process shares (e.g. the key that signs the
+    job-scoped checkpoint credentials): made once, by whichever process needs one first."""
+
+    __tablename__ = "gateway_secret"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 class IdempotencyKey(Base):

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]
 
 @pytest.fixture(scope="module")
 def gw(database_url, dev_key_path):
-    backends = {"slurm-24": slurm_backend_options(slurm_env("24.11"))}
+    backends = {"slurm-24": {"kind": "slurm", **slurm_backend_options(slurm_env("24.11"))}}
     with wired_gateway(database_url, dev_key_path, backends) as gw:
         gw.admin = gw.headers("root", admin=True)
         yield gw
@@ -55,7 +55,7 @@ def test_a_jobs_own_exit_is_retried_only_when_it_asks(gw):
 def test_a_retry_policy_the_gateway_cannot_follow_is_refused_naming_the_field(gw):
     for retry, field in (({"max_attempts": 11}, "body.retry.max_attempts"),
                          ({"max_attempts": 0}, "body.retry.max_attempts"),
-                         ({"max_attempts": 2, "on": ["preempted"]}, "body.retry.on.0"),
+                         ({"max_attempts": 2, "on": ["evicted"]}, "body.retry.on.0"),
                          ({"max_attempts": 2, "exit_codes": [3]}, "body.retry.exit_codes"),
                          ({"max_attempts": 2, "on": ["exit_code"], "exit_codes": [0]}, "body.retry.exit_codes.0"),
                          ({"max_attempts": 2, "when": "always"}, "body.retry.when")):

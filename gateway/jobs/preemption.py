@@ -1,0 +1,99 @@
+"""The record of reclaim (docs/recovery.md, "Reclaim"): the one writer of ``job_preemption``.
+
+A dispatch round that decides to stop borrowed gangs (gateway/domain/decide.py ``_reclaim``)
+records each victim here, in its own transaction (:func:`choose`); the dispatcher's
+preemptor (gateway/dispatch/preempt.py) then signals it (:func:`signalled`) and, at the
+deadline, stops it (:func:`stopped`); the reconciler, seeing the attempt end, closes the
+record (:func:`close`) and runs the job again under its retry policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, exists, insert, literal, select, update
+from sqlalchemy.orm import Session
+
+from gateway.domain.preempt import at_risk_gpu_hours
+from gateway.domain.states import JobState
+from gateway.models.jobs import Job, JobEvent, JobPreemption
+
+KIND = "preemption"  # the kind of the events it writes
+
+
+def _hours(h: float) -> str:
+    return f"{h:.2f}"
+
+
+def choose(session: Session, reclaims: Sequence[Any], *, now: datetime, grace_s: float, actor: str) -> list[str]:
+    """Record the victims of a round's reclaims (``decide.Reclaim``: a preemptor and its eviction).
+
+    A victim is recorded only while it still runs the attempt the round saw (it may have
+    ended meanwhile: then nothing is written for it). Returns the recorded victims' ids.
+    """
+    deadline = now + timedelta(seconds=grace_s)
+    recorded: list[str] = []
+    for reclaim in reclaims:
+        preemptor, ev = reclaim.job, reclaim.eviction
+        for victim in ev.victims:
+            risk = at_risk_gpu_hours(victim, now.timestamp())
+            why = (f"preempted {ev.reason}: this job runs on borrowed GPUs and is stopped to give them back; "
+                   f"{_hours(risk)} GPU-hours since "
+                   f"{'its last checkpoint' if victim.checkpoint_at and victim.checkpoint_at > victim.started_at else 'it started'} "
+                   f"are at risk. It is signalled now and stopped at {deadline.isoformat(timespec='seconds')}, "
+                   f"then runs again under its retry policy")
+            row = select(Job.id, Job.attempt, literal(ev.pool), literal(preemptor.id),
+                         literal(preemptor.account_name), literal(victim.gpus), literal(risk), literal(why),
+                         literal(now), literal(deadline)).where(
+                Job.id == victim.id, Job.state == JobState.RUNNING.value,
+                ~exists().where(and_(JobPreemption.job_id == Job.id, JobPreemption.attempt == Job.attempt)))
+            done = session.execute(insert(JobPreemption).from_select(
+                ["job_id", "attempt", "pool", "preemptor_id", "preemptor_account", "gpus", "gpu_hours_at_risk",
+                 "reason", "chosen_at", "deadline"], row))
+            if not done.rowcount:
+                continue
+            recorded.append(victim.id)
+            session.add(JobEvent(job_id=victim.id, at=now, actor=actor, kind=KIND, reason=why, data={
+                "preemptor": preemptor.id, "preemptor_account": preemptor.account_name, "pool": ev.pool,
+                "deadline": deadline.isoformat(), "gpu_hours_at_risk": round(risk, 4)}))
+        session.add(JobEvent(job_id=preemptor.id, at=now, actor=actor, kind=KIND,
+                             reason=f"reclaiming borrowed GPUs {ev.reason}",
+                             data={"victims": [v.id for v in ev.victims], "pool": ev.pool,
+                                   "deadline": deadline.isoformat()}))
+    session.flush()
+    return recorded
+
+
+def open_preemptions(session: Session) -> list[tuple[JobPreemption, Job]]:
+    """Preemptions not yet closed, with their jobs (the preemptor's work list)."""
+    return list(session.execute(select(JobPreemption, Job).join(Job, Job.id == JobPreemption.job_id)
+                                .where(JobPreemption.ended_at.is_(None))).tuples())
+
+
+def current(session: Session, job: Job) -> JobPreemption | None:
+    """The preemption of the job's current attempt, if the gateway chose to stop it."""
+    return session.get(JobPreemption, (job.id, job.attempt))
+
+
+def _mark(session: Session, job_id: str, attempt: int, **values: Any) -> None:
+    session.execute(update(JobPreemption).where(JobPreemption.job_id == job_id, JobPreemption.attempt == attempt)
+                    .values(**values))
+
+
+def signalled(session: Session, job_id: str, attempt: int, *, at: datetime, actor: str, words: str) -> None:
+    """The backend was asked to signal the victim (what it sends is in ``words``)."""
+    _mark(session, job_id, attempt, signalled_at=at)
+    session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND, reason=words))
+
+
+def stopped(session: Session, job_id: str, attempt: int, *, at: datetime, actor: str, words: str) -> None:
+    """The backend was asked to stop the victim (the grace period is over)."""
+    _mark(session, job_id, attempt, stopped_at=at)
+    session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND, reason=words))
+
+
+def close(session: Session, job_id: str, attempt: int, *, at: datetime) -> None:
+    """The victim's attempt ended (or it was not running any more): the preemption is over."""
+    _mark(session, job_id, attempt, ended_at=at)
