@@ -505,7 +505,7 @@ class KubernetesBackend(Backend):
         SIGTERM now, SIGKILL at the deadline, what torchrun and most trainers handle."""
         self.cancel(backend_job_id)
         return (f"Job {backend_job_id} suspended and its pods deleted: SIGTERM now, SIGKILL after their "
-                f"terminationGracePeriodSeconds ({grace_s:g} s)")
+                f"terminationGracePeriodSeconds ({grace_s:.0f} s)")
 
     def _sweep_tombstone(self, job: dict) -> None:
         """Let a cancelled Job go once its retention is over (drop our finalizer)."""

@@ -292,7 +292,7 @@ class SlurmBackend(Backend):
         if str(backend_job_id).isdigit():
             self._transport.signal(str(backend_job_id), "USR1")
         return (f"SIGUSR1 sent to Slurm job {backend_job_id} (its batch shell and every task); it is cancelled in "
-                f"{grace_s:g} s (SIGTERM to its steps, SIGKILL after the cluster's KillWait)")
+                f"{grace_s:.0f} s (SIGTERM to its steps, SIGKILL after the cluster's KillWait)")
 
     def capacity(self) -> Capacity:
         """The configured partition only: jobs go nowhere else. A partition the cluster does

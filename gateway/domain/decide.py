@@ -17,7 +17,7 @@ round always has: its verdict depends on what the round reserved before it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
@@ -84,7 +84,8 @@ class Snapshot:
     # is set anywhere, so every claim is unrecorded (borrowed None) and nothing is reclaimed.
     guarantees: Guarantees | None = None
     running: Sequence[Running] = ()  # borrowed gangs running now, not being stopped already
-    reclaiming: frozenset[str] = frozenset()  # jobs whose victims are still stopping
+    # job -> the victims it waits for (still stopping, or stopped less than a minute ago)
+    reclaiming: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     recent_evictions: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
 
@@ -330,6 +331,10 @@ def _reclaim(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundRe
     notes = {w.job.id: i for i, w in enumerate(result.waiting)}
     for job in result.short:
         if job.id in snap.reclaiming:
+            victims = ", ".join(snap.reclaiming[job.id])
+            why = f"reclaiming borrowed GPUs: waiting for the jobs it stops ({victims}) to give them back"
+            if job.id in notes:
+                result.waiting[notes[job.id]] = Waiting(job, why)
             continue
         shape = snap.shapes[job.id]
         rooms: dict[str, Room] = {}

@@ -39,11 +39,12 @@ def choose(session: Session, reclaims: Sequence[Any], *, now: datetime, grace_s:
         preemptor, ev = reclaim.job, reclaim.eviction
         for victim in ev.victims:
             risk = at_risk_gpu_hours(victim, now.timestamp())
-            why = (f"preempted {ev.reason}: this job runs on borrowed GPUs and is stopped to give them back; "
-                   f"{_hours(risk)} GPU-hours since "
-                   f"{'its last checkpoint' if victim.checkpoint_at and victim.checkpoint_at > victim.started_at else 'it started'} "
-                   f"are at risk. It is signalled now and stopped at {deadline.isoformat(timespec='seconds')}, "
-                   f"then runs again under its retry policy")
+            since = ("its last checkpoint" if victim.checkpoint_at and victim.checkpoint_at > victim.started_at
+                     else "it started")
+            why = (f"preempted: chosen to stop so that {preemptor.account_name}'s job {preemptor.id} "
+                   f"({preemptor.total_gpus} GPUs), within its guarantee, can start on {ev.pool}. This job runs on "
+                   f"borrowed GPUs; {_hours(risk)} GPU-hours since {since} are at risk. It is signalled now and "
+                   f"stopped at {deadline.isoformat(timespec='seconds')}, then runs again under its retry policy")
             row = select(Job.id, Job.attempt, literal(ev.pool), literal(preemptor.id),
                          literal(preemptor.account_name), literal(victim.gpus), literal(risk), literal(why),
                          literal(now), literal(deadline)).where(

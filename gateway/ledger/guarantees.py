@@ -34,7 +34,8 @@ HOLDING = tuple(s.value for s in (JobState.DISPATCHING, JobState.QUEUED, JobStat
 class RoundGuarantees:
     guarantees: Guarantees
     running: list[Running]  # borrowed gangs running now, not already being stopped
-    reclaiming: frozenset[str]  # preemptors whose victims are still stopping
+    # preemptor -> its victims, while they are still stopping or stopped less than a minute ago
+    reclaiming: dict[str, tuple[str, ...]]
     recent: dict[str, list[float]]  # pool -> epoch seconds of its evictions in the last minute
 
 
@@ -68,14 +69,17 @@ def read(session: Session, *, now: datetime, overall: Mapping[str, int], has_poo
             held_pool[(account, pool)] = held_pool.get((account, pool), 0) + int(gpus or 0)
     since = now - timedelta(seconds=RATE_WINDOW_S)
     stopping: set[tuple[str, int]] = set()
-    reclaiming: set[str] = set()
+    reclaiming: dict[str, tuple[str, ...]] = {}
     recent: dict[str, list[float]] = {}
     for job_id, attempt, pool, preemptor, chosen_at, ended_at in session.execute(
-            _OPEN_OR_RECENT.where(or_(JobPreemption.ended_at.is_(None), JobPreemption.chosen_at >= since))):
+            _OPEN_OR_RECENT.where(or_(JobPreemption.ended_at.is_(None), JobPreemption.chosen_at >= since,
+                                      JobPreemption.ended_at >= since))):
         if ended_at is None:
             stopping.add((job_id, attempt))
-            if preemptor:
-                reclaiming.add(preemptor)
+        # A preemptor waits for its victims, and for a minute after they ended: a backend may
+        # show their nodes busy a little longer (Slurm's COMPLETING); it must not take more.
+        if preemptor and (ended_at is None or as_utc(ended_at) >= since):
+            reclaiming[preemptor] = (*reclaiming.get(preemptor, ()), job_id)
         if as_utc(chosen_at) >= since:
             recent.setdefault(pool, []).append(as_utc(chosen_at).timestamp())
     running = []
@@ -92,4 +96,4 @@ def read(session: Session, *, now: datetime, overall: Mapping[str, int], has_poo
     chains = {a: chain for a in names if (chain := walk_up(parents, a)) is not None}
     return RoundGuarantees(Guarantees(chains=chains, overall=dict(overall), per_pool=per_pool, held=held,
                                       held_pool=held_pool),
-                           running=running, reclaiming=frozenset(reclaiming), recent=recent)
+                           running=running, reclaiming=reclaiming, recent=recent)

@@ -136,8 +136,8 @@ class JobPreemption(Base):
     can start (docs/recovery.md, "Reclaim"): who for, the deadline, what was sent when."""
 
     __tablename__ = "job_preemption"
-    __table_args__ = (Index("ix_job_preemption_open", "ended_at", "pool"),
-                      Index("ix_job_preemption_chosen", "pool", "chosen_at"))
+    __table_args__ = (Index("ix_job_preemption_ended", "ended_at"),
+                      Index("ix_job_preemption_chosen", "chosen_at"))
 
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"), primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -43,8 +43,8 @@ def upgrade() -> None:
         sa.Column('stopped_at', sa.DateTime(timezone=True), nullable=True),
         sa.Column('ended_at', sa.DateTime(timezone=True), nullable=True),
     )
-    op.create_index('ix_job_preemption_open', 'job_preemption', ['ended_at', 'pool'])
-    op.create_index('ix_job_preemption_chosen', 'job_preemption', ['pool', 'chosen_at'])
+    op.create_index('ix_job_preemption_ended', 'job_preemption', ['ended_at'])
+    op.create_index('ix_job_preemption_chosen', 'job_preemption', ['chosen_at'])
     op.create_table(
         'gateway_secret',
         sa.Column('name', sa.String(63), primary_key=True),
@@ -56,7 +56,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table('gateway_secret')
     op.drop_index('ix_job_preemption_chosen', table_name='job_preemption')
-    op.drop_index('ix_job_preemption_open', table_name='job_preemption')
+    op.drop_index('ix_job_preemption_ended', table_name='job_preemption')
     op.drop_table('job_preemption')
     with op.batch_alter_table('job') as batch:
         batch.drop_column('checkpoint_at')

@@ -83,20 +83,37 @@ stop_pidfile() {  # pidfile comm-prefix
 # repository so a fresh clone on the same machine reuses it.
 ensure_rootfs() {
   local marker="$CACHE/.rootfs-complete" mirror tmp
-  [ -f "$marker" ] && return 0
+  if [ -f "$marker" ]; then ensure_node_tools; return 0; fi
   command -v debootstrap >/dev/null || apt_install debootstrap
   mirror=$(debian_mirror)
   tmp="$CACHE/root.partial"
   rm -rf "$tmp"; mkdir -p "$CACHE"
   log "debootstrap $SUITE into $ROOTFS (once; cached)"
   debootstrap --variant=minbase \
-    --include=slurm-wlm,slurmrestd,munge,slurm-wlm-jwt-plugin \
+    --include=slurm-wlm,slurmrestd,munge,slurm-wlm-jwt-plugin,$NODE_TOOLS \
     "$SUITE" "$tmp" "$mirror" >"$CACHE/debootstrap.log" 2>&1 || {
       log "debootstrap failed; last lines of $CACHE/debootstrap.log:"; tail -20 "$CACHE/debootstrap.log" >&2
       return 1; }
   rm -rf "$ROOTFS"; mv "$tmp" "$ROOTFS"
   # Daemons inside must not be started by package scripts; we start them ourselves.
   chroot "$ROOTFS" dpkg-query -W -f='${Version}\n' slurm-wlm >"$CACHE/slurm-package-version"
+  touch "$marker" "$CACHE/.node-tools-$NODE_TOOLS"
+}
+
+# What a training job finds on a site's GPU nodes besides Slurm: Python (the recovery tests'
+# jobs report their checkpoints with it, docs/recovery.md).
+NODE_TOOLS=python3
+
+# A chroot cached before NODE_TOOLS grew gets them added in place (once).
+ensure_node_tools() {
+  local marker="$CACHE/.node-tools-$NODE_TOOLS"
+  [ -f "$marker" ] && return 0
+  log "adding $NODE_TOOLS to the cached chroot $ROOTFS"
+  cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf" 2>/dev/null || true
+  chroot "$ROOTFS" env DEBIAN_FRONTEND=noninteractive sh -c \
+    "apt-get -o Acquire::Check-Valid-Until=false update -q >/dev/null 2>&1 &&
+     apt-get install -y -q --no-install-recommends ${NODE_TOOLS//,/ } >/dev/null 2>&1" || {
+      log "could not add $NODE_TOOLS to $ROOTFS"; return 1; }
   touch "$marker"
 }
 

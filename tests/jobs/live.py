@@ -21,10 +21,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(app) -> Iterator[str]:
+def served(app, port: int | None = None) -> Iterator[str]:
+    """``port``: one the caller chose (e.g. already in the app's settings), else a free one."""
     import uvicorn
 
-    port = free_port()
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
                                            log_level="warning", http="h11",
                                            timeout_graceful_shutdown=1))

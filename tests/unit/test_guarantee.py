@@ -64,8 +64,10 @@ def test_a_guaranteed_gang_that_fits_nowhere_reclaims_the_cheapest_borrowed_gang
                                      "guarantee on slurm: stops 1 borrowed job of team-b")
     # Victims still stopping for it: it waits for them, nothing more is chosen.
     again = decide(snapshot(now=NOW, picked=[gang], views={"slurm": view("slurm", nodes=4, idle=0)}, guarantees=g,
-                            running=victims[1:], reclaiming=frozenset({"gang"})), Ledger(), PARAMS)
+                            running=victims[1:], reclaiming={"gang": ("fresh-ckpt",)}), Ledger(), PARAMS)
     assert again.reclaims == []
+    assert [w.reason for w in again.waiting] == [
+        "reclaiming borrowed GPUs: waiting for the jobs it stops (fresh-ckpt) to give them back"]
 
 
 def test_borrowed_work_never_reclaims_and_a_full_guarantee_does_not_either():
