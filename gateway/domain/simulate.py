@@ -131,6 +131,8 @@ class SimResult:
     evictions: int = 0
     reclaim_starts: int = 0  # gangs started on room that evictions made
     lost_in_window_gpu_seconds: float = 0.0  # the part of the lost work done inside the window
+    used_gpu_seconds: float = 0.0  # every attempt's GPU time, over the whole run
+    spans: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (start, end, GPU-s)
     # Every eviction: (signalled at, pool, victim, the gang it made room for, the rule's reason).
     eviction_log: list[tuple[float, str, str, str, str]] = dataclasses.field(default_factory=list)
 
@@ -146,6 +148,15 @@ class SimResult:
         span = self.window[1] - self.window[0]
         kept = self.busy_gpu_seconds - self.lost_in_window_gpu_seconds
         return kept / (self.total_gpus * span) if span > 0 else 0.0
+
+    def utilisation_in(self, lo: float, hi: float) -> float:
+        """Busy GPU time over ``[lo, hi)``, as :attr:`utilisation` counts it over the window."""
+        busy = 0.0
+        for start, end, gpu_s in self.spans:
+            a, b = max(start, lo), min(end, hi)
+            if b > a and end > start:
+                busy += gpu_s * (b - a) / (end - start)
+        return busy / (self.total_gpus * (hi - lo)) if hi > lo else 0.0
 
     @property
     def lost_gpu_hours(self) -> float:
@@ -176,9 +187,10 @@ class SimResult:
     def refused_gangs(self) -> int:
         return sum(1 for o in self.outcomes if o.job.workers >= 2 and o.refused)
 
-    def jain(self) -> float:
-        """Jain's fairness index of usage per share over accounts (1.0 = usage in proportion)."""
-        xs = [self.usage_by_account.get(a, 0.0) / s for a, s in self.shares.items() if s > 0]
+    def jain(self, leave_out: frozenset[str] = frozenset()) -> float:
+        """Jain's fairness index of usage per share over accounts (1.0 = usage in proportion),
+        without the accounts ``leave_out`` (one that submitted nothing has no claim to its share)."""
+        xs = [self.usage_by_account.get(a, 0.0) / s for a, s in self.shares.items() if s > 0 and a not in leave_out]
         sq = sum(x * x for x in xs)
         return (sum(xs) ** 2) / (len(xs) * sq) if sq > 0 else 1.0
 
@@ -256,6 +268,8 @@ class _Replay:
         self.evictions = 0
         self.reclaim_starts = 0
         self.lost_in_window = 0.0
+        self.used = 0.0
+        self.spans: list[tuple[float, float, float]] = []
         self.eviction_log: list[tuple[float, str, str, str, str]] = []
         self.events: list[tuple[float, int, str, str]] = []
         self.seq = 0
@@ -291,6 +305,8 @@ class _Replay:
 
     def _charge(self, account: str, gpu_s: float, start: float, end: float, now: float) -> None:
         self.grown[account] += gpu_s * math.exp(self.decay * (now - self.t0))
+        self.used += gpu_s
+        self.spans.append((start, end, gpu_s))
         lo, hi = max(start, self.win[0]), min(end, self.win[1])
         if hi > lo:
             part = gpu_s * (hi - lo) / (end - start) if end > start else 0.0
@@ -556,7 +572,8 @@ class _Replay:
                          window=self.win, total_gpus=sum(p.gpus for p in self.pools),
                          usage_by_account=dict(self.window_usage), shares=self.shares, rounds=self.rounds,
                          evictions=self.evictions, reclaim_starts=self.reclaim_starts,
-                         lost_in_window_gpu_seconds=self.lost_in_window, eviction_log=self.eviction_log)
+                         lost_in_window_gpu_seconds=self.lost_in_window, eviction_log=self.eviction_log,
+                         used_gpu_seconds=self.used, spans=self.spans)
 
 
 def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,

@@ -8,7 +8,13 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.domain.simulate import Reclaim, SimPool, TraceJob, simulate, within_guarantee
+from gateway.domain.simulate import (
+    Reclaim,
+    SimPool,
+    TraceJob,
+    simulate,
+    within_guarantee,
+)
 
 KUBE = [SimPool("kube", "kubernetes", 4, 8)]  # 32 GPUs
 SHARES = {"team-a": 1, "team-b": 1}
@@ -33,7 +39,11 @@ def test_an_idle_accounts_gpus_are_borrowed_and_hard_caps_leave_them_idle():
     assert outcome(caps, "b2").start == 5 * HOUR  # waits for b0 to end: team-b is at its cap
     assert outcome(borrow, "b2").start == 0.0 and outcome(borrow, "b3").start == 500.0
     assert borrow.utilisation > caps.utilisation
+    assert borrow.utilisation == borrow.utilisation_in(0.0, 500.0)  # the default window: first to last arrival
+    assert caps.utilisation_in(0.0, 500.0) == 0.5  # team-b's 16 GPUs of 32
     assert borrow.evictions == 0  # nobody within a guarantee asked for the room
+    # Jain's index without the idle account: team-b alone is perfectly fair to itself.
+    assert borrow.jain() == 0.5 and borrow.jain(frozenset({"team-a"})) == 1.0
 
 
 def test_a_guaranteed_gang_evicts_the_cheapest_borrowed_job_and_starts_after_the_grace_period():
