@@ -6,6 +6,30 @@ the accounts from decayed usage. Pools are simulated: a gang holds its whole all
 from start to end (Slurm's exclusive nodes, Kueue's admission as a unit), so a partially
 started gang cannot happen here, and the report measures it to say so.
 
+Policies: ``greedy``, ``reservation`` and ``fifo`` are the planner's own. Two more take
+per-account guaranteed GPUs (issue #30):
+
+* ``hard-caps``: the reservation policy with each account capped at its guarantee (what a
+  site gets today by setting ``max_gpus`` to it). A job larger than its account's cap is
+  refused at submit, as admission refuses one larger than ``max_gpus``; a job that would
+  take its account over the cap waits, looked past by the planner like any quota refusal.
+* ``borrow`` ("guarantees + borrowing + reclaim"): the reservation policy with no cap. A job
+  is *borrowed* when, at its start, its account's GPUs (running, and held for gangs about to
+  start by reclaim) including it exceed the guarantee; it stays so for that attempt. After
+  each round, a waiting job whose account has room in its guarantee for it, and which the
+  plan does not start within the grace period, asks the one victim rule
+  (``gateway.domain.preempt.choose_eviction``) for borrowed gangs to stop. The victims are
+  signalled and stop ``grace_s`` later; the gang starts then on the room they leave, which
+  is held for it meanwhile. A victim loses its work since its last checkpoint, is charged
+  for its run like any attempt, and waits again in its original place in line (its first
+  submit time); its next attempt resumes from that checkpoint (no restart overhead).
+
+Checkpoints (:class:`Reclaim`): every job commits a checkpoint every ``checkpoint_every_s``
+of its own run (None: never). With ``reports`` the victim choice sees them; without, it
+takes all of a victim's run time as at risk. Either way a victim really loses only its work
+since its last checkpoint; a job that never checkpoints loses its whole attempt. No job
+checkpoints on the grace signal here (a job that does would lose less).
+
 Used by ``bench/simulate.py`` (the policy table in docs/benchmarks.md) and by the tests.
 """
 
@@ -18,7 +42,11 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.domain.fairshare import compute_fairshare
-from gateway.domain.planner import Candidate, PoolModel, Release, plan
+from gateway.domain.planner import INF, Candidate, PoolModel, Release, plan
+from gateway.domain.preempt import RATE_WINDOW_S, Room, Running, choose_eviction
+
+GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
+POLICIES = (GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +69,10 @@ class SimPool:
         units = self.nodes if self.node_exclusive else self.gpus
         return PoolModel(self.name, self.node_exclusive, units, self.gpus_per_node)
 
+    def gpus_of(self, units: int) -> int:
+        """The GPUs ``units`` of this pool hold (whole nodes on a node-exclusive pool)."""
+        return units * self.gpus_per_node if self.node_exclusive else units
+
 
 @dataclasses.dataclass(frozen=True)
 class TraceJob:
@@ -59,14 +91,30 @@ class TraceJob:
         return self.workers * self.gpus_per_worker
 
 
+@dataclasses.dataclass(frozen=True)
+class Reclaim:
+    """How the ``borrow`` policy stops borrowed work (module docstring)."""
+
+    grace_s: float = 120.0  # from the signal to the stop
+    min_runtime_s: float = 600.0  # ISTHMUS_PREEMPT_MIN_RUNTIME_S
+    max_per_pool_per_minute: int = 4
+    checkpoint_every_s: float | None = 1800.0  # None: jobs never checkpoint
+    reports: bool = True  # the victim choice sees the checkpoints
+    max_asks_per_round: int = 8  # victim choices asked per round (a bounded round)
+
+
 @dataclasses.dataclass
 class JobOutcome:
     job: TraceJob
     pool: str | None = None
-    start: float | None = None
+    start: float | None = None  # its first start
     end: float | None = None
     first_estimate: float | None = None  # the first planned start the planner gave it
     held_gpus: int = 0
+    attempts: int = 0
+    evictions: int = 0
+    lost_gpu_s: float = 0.0  # work lost to evictions (since the last checkpoint), in GPU-seconds
+    refused: str = ""  # why it was refused at submit
 
 
 @dataclasses.dataclass
@@ -80,21 +128,55 @@ class SimResult:
     shares: dict[str, int]
     rounds: int
     partial_gang_gpu_hours: float = 0.0
+    evictions: int = 0
+    reclaim_starts: int = 0  # gangs started on room that evictions made
+    lost_in_window_gpu_seconds: float = 0.0  # the part of the lost work done inside the window
+    used_gpu_seconds: float = 0.0  # every attempt's GPU time, over the whole run
+    spans: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (start, end, GPU-s)
+    # Every eviction: (signalled at, pool, victim, the gang it made room for, the rule's reason).
+    eviction_log: list[tuple[float, str, str, str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def utilisation(self) -> float:
+        """Busy GPU time over the window: every attempt's run counts, work later lost included."""
         span = self.window[1] - self.window[0]
         return self.busy_gpu_seconds / (self.total_gpus * span) if span > 0 else 0.0
+
+    @property
+    def net_utilisation(self) -> float:
+        """Utilisation without the work that evictions threw away."""
+        span = self.window[1] - self.window[0]
+        kept = self.busy_gpu_seconds - self.lost_in_window_gpu_seconds
+        return kept / (self.total_gpus * span) if span > 0 else 0.0
+
+    def utilisation_in(self, lo: float, hi: float) -> float:
+        """Busy GPU time over ``[lo, hi)``, as :attr:`utilisation` counts it over the window."""
+        busy = 0.0
+        for start, end, gpu_s in self.spans:
+            a, b = max(start, lo), min(end, hi)
+            if b > a and end > start:
+                busy += gpu_s * (b - a) / (end - start)
+        return busy / (self.total_gpus * (hi - lo)) if hi > lo else 0.0
+
+    @property
+    def lost_gpu_hours(self) -> float:
+        return sum(o.lost_gpu_s for o in self.outcomes) / 3600
 
     def waits(self, lo: int, hi: int) -> list[float]:
         return [o.start - o.job.arrival for o in self.outcomes
                 if o.start is not None and lo <= o.job.total_gpus <= hi]
 
+    def waits_of(self, ids: set[str], horizon: float) -> list[float]:
+        """Waits of the jobs ``ids`` to their first start; one never started waits until the
+        horizon, one refused at submit does not wait."""
+        return [(o.start if o.start is not None else horizon) - o.job.arrival
+                for o in self.outcomes if o.job.id in ids and not o.refused]
+
     def longest_gang_wait(self, horizon: float) -> float:
         """Longest wait of any multi-worker gang; one never started waits until the horizon."""
         worst = 0.0
         for o in self.outcomes:
-            if o.job.workers < 2:
+            if o.job.workers < 2 or o.refused:
                 continue
             worst = max(worst, (o.start if o.start is not None else horizon) - o.job.arrival)
         return worst
@@ -102,126 +184,410 @@ class SimResult:
     def unstarted_gangs(self) -> int:
         return sum(1 for o in self.outcomes if o.job.workers >= 2 and o.start is None)
 
-    def jain(self) -> float:
-        """Jain's fairness index of usage per share over accounts (1.0 = usage in proportion)."""
-        xs = [self.usage_by_account.get(a, 0.0) / s for a, s in self.shares.items() if s > 0]
+    def refused_gangs(self) -> int:
+        return sum(1 for o in self.outcomes if o.job.workers >= 2 and o.refused)
+
+    def jain(self, leave_out: frozenset[str] = frozenset()) -> float:
+        """Jain's fairness index of usage per share over accounts (1.0 = usage in proportion),
+        without the accounts ``leave_out`` (one that submitted nothing has no claim to its share)."""
+        xs = [self.usage_by_account.get(a, 0.0) / s for a, s in self.shares.items() if s > 0 and a not in leave_out]
         sq = sum(x * x for x in xs)
         return (sum(xs) ** 2) / (len(xs) * sq) if sq > 0 else 1.0
 
 
+def within_guarantee(trace: Sequence[TraceJob], guarantees: Mapping[str, int]) -> set[str]:
+    """The jobs submitted within their account's guarantee, a property of the trace alone.
+
+    A job is in when its account's jobs that would be running at its arrival, had every job
+    started on arrival, hold with it at most the guarantee in GPUs. The same set for every
+    policy, so their waits compare like for like.
+    """
+    out: set[str] = set()
+    by_account: dict[str, list[TraceJob]] = collections.defaultdict(list)
+    for j in trace:
+        by_account[j.account].append(j)
+    for account, jobs in by_account.items():
+        cap = guarantees.get(account, 0)
+        ends: list[tuple[float, int]] = []
+        demand = 0
+        for j in sorted(jobs, key=lambda j: (j.arrival, j.id)):
+            while ends and ends[0][0] <= j.arrival:
+                demand -= heapq.heappop(ends)[1]
+            if demand + j.total_gpus <= cap:
+                out.add(j.id)
+            demand += j.total_gpus
+            heapq.heappush(ends, (j.arrival + j.run_s, j.total_gpus))
+    return out
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A gang that evictions make room for: it starts when its victims have stopped."""
+
+    pool: str
+    need: int  # units
+    held: int  # units already set aside for it
+    start_at: float
+    victims: list[str]
+
+
+class _Replay:
+    def __init__(self, trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,
+                 policy: str, depth: int, half_life_s: float, fairshare_every_s: float, per_account: int,
+                 max_examined: int, horizon: float | None, window: tuple[float, float] | None,
+                 guarantees: Mapping[str, int] | None, reclaim: Reclaim):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
+        if policy in (HARD_CAPS, BORROW) and guarantees is None:
+            raise ValueError(f"policy {policy!r} needs guarantees")
+        self.trace, self.policy, self.depth = trace, policy, depth
+        self.plan_policy = RESERVATION if policy in (HARD_CAPS, BORROW) else policy
+        self.guarantees = dict(guarantees or {})
+        self.reclaim = reclaim
+        self.fairshare_every_s, self.per_account, self.max_examined = fairshare_every_s, per_account, max_examined
+        self.horizon = horizon
+        self.pools = list(pools)
+        self.models = [p.model() for p in pools]
+        self.by_name = {p.name: p for p in pools}
+        self.model_of = {m.name: m for m in self.models}
+        self.tree = {a: (None, s) for a, s in shares.items()}
+        self.shares = dict(shares)
+        self.outcomes = {j.id: JobOutcome(j) for j in trace}
+        self.waiting: dict[str, collections.deque[TraceJob]] = collections.defaultdict(collections.deque)
+        self.free = {m.name: m.total_units for m in self.models}
+        self.running: dict[str, tuple[str, int, float]] = {}  # job id -> (pool, units, expected end)
+        self.started_at: dict[str, float] = {}  # job id -> this attempt's start
+        self.done_s: dict[str, float] = collections.defaultdict(float)  # committed work (checkpoints)
+        self.borrowed: set[str] = set()
+        self.held: dict[str, int] = collections.defaultdict(int)  # account -> GPUs running
+        self.pending_gpus: dict[str, int] = collections.defaultdict(int)  # account -> GPUs held for reclaims
+        self.pending: dict[str, _Pending] = {}
+        self.stopping: dict[str, str] = {}  # victim -> the gang its stop makes room for
+        self.end_seq: dict[str, int] = {}  # job id -> the end event of its current attempt
+        self.recent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self.evictions = 0
+        self.reclaim_starts = 0
+        self.lost_in_window = 0.0
+        self.used = 0.0
+        self.spans: list[tuple[float, float, float]] = []
+        self.eviction_log: list[tuple[float, str, str, str, str]] = []
+        self.events: list[tuple[float, int, str, str]] = []
+        self.seq = 0
+        for j in trace:
+            self._push(j.arrival, "arrive", j.id)
+        # Decayed usage kept as of a fixed epoch t0: a charge at t adds gpu_s * 2^((t - t0) / h),
+        # and the value at `now` is that sum times 2^(-(now - t0) / h). O(1) per charge.
+        self.t0 = trace[0].arrival if trace else 0.0
+        self.grown: dict[str, float] = collections.defaultdict(float)
+        self.window_usage: dict[str, float] = collections.defaultdict(float)
+        self.win = window or ((trace[0].arrival, trace[-1].arrival) if trace else (0.0, 0.0))
+        self.busy = 0.0
+        self.factors: dict[str, float] = {}
+        self.factors_at = -math.inf
+        self.rounds = 0
+        self.decay = math.log(2) / half_life_s
+        self.eligible: dict[str, tuple[str, ...]] = {}
+        self.gpus_on: dict[str, dict[str, int]] = {}  # job id -> pool -> GPUs it would hold there
+        for j in trace:  # never-fits, as routing applies it
+            names = tuple(p.name for p, m in zip(pools, self.models) if p.kind in j.kinds
+                          and j.storages <= p.storages and j.gpus_per_worker <= p.gpus_per_node
+                          and m.units(j.workers, j.gpus_per_worker) <= m.total_units)
+            self.eligible[j.id] = names
+            self.gpus_on[j.id] = {n: self.by_name[n].gpus_of(self.model_of[n].units(j.workers, j.gpus_per_worker))
+                                  for n in names}
+
+    # The clock and the books.
+
+    def _push(self, at: float, kind: str, jid: str) -> int:
+        heapq.heappush(self.events, (at, self.seq, kind, jid))
+        self.seq += 1
+        return self.seq - 1
+
+    def _charge(self, account: str, gpu_s: float, start: float, end: float, now: float) -> None:
+        self.grown[account] += gpu_s * math.exp(self.decay * (now - self.t0))
+        self.used += gpu_s
+        self.spans.append((start, end, gpu_s))
+        lo, hi = max(start, self.win[0]), min(end, self.win[1])
+        if hi > lo:
+            part = gpu_s * (hi - lo) / (end - start) if end > start else 0.0
+            self.busy += part
+            self.window_usage[account] += part
+
+    def _refresh_factors(self, now: float) -> None:
+        k = math.exp(-self.decay * (now - self.t0))
+        own = {a: v * k for a, v in self.grown.items()}
+        for jid in self.running:  # running usage so far, as accrual does
+            o = self.outcomes[jid]
+            own[o.job.account] = own.get(o.job.account, 0.0) + o.held_gpus * (now - self.started_at[jid])
+        fs = compute_fairshare(self.tree, own)
+        self.factors = {a: f.factor for a, f in fs.items()}
+        self.factors_at = now
+
+    def _load(self, account: str) -> int:
+        """GPUs the account holds now: running, and set aside for its gangs about to start."""
+        return self.held[account] + self.pending_gpus[account]
+
+    def _order(self) -> list[str]:
+        return sorted((a for a, q in self.waiting.items() if q), key=lambda a: (-self.factors.get(a, 0.0), a))
+
+    def _candidates(self) -> Iterator[Candidate]:
+        capped = self.policy == HARD_CAPS
+        for account in self._order():
+            room = self.guarantees.get(account, 0) - self._load(account) if capped else 0
+            for n, j in enumerate(self.waiting[account]):
+                if n >= self.per_account:
+                    break
+                names = self.eligible[j.id]
+                blocked = "" if names else "fits no pool"
+                if capped and names:
+                    names = tuple(p for p in names if self.gpus_on[j.id][p] <= room)
+                    blocked = "" if names else "quota: over its account's cap"
+                yield Candidate(j.id, j.workers, j.gpus_per_worker, j.time_limit_s, names, blocked)
+
+    # Starts and stops.
+
+    def _start(self, j: TraceJob, pool_name: str, units: int, now: float, *, borrowed: bool) -> None:
+        """Start an attempt on ``units`` already taken from the pool."""
+        o = self.outcomes[j.id]
+        pool = self.by_name[pool_name]
+        o.pool = pool_name
+        if o.start is None:
+            o.start = now
+        if o.first_estimate is None:
+            o.first_estimate = now
+        o.held_gpus = pool.gpus_of(units)
+        o.attempts += 1
+        self.running[j.id] = (pool_name, units, now + j.time_limit_s)
+        self.started_at[j.id] = now
+        self.held[j.account] += o.held_gpus
+        if borrowed:
+            self.borrowed.add(j.id)
+        left = j.run_s - self.done_s[j.id]
+        self.end_seq[j.id] = self._push(now + min(left, j.time_limit_s), "end", j.id)
+
+    def _release(self, jid: str, now: float) -> None:
+        """The attempt of ``jid`` stops now: its units go back (or to the gang its stop is for)."""
+        o = self.outcomes[jid]
+        pool, units, _ = self.running.pop(jid)
+        start = self.started_at.pop(jid)
+        self.borrowed.discard(jid)
+        self.end_seq.pop(jid, None)
+        self.held[o.job.account] -= o.held_gpus
+        self._charge(o.job.account, o.held_gpus * (now - start), start, now, now)
+        gid = self.stopping.pop(jid, None)
+        if gid is None:
+            self.free[pool] += units
+            return
+        pend = self.pending[gid]
+        take = min(units, pend.need - pend.held)
+        pend.held += take
+        pend.victims.remove(jid)
+        self.free[pool] += units - take
+
+    def _stop(self, jid: str, now: float) -> None:
+        """A victim's grace period is over: it loses its work since its last checkpoint and waits again."""
+        if jid not in self.stopping:  # it ended on its own during the grace period
+            return
+        o = self.outcomes[jid]
+        ran = now - self.started_at[jid]
+        every = self.reclaim.checkpoint_every_s
+        kept = math.floor(ran / every) * every if every else 0.0
+        o.lost_gpu_s += o.held_gpus * (ran - kept)
+        lo, hi = max(now - (ran - kept), self.win[0]), min(now, self.win[1])
+        if hi > lo:
+            self.lost_in_window += o.held_gpus * (hi - lo)
+        o.evictions += 1
+        self.done_s[jid] += kept
+        self._release(jid, now)
+        queue = self.waiting[o.job.account]
+        i = 0  # its place in line: by its first submit
+        while i < len(queue) and (queue[i].arrival, queue[i].id) < (o.job.arrival, o.job.id):
+            i += 1
+        queue.insert(i, o.job)
+
+    def _start_reclaimed(self, gid: str, now: float) -> None:
+        pend = self.pending.pop(gid)
+        assert pend.held == pend.need and not pend.victims, "a reclaimed gang started without its room"
+        j = self.outcomes[gid].job
+        self.pending_gpus[j.account] -= self.gpus_on[gid][pend.pool]
+        self._start(j, pend.pool, pend.need, now, borrowed=False)
+        self.reclaim_starts += 1
+
+    def _releases(self) -> list[Release]:
+        out = [Release(pool, units, end) for jid, (pool, units, end) in self.running.items()
+               if jid not in self.stopping]
+        for gid, pend in self.pending.items():
+            # The victims' units go to the gang at its start, the rest back to the pool then.
+            coming = pend.held + sum(self.running[v][1] for v in pend.victims)
+            if coming > pend.need:
+                out.append(Release(pend.pool, coming - pend.need, pend.start_at))
+            out.append(Release(pend.pool, pend.need, pend.start_at + self.outcomes[gid].job.time_limit_s))
+        return out
+
+    # Reclaim.
+
+    def _room(self, name: str) -> Room:
+        pool = self.by_name[name]
+        free = self.free[name]
+        return Room(name, pool.node_exclusive, pool.gpus_of(free), free if pool.node_exclusive else 0)
+
+    def _victims_now(self, now: float) -> list[Running]:
+        every = self.reclaim.checkpoint_every_s
+        out = []
+        for jid in self.borrowed:
+            if jid in self.stopping:
+                continue
+            o = self.outcomes[jid]
+            pool, units, _ = self.running[jid]
+            start = self.started_at[jid]
+            ckpt = None
+            if self.reclaim.reports and every and now - start >= every:
+                ckpt = start + math.floor((now - start) / every) * every
+            out.append(Running(jid, o.job.account, pool, o.held_gpus,
+                               units if self.by_name[pool].node_exclusive else 0, True, start, ckpt))
+        return out
+
+    def _reclaim_round(self, now: float, planned_at: Mapping[str, float]) -> None:
+        r = self.reclaim
+        asks = 0
+        hopeless: set[tuple] = set()  # shapes no eviction can place this round
+        victims: list[Running] | None = None
+        for account in self._order():
+            room = self.guarantees.get(account, 0) - self._load(account)
+            if room <= 0:
+                continue
+            for n, j in enumerate(list(self.waiting[account])):
+                if n >= self.per_account:
+                    break
+                names = tuple(p for p in self.eligible[j.id] if self.gpus_on[j.id][p] <= room)
+                if not names or planned_at.get(j.id, INF) <= now + r.grace_s:
+                    continue  # beyond its guarantee, or the plan starts it as soon as a stop would
+                # Where it fits now the plan holds the room for a higher job's reservation.
+                names = tuple(p for p in names if self.model_of[p].units(j.workers, j.gpus_per_worker)
+                              > self.free[p])
+                key = (j.workers, j.gpus_per_worker, names)
+                if not names or key in hopeless:
+                    continue
+                if victims is None:
+                    victims = self._victims_now(now)
+                recent = {p: [t for t in self.recent[p]] for p in names}
+                asks += 1
+                ev = choose_eviction(workers=j.workers, gpus_per_worker=j.gpus_per_worker,
+                                     pools={p: self._room(p) for p in names}, running=victims, now=now,
+                                     min_runtime_s=r.min_runtime_s, recent=recent,
+                                     max_per_pool_per_minute=r.max_per_pool_per_minute, preemptor=account)
+                if ev is None or not ev.victims:
+                    hopeless.add(key)
+                else:
+                    self._evict(j, ev.pool, [v.id for v in ev.victims], now)
+                    self.eviction_log.extend((now, ev.pool, v.id, j.id, ev.reason) for v in ev.victims)
+                    stopped = {v.id for v in ev.victims}
+                    victims = [v for v in victims if v.id not in stopped]
+                    room = self.guarantees.get(account, 0) - self._load(account)
+                if asks >= r.max_asks_per_round:
+                    return
+                if room <= 0:
+                    break
+
+    def _evict(self, j: TraceJob, pool: str, victim_ids: list[str], now: float) -> None:
+        need = self.model_of[pool].units(j.workers, j.gpus_per_worker)
+        freed = sum(self.running[v][1] for v in victim_ids)
+        now_part = max(0, need - freed)  # the free part of its room, set aside from now
+        self.free[pool] -= now_part
+        assert self.free[pool] >= 0, "an eviction set that does not make the gang fit"
+        start_at = now + self.reclaim.grace_s
+        self.pending[j.id] = _Pending(pool, need, now_part, start_at, list(victim_ids))
+        self.pending_gpus[j.account] += self.gpus_on[j.id][pool]
+        self.waiting[j.account].remove(j)
+        o = self.outcomes[j.id]
+        if o.first_estimate is None:
+            o.first_estimate = start_at
+        for v in victim_ids:
+            self.stopping[v] = j.id
+            self._push(start_at, "stop", v)
+            self.recent[pool].append(now)
+        self._push(start_at, "reclaim", j.id)  # after its victims' stops: pushed after them
+        self.evictions += len(victim_ids)
+
+    # The loop.
+
+    def run(self) -> SimResult:
+        now = 0.0
+        capped, borrowing = self.policy == HARD_CAPS, self.policy == BORROW
+        events = self.events
+        while events:
+            now = events[0][0]
+            if self.horizon is not None and now > self.horizon:
+                break
+            while events and events[0][0] == now:
+                _, seq, kind, jid = heapq.heappop(events)
+                o = self.outcomes[jid]
+                if kind == "arrive":
+                    if capped and self.eligible[jid] and min(self.gpus_on[jid].values()) > self.guarantees.get(
+                            o.job.account, 0):
+                        o.refused = "larger than its account's cap"
+                        continue
+                    self.waiting[o.job.account].append(o.job)
+                elif kind == "end":
+                    if self.end_seq.get(jid) != seq:
+                        continue  # an attempt that was stopped
+                    self._release(jid, now)
+                    o.end = now
+                elif kind == "stop":
+                    self._stop(jid, now)
+                else:  # reclaim
+                    self._start_reclaimed(jid, now)
+            for pool in self.recent.values():
+                while pool and now - pool[0] >= RATE_WINDOW_S:
+                    pool.popleft()
+            if now - self.factors_at >= self.fairshare_every_s:
+                self._refresh_factors(now)
+            self.rounds += 1
+            p = plan(now=now, pools=self.models, free_now=self.free, releases=self._releases(),
+                     candidates=self._candidates(), depth=self.depth, policy=self.plan_policy,
+                     max_examined=self.max_examined)
+            for r in p.reservations:
+                o = self.outcomes[r.job_id]
+                if o.first_estimate is None:
+                    o.first_estimate = r.start
+            for s in p.starts:
+                j = self.outcomes[s.job_id].job
+                gpus = self.gpus_on[j.id][s.pool]
+                if capped and self._load(j.account) + gpus > self.guarantees.get(j.account, 0):
+                    continue  # the ledger refuses it: the round's earlier starts reached the cap
+                units = self.model_of[s.pool].units(j.workers, j.gpus_per_worker)
+                self.free[s.pool] -= units
+                assert self.free[s.pool] >= 0, "the planner over-committed a pool"
+                borrowed = borrowing and self._load(j.account) + gpus > self.guarantees.get(j.account, 0)
+                self._start(j, s.pool, units, now, borrowed=borrowed)
+                self.waiting[j.account].remove(j)
+            if borrowing:
+                self._reclaim_round(now, {r.job_id: r.start for r in p.reservations})
+        end = self.horizon if self.horizon is not None else now
+        for jid in self.running:  # still running at the horizon
+            o = self.outcomes[jid]
+            start = self.started_at[jid]
+            self._charge(o.job.account, o.held_gpus * (end - start), start, end, end)
+        return SimResult(policy=self.policy, outcomes=list(self.outcomes.values()), busy_gpu_seconds=self.busy,
+                         window=self.win, total_gpus=sum(p.gpus for p in self.pools),
+                         usage_by_account=dict(self.window_usage), shares=self.shares, rounds=self.rounds,
+                         evictions=self.evictions, reclaim_starts=self.reclaim_starts,
+                         lost_in_window_gpu_seconds=self.lost_in_window, eviction_log=self.eviction_log,
+                         used_gpu_seconds=self.used, spans=self.spans)
+
+
 def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,
-             policy: str = "reservation", depth: int = 8, half_life_s: float = 7 * 86400,
+             policy: str = RESERVATION, depth: int = 8, half_life_s: float = 7 * 86400,
              fairshare_every_s: float = 300, per_account: int = 32, max_examined: int = 2000,
-             horizon: float | None = None, window: tuple[float, float] | None = None) -> SimResult:
+             horizon: float | None = None, window: tuple[float, float] | None = None,
+             guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim()) -> SimResult:
     """Replay ``trace`` (sorted by arrival) and return what happened to every job.
 
     ``per_account`` bounds how many of one account's waiting jobs a round looks at (the
     gateway's look-past bound); ``horizon`` stops the clock (default: when all is done).
+    ``guarantees`` (GPUs per account) is what ``hard-caps`` caps at and ``borrow`` borrows
+    beyond; ``reclaim`` sets how ``borrow`` stops borrowed work.
     """
-    models = [p.model() for p in pools]
-    by_name = {p.name: p for p in pools}
-    tree = {a: (None, s) for a, s in shares.items()}
-    outcomes = {j.id: JobOutcome(j) for j in trace}
-    waiting: dict[str, collections.deque[TraceJob]] = collections.defaultdict(collections.deque)
-    free = {m.name: m.total_units for m in models}
-    running: dict[str, tuple[str, int, float]] = {}  # job id -> (pool, units, expected end)
-    events: list[tuple[float, int, str, str]] = []
-    seq = 0
-    for j in trace:
-        events.append((j.arrival, seq, "arrive", j.id))
-        seq += 1
-    heapq.heapify(events)
-    # Decayed usage kept as of a fixed epoch t0: a charge at t adds gpu_s * 2^((t - t0) / h),
-    # and the value at `now` is that sum times 2^(-(now - t0) / h). O(1) per charge.
-    t0 = trace[0].arrival if trace else 0.0
-    grown: dict[str, float] = collections.defaultdict(float)
-    window_usage: dict[str, float] = collections.defaultdict(float)
-    win = window or ((trace[0].arrival, trace[-1].arrival) if trace else (0.0, 0.0))
-    busy = 0.0
-    factors: dict[str, float] = {}
-    factors_at = -math.inf
-    rounds = 0
-    decay = math.log(2) / half_life_s
-
-    def charge(account: str, gpu_s: float, start: float, end: float, now: float) -> None:
-        nonlocal busy
-        grown[account] += gpu_s * math.exp(decay * (now - t0))
-        lo, hi = max(start, win[0]), min(end, win[1])
-        if hi > lo:
-            part = gpu_s * (hi - lo) / (end - start) if end > start else 0.0
-            busy += part
-            window_usage[account] += part
-
-    def refresh_factors(now: float) -> None:
-        nonlocal factors, factors_at
-        k = math.exp(-decay * (now - t0))
-        own = {a: v * k for a, v in grown.items()}
-        for jid, (pool, units, _end) in running.items():  # running usage so far, as accrual does
-            o = outcomes[jid]
-            own[o.job.account] = own.get(o.job.account, 0.0) + o.held_gpus * (now - o.start)
-        fs = compute_fairshare(tree, own)
-        factors = {a: f.factor for a, f in fs.items()}
-        factors_at = now
-
-    eligible: dict[str, tuple[str, ...]] = {}
-    for j in trace:  # never-fits, as routing applies it
-        eligible[j.id] = tuple(p.name for p, m in zip(pools, models) if p.kind in j.kinds
-                               and j.storages <= p.storages and j.gpus_per_worker <= p.gpus_per_node
-                               and m.units(j.workers, j.gpus_per_worker) <= m.total_units)
-
-    def candidates(now: float) -> Iterator[Candidate]:
-        for account in sorted((a for a, q in waiting.items() if q), key=lambda a: (-factors.get(a, 0.0), a)):
-            for n, j in enumerate(waiting[account]):
-                if n >= per_account:
-                    break
-                names = eligible[j.id]
-                yield Candidate(j.id, j.workers, j.gpus_per_worker, j.time_limit_s, names,
-                                "" if names else "fits no pool")
-
-    now = 0.0
-    while events:
-        now = events[0][0]
-        if horizon is not None and now > horizon:
-            break
-        while events and events[0][0] == now:
-            _, _, kind, jid = heapq.heappop(events)
-            o = outcomes[jid]
-            if kind == "arrive":
-                waiting[o.job.account].append(o.job)
-            else:  # end
-                pool, units, _ = running.pop(jid)
-                free[pool] += units
-                o.end = now
-                charge(o.job.account, o.held_gpus * (now - o.start), o.start, now, now)
-        if now - factors_at >= fairshare_every_s:
-            refresh_factors(now)
-        rounds += 1
-        releases = [Release(pool, units, end) for pool, units, end in running.values()]
-        p = plan(now=now, pools=models, free_now=free, releases=releases, candidates=candidates(now),
-                 depth=depth, policy=policy, max_examined=max_examined)
-        for r in p.reservations:
-            o = outcomes[r.job_id]
-            if o.first_estimate is None:
-                o.first_estimate = r.start
-        for s in p.starts:
-            o = outcomes[s.job_id]
-            j = o.job
-            pool = by_name[s.pool]
-            units = pool.model().units(j.workers, j.gpus_per_worker)
-            free[s.pool] -= units
-            assert free[s.pool] >= 0, "the planner over-committed a pool"
-            o.pool, o.start = s.pool, now
-            o.held_gpus = units * pool.gpus_per_node if pool.node_exclusive else units
-            if o.first_estimate is None:
-                o.first_estimate = now
-            running[j.id] = (s.pool, units, now + j.time_limit_s)
-            waiting[j.account].remove(j)
-            heapq.heappush(events, (now + min(j.run_s, j.time_limit_s), seq, "end", j.id))
-            seq += 1
-    end = horizon if horizon is not None else now
-    for jid, (pool, units, _) in running.items():  # still running at the horizon
-        o = outcomes[jid]
-        charge(o.job.account, o.held_gpus * (end - o.start), o.start, end, end)
-    return SimResult(policy=policy, outcomes=list(outcomes.values()), busy_gpu_seconds=busy,
-                     window=win, total_gpus=sum(p.gpus for p in pools), usage_by_account=dict(window_usage),
-                     shares=dict(shares), rounds=rounds)
+    return _Replay(trace, pools, shares, policy=policy, depth=depth, half_life_s=half_life_s,
+                   fairshare_every_s=fairshare_every_s, per_account=per_account, max_examined=max_examined,
+                   horizon=horizon, window=window, guarantees=guarantees, reclaim=reclaim).run()
