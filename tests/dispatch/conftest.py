@@ -166,3 +166,15 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
                 "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
         custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", body)
         CREATED.append((ns, pod, path))
+    # kwok learns of a Logs object through its watch: on a loaded machine it can answer the
+    # first pods/log reads before it has (a 404, which the gateway rightly calls "no output
+    # yet"). The stand-in is in place only once the API server serves it.
+    for worker, pod in pods.items():
+        want, seen, deadline = "".join(f"{line}\n" for line in lines(worker)), None, time.monotonic() + 30
+        while seen != want:
+            assert time.monotonic() < deadline, f"kwok never served the stand-in log of {ns}/{pod}: {seen!r}"
+            try:
+                seen = core.read_namespaced_pod_log(pod, ns, container="worker")
+            except Exception as exc:  # noqa: BLE001  (kwok has not seen the Logs object yet)
+                seen = repr(exc)[:200]
+                time.sleep(0.3)

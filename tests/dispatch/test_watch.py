@@ -250,6 +250,13 @@ def _preempt_and_check(gw):
     assert abs(charged - 32 * (run1 + run2)) <= 2 * 32, (charged, run1, run2)
     whole = (_t(done["ended_at"]) - _t(first.data["started_at"])).total_seconds()
     assert charged < 32 * (whole - waited + 2), (charged, whole, waited)  # the wait was not charged
+    # Kueue's own preemption is an attempt of its own (docs/recovery.md, "Backend preemption"),
+    # charged as its run was; the same Kueue Job ran the next attempt.
+    job = gw.client.get(f"/v1/jobs/{low}", headers=h).json()
+    (attempt,) = job["attempts"]
+    assert job["attempt"] == 2 and attempt["outcome"] == "preempted", job
+    assert attempt["backend_job_id"] == job["backend_job_id"] and attempt["reason"].startswith("requeued by"), attempt
+    assert abs(attempt["charged_gpu_hours"] * 3600 - 32 * run1) <= 2 * 32, (attempt, run1)
 
 
 def _t(value):
