@@ -33,8 +33,7 @@ if [[ -d "$STATE/node" ]]; then
   awk '{print $2}' /proc/mounts | grep -E "^($node_dir|$NODE_RUN|/run/netns/cni-)" | sort -r \
     | while read -r m; do umount -l "$m" 2>/dev/null || true; done
 fi
-ip -o addr show dev lo 2>/dev/null | grep -q " ${ISTHMUS_KUBE_NODE_IP:-10.246.0.1}/" \
-  && ip addr del "${ISTHMUS_KUBE_NODE_IP:-10.246.0.1}/32" dev lo 2>/dev/null || true
+ip addr del "${ISTHMUS_KUBE_NODE_IP:-10.246.0.1}/32" dev lo 2>/dev/null || true  # absent: nothing to do
 rm -f "$STATE/node.env"
 
 for name in kwok kueue kube-scheduler kube-controller-manager kube-apiserver etcd; do

@@ -151,17 +151,21 @@ cat > "$N/cni/10-isthmus.conflist" <<JSON
   {"type": "bridge", "bridge": "isthmus-cni0", "isGateway": true, "ipMasq": false,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_SUBNET"}]], "dataDir": "$N/cni-ipam"}}]}
 JSON
-ip -o addr show dev lo | grep -q " $NODE_IP/" || ip addr add "$NODE_IP/32" dev lo
+# Never `cmd | grep -q` under pipefail: grep exits at its first match, and the writer's SIGPIPE
+# fails the pipeline (it did, in a CI run: an image "not in containerd" that was there).
+lo_addrs=$(ip -o addr show dev lo)
+grep -q " $NODE_IP/" <<< "$lo_addrs" || ip addr add "$NODE_IP/32" dev lo
 start containerd containerd --config "$N/containerd.toml"
 wait_until "containerd" ctr -a "$SOCK" version
 ctrk() { ctr -a "$SOCK" -n k8s.io "$@"; }
+has_image() { local refs; refs=$(ctrk images ls -q); grep -qx -- "$1" <<< "$refs"; }
 for tar in "$PAUSE_TAR" "$IMAGE_TAR"; do
   ref=$([[ $tar == "$PAUSE_TAR" ]] && echo "$PAUSE_IMAGE" || echo "$IMAGE")
-  if ! ctrk images ls -q | grep -qx "$ref"; then
+  if ! has_image "$ref"; then
     say "importing $ref into containerd"
     ctrk images import --no-unpack=false "$tar" > /dev/null
   fi
-  ctrk images ls -q | grep -qx "$ref" || { say "$ref is not in containerd after the import"; exit 1; }
+  has_image "$ref" || { say "$ref is not in containerd after the import"; exit 1; }
 done
 
 # ---------------------------------------------------------------------------- kubelet
