@@ -19,7 +19,6 @@ from fastapi import (
 )
 from fastapi.responses import StreamingResponse
 
-from gateway.domain.preempt import Running, at_risk_gpu_hours
 from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
 from gateway.jobs import admission, checkpoints, preemption, repository, service
 from gateway.models.jobs import Job
@@ -67,20 +66,8 @@ def to_out(job: Job) -> JobOut:
         ended_at=as_utc(job.ended_at), cancel_requested_at=as_utc(job.cancel_requested_at),
         job_set_id=job.job_set_id, array_index=job.array_index, parameters=spec.get("parameters"),
         mounts=spec.get("mounts") or None, attempt=job.attempt or 1, borrowed=job.borrowed,
-        checkpoint_at=as_utc(job.checkpoint_at), gpu_hours_at_risk=_at_risk(job), **_estimate(job),
+        checkpoint_at=as_utc(job.checkpoint_at), gpu_hours_at_risk=checkpoints.at_risk(job), **_estimate(job),
     )
-
-
-def _at_risk(job: Job) -> float | None:
-    """A running job's GPU-hours since its last checkpoint (or start): the rule reclaim uses."""
-    if job.state != JobState.RUNNING.value or job.started_at is None:
-        return None
-    started = as_utc(job.started_at).timestamp()
-    checkpoint = as_utc(job.checkpoint_at)
-    running = Running(id=job.id, account=job.account_name, pool=job.pool or "", gpus=job.held_gpus or job.total_gpus,
-                      nodes=job.workers, borrowed=bool(job.borrowed), started_at=started,
-                      checkpoint_at=checkpoint.timestamp() if checkpoint else None)
-    return round(at_risk_gpu_hours(running, utcnow().timestamp()), 4)
 
 
 def with_checkpoint_dir(out: JobOut, job: Job, request: Request) -> JobOut:

@@ -26,15 +26,29 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.domain.preempt import Running, at_risk_gpu_hours
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, Unauthorized
+from gateway.kit.timeutil import as_utc, utcnow
 from gateway.models.jobs import GatewaySecret, Job, JobAttempt, JobEvent
 
 SECRET_NAME = "job-credential-key"
 PREFIX = "ijt1"
 TOKEN = re.compile(r"ijt1\.([0-9A-Za-z-]{1,36})\.([0-9]{1,4})\.([A-Za-z0-9_-]{43})")
 KIND = "checkpoint"  # the kind of the job's checkpoint events
+
+
+def at_risk(job: Job) -> float | None:
+    """A running job's GPU-hours since its last checkpoint report (or its start): what reclaim
+    counts (gateway/domain/preempt.py), for the API and the job's page. None when not running."""
+    if job.state != JobState.RUNNING.value or job.started_at is None:
+        return None
+    checkpoint = as_utc(job.checkpoint_at)
+    running = Running(id=job.id, account=job.account_name, pool=job.pool or "", gpus=job.held_gpus or job.total_gpus,
+                      nodes=job.workers, borrowed=bool(job.borrowed), started_at=as_utc(job.started_at).timestamp(),
+                      checkpoint_at=checkpoint.timestamp() if checkpoint else None)
+    return round(at_risk_gpu_hours(running, utcnow().timestamp()), 4)
 
 
 class JobCredentials:

@@ -33,7 +33,7 @@ from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.identity.authn import InvalidToken
 from gateway.identity.dependency import note_seen
 from gateway.identity.principal import Principal
-from gateway.jobs import repository as jobs_repo, service as jobs
+from gateway.jobs import checkpoints, preemption, repository as jobs_repo, service as jobs
 from gateway.models.jobs import Job
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
@@ -239,6 +239,8 @@ def job_page(request: Request, job_id: str, partial: str = ""):
         ctx = {"job": job, "spec": spec_of(job, session), "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
                "checkpoint_dir": checkpoint_dir_of(job, getattr(request.app.state, "storage", None)),
                "attempts": jobs.attempts_of(session, job.id) if job.attempt > 1 else [],
+               "at_risk": checkpoints.at_risk(job),
+               "preemption": preemption.current(session, job) if job.borrowed else None,
                "events": [{"at": e.at, "kind": e.kind, "actor": e.actor, "from": e.from_state,
                            "to": e.to_state, "reason": e.reason} for e in events]}
         return render(request, "job_live.html" if partial == "live" else "job.html", ctx, principal=principal)

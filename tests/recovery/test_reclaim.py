@@ -33,6 +33,7 @@ from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, wired_gateway
 from tests.jobs.live import free_port, served
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
+from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 
@@ -157,6 +158,12 @@ def test_a_guaranteed_gang_reclaims_the_borrowed_job_with_least_progress_at_risk
     assert chosen["preemptor_id"] == a1["id"] and chosen["preemptor_account"] == "team-a", chosen
     for j in (a0, b_never, b_young):
         assert get(gw, j)["preemption"] is None, j["name"]
+    # The victim's page says so: borrowed, what is at risk since its report, and why it stops.
+    page = page_as(gw, gw.headers("bob", ("team-b",)), f"/ui/jobs/{b_reports['id']}")
+    assert 'id="borrowed"' in page and "since its last checkpoint report" in page, page
+    assert "Being preempted: preempted: chosen to stop so that team-a&#39;s job" in page, page
+    page = page_as(gw, gw.headers("alice", ("team-a",)), f"/ui/jobs/{a0['id']}")
+    assert 'id="borrowed"' not in page and "since it started (no checkpoint reported)" in page, page
     waiting = [e["reason"] for e in events(gw, a1) if e["kind"] == "waiting"]
     assert waiting[0].startswith(
         "reclaiming borrowed GPUs to start team-a's gang (8 GPUs) within its guarantee on slurm-24: stops 1 borrowed "
