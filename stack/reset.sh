@@ -42,6 +42,27 @@ fi
 bash stack/down.sh >/dev/null 2>&1
 bash stack/postgres.sh down >/dev/null 2>&1
 
+# Daemons of this checkout's path that down.sh did not know of: an earlier clone at the same
+# path whose .stack/ (with its PID files) is gone, or a down.sh that stopped half-way. Left
+# running, they hold the stack's ports and the next up.sh talks to them (a CI run once found
+# an old kube-apiserver on its port and waited for CRDs that were never its own).
+stale() {
+  local f pid c
+  for f in /proc/[0-9]*/cmdline; do
+    pid=${f#/proc/}; pid=${pid%/cmdline}
+    [ "$pid" = $$ ] && continue
+    c=$(tr '\0' ' ' < "$f" 2>/dev/null) || continue
+    case $c in *"$REPO/.stack/"*) echo "$pid" ;; esac
+  done
+}
+pids=$(stale)
+if [ -n "$pids" ]; then
+  log "stopping this checkout's leftover daemons: $(echo $pids)"
+  kill $pids 2>/dev/null
+  for _ in $(seq 1 50); do [ -n "$(stale)" ] || break; sleep 0.2; done
+  pids=$(stale); [ -z "$pids" ] || kill -9 $pids 2>/dev/null
+fi
+
 # The Postgres cluster may live outside the checkout (stack/postgres.sh: /var/tmp/...).
 if [ -L .stack/postgres ]; then
   target=$(readlink -f .stack/postgres)

@@ -30,7 +30,9 @@ stop_pid containerd
 # Mounts the kubelet and containerd left (pod volumes, sandbox rootfs, netns); deepest first.
 if [[ -d "$STATE/node" ]]; then
   node_dir="$(cd -P "$STATE/node" && pwd)"
-  awk '{print $2}' /proc/mounts | grep -E "^($node_dir|$NODE_RUN|/run/netns/cni-)" | sort -r \
+  # grep finds none once the node has no pod left: not a failure (set -e + pipefail stopped
+  # this script here once, leaving the API server, Kueue and kwok running).
+  awk '{print $2}' /proc/mounts | { grep -E "^($node_dir|$NODE_RUN|/run/netns/cni-)" || true; } | sort -r \
     | while read -r m; do umount -l "$m" 2>/dev/null || true; done
 fi
 ip addr del "${ISTHMUS_KUBE_NODE_IP:-10.246.0.1}/32" dev lo 2>/dev/null || true  # absent: nothing to do
