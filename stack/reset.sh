@@ -51,7 +51,7 @@ stale() {
   for f in /proc/[0-9]*/cmdline; do
     pid=${f#/proc/}; pid=${pid%/cmdline}
     [ "$pid" = $$ ] && continue
-    c=$(tr '\0' ' ' < "$f" 2>/dev/null) || continue
+    c=$(tr '\0' ' ' 2>/dev/null < "$f") || continue
     case $c in *"$REPO/.stack/"*) echo "$pid" ;; esac
   done
 }

@@ -33,7 +33,7 @@ from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, wired_gateway
 from tests.jobs.live import free_port, served
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
-from tests.ui.test_pages import page_as
+from tests.ui.test_pages import SECRET as UI_SECRET, page_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
 
@@ -90,7 +90,8 @@ def gw(five_pools, root, dev_key_path, tmp_path_factory):  # noqa: F811  (five_p
     port = free_port()
     with postgres_database(migrated=True) as url, \
             wired_gateway(url, dev_key_path, {}, pools_file=str(path), preempt_min_runtime_s=MIN_RUNTIME_S,
-                          preempt_grace_s=GRACE_S, job_api_url=f"http://127.0.0.1:{port}") as gw, \
+                          preempt_grace_s=GRACE_S, job_api_url=f"http://127.0.0.1:{port}",
+                          ui_session_secret=UI_SECRET) as gw, \
             served(gw.app, port=port):
         gw.admin = gw.headers("root", admin=True)
         r = gw.client.put("/v1/admin/accounts/team-a/quota", json={"guaranteed_gpus": 16}, headers=gw.admin)
