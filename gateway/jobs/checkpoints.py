@@ -1,7 +1,7 @@
 """Checkpoints reported by the job (docs/recovery.md, "Checkpoint reports").
 
-A job says "checkpoint committed" with ``POST /v1/jobs/{id}/checkpoints`` (or ``isthmus
-checkpoint`` inside the job). It authenticates with a **job credential** the gateway puts in
+A job says "checkpoint committed" with ``POST /v1/jobs/{id}/checkpoints`` from inside the
+job (docs/recovery.md has a ten-line Python helper; the nodes need no gateway client). It authenticates with a **job credential** the gateway puts in
 its environment (``ISTHMUS_JOB_TOKEN``): good for that call of that job's current attempt
 only, never for anything else (the API's token validation does not know it). The credential
 is ``ijt1.<job id>.<attempt>.<HMAC-SHA256 of both>``, keyed by a secret the gateway makes
