@@ -207,6 +207,11 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
         "completions": request.workers,
         "parallelism": request.workers,
         "backoffLimit": settings.backoff_limit,
+        # A worker its node took down fails the Job at once, and the Job's own condition says so
+        # (reason PodFailurePolicy, naming DisruptionTarget): the pod of a deleted node is gone
+        # by the time anyone looks, the Job's status is not (docs/recovery.md).
+        "podFailurePolicy": {"rules": [{"action": "FailJob", "onPodConditions": [
+            {"type": "DisruptionTarget", "status": "True"}]}]},
         "template": {"metadata": {"labels": labels, "annotations": dict(annotations)}, "spec": pod_spec},
     }
     if request.time_limit_s and request.time_limit_s > 0:

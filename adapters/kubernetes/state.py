@@ -53,10 +53,15 @@ def exit_code_of(pods: Sequence[Obj]) -> int | None:
     return nonzero[0] if nonzero else (0 if codes else None)
 
 
-def failure_of(pods: Sequence[Obj]) -> str:
+def failure_of(pods: Sequence[Obj], failed: Obj | None = None) -> str:
     """``NODE_FAILURE`` when a worker was taken down by its node, not by its own doing: the
     pod carries the ``DisruptionTarget`` condition (node lost and its pods garbage-collected,
-    a taint eviction, the kubelet's node-pressure or shutdown termination, an API eviction)."""
+    a taint eviction, the kubelet's node-pressure or shutdown termination, an API eviction),
+    or, once such a pod is gone, the Job's failure condition ``failed`` says that its pod
+    failure policy's DisruptionTarget rule failed it (render.py)."""
+    if failed is not None and failed.get("reason") == "PodFailurePolicy" \
+            and "DisruptionTarget" in str(failed.get("message") or ""):
+        return NODE_FAILURE
     for pod in pods:
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
@@ -107,7 +112,7 @@ def derive_status(job: Obj, workload: Obj | None, pods: Sequence[Obj]) -> JobSta
         ended = parse_time(c.get("lastTransitionTime"))
         return JobStatus(**base, state=BackendState.FAILED, reason=_msg(c, "Failed"), exit_code=exit_code_of(pods),
                          started_at=started_at, ended_at=ended, nodes=ran_on,
-                         failure=TIME_LIMIT if c.get("reason") == "DeadlineExceeded" else failure_of(pods))
+                         failure=TIME_LIMIT if c.get("reason") == "DeadlineExceeded" else failure_of(pods, c))
     if workload is None:
         return JobStatus(**base, state=BackendState.QUEUED, reason="waiting for Kueue to create the Workload")
     if c := _true(wc, "Finished"):

@@ -102,3 +102,12 @@ def test_a_failure_says_whether_a_node_or_the_clock_ended_it():
     assert s.failure == "time_limit"
     s = derive_status(job([c("Failed", reason="BackoffLimitExceeded", t=T2)]), None, [pod("Failed", code=3)])
     assert s.failure == "" and s.exit_code == 3
+    # The pod of a deleted node is gone by the time anyone looks: the Job's own condition,
+    # from the DisruptionTarget rule of the pod failure policy the adapter renders, says it.
+    gone = c("Failed", reason="PodFailurePolicy", t=T2)
+    gone["message"] = "Pod ns/p-0-x has condition DisruptionTarget matching FailJob rule at index 0"
+    s = derive_status(job([gone]), None, [])
+    assert s.state is BackendState.FAILED and s.failure == "node_failure"
+    other = c("Failed", reason="PodFailurePolicy", t=T2)
+    other["message"] = "Container worker for pod ns/p-0-x failed with exit code 3 matching FailJob rule at index 1"
+    assert derive_status(job([other]), None, []).failure == ""
