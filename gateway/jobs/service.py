@@ -24,7 +24,7 @@ from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.accounts.tree import subtree_names, up_cte
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
-from gateway.models.jobs import IdempotencyKey, Job, JobAttempt, JobEvent
+from gateway.models.jobs import IdempotencyKey, Job, JobAttempt, JobEvent, WaitingCount
 from gateway.domain.shapes import parse_duration_s
 from gateway.jobs.schemas import JobSpec
 from gateway.domain.states import JobState, check_transition
@@ -534,9 +534,14 @@ class SubmitCaps:
 # waiting to run, and an array's tasks count one each).
 WAITING_STATES = tuple(s.value for s in (JobState.BLOCKED, JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED))
 
-_JOB_C = Job.__table__.c
 _KEY_C = IdempotencyKey.__table__.c
-_WAITING = _JOB_C.state.in_(WAITING_STATES)
+_WC = WaitingCount.__table__.c
+
+
+def _waiting(*where):
+    """How many jobs wait to start, summed from the counters the triggers keep (migration
+    0014waiting): a few rows per account and user, whatever the history or the queue."""
+    return select(func.coalesce(func.sum(_WC.n), 0)).where(*where).scalar_subquery()
 
 
 def _count_upto(table, limit, *where):
@@ -558,10 +563,8 @@ _CAP_READ = (
            AccountQuota.max_gpus,
            select(literal(1)).where(AccountPoolQuota.account_name == _CAP_UP.c.name,
                                     AccountPoolQuota.max_gpus.is_not(None)).exists().label("has_pool_limits"),
-           _count_upto(Job.__table__, bindparam("cap_user"), _JOB_C.username == bindparam("username"), _WAITING)
-           .label("n_user"),
-           _count_upto(Job.__table__, bindparam("cap_account"), _JOB_C.account_name == bindparam("leaf"), _WAITING)
-           .label("n_account"),
+           _waiting(_WC.username == bindparam("username")).label("n_user"),
+           _waiting(_WC.account_name == bindparam("leaf")).label("n_account"),
            _count_upto(IdempotencyKey.__table__, bindparam("cap_keys"), _KEY_C.subject == bindparam("subject"),
                        _KEY_C.created_at > bindparam("keys_since")).label("n_keys"))
     .select_from(_CAP_UP.outerjoin(AccountQuota, AccountQuota.account_name == _CAP_UP.c.name))
@@ -590,8 +593,11 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
                with_key: bool, now=None, adding: int = 1) -> list[Any]:
     """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15).
 
-    One round trip unless an admin set a cap on the account or an ancestor (then two);
-    each count is an index range scan stopped at the cap. ``adding`` jobs are about to be
+    One round trip unless an admin set a cap on the account or an ancestor (then two).
+    The pending counts are read from ``waiting_count``, which triggers keep in each writer's
+    transaction (issue #32): a few rows per account and user, so the cost does not grow
+    with the jobs that wait or with history. The idempotency-key count is an index range
+    scan stopped at its cap. ``adding`` jobs are about to be
     written (an array's tasks). On Postgres one more statement first takes the user's and
     the account tree's advisory locks (``_CAP_LOCK``), held to the end of the transaction:
     concurrent submissions are counted one after another and never pass a cap together.
@@ -624,14 +630,13 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
                             f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {hint}")
     checks: list[tuple[Any, int, str]] = []
     for i, row in enumerate(chain):
-        in_subtree = _JOB_C.account_name.in_(subtree_names(row.name, name=f"cap_sub_{i}"))  # caps the subtree
+        in_subtree = _WC.account_name.in_(subtree_names(row.name, name=f"cap_sub_{i}"))  # caps the subtree
         if row.max_queued_jobs is not None:
-            checks.append((_count_upto(Job.__table__, row.max_queued_jobs, in_subtree, _WAITING), row.max_queued_jobs,
+            checks.append((_waiting(in_subtree), row.max_queued_jobs,
                            f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of {row.name}); "
                            f"{hint}"))
         if row.max_queued_jobs_per_user is not None:
-            checks.append((_count_upto(Job.__table__, row.max_queued_jobs_per_user, in_subtree, _WAITING,
-                                       _JOB_C.username == username), row.max_queued_jobs_per_user,
+            checks.append((_waiting(in_subtree, _WC.username == username), row.max_queued_jobs_per_user,
                            f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
                            f"(max_queued_jobs_per_user of {row.name}); {hint}"))
     if checks:

@@ -5,7 +5,7 @@ Importing the package imports every model module, so ``Base.metadata`` is comple
 """
 
 from gateway.models.accounts import Account, AccountMember, AccountPoolQuota, AccountQuota  # noqa: F401
-from gateway.models.jobs import GatewaySecret, IdempotencyKey, Job, JobAttempt, JobEvent, JobPreemption  # noqa: F401
+from gateway.models.jobs import GatewaySecret, IdempotencyKey, Job, JobAttempt, JobEvent, JobPreemption, WaitingCount  # noqa: F401
 from gateway.models.flows import JobDependency, JobSet  # noqa: F401
 from gateway.models.identity import MembershipSeen  # noqa: F401
 from gateway.kit.db import Base  # noqa: F401

@@ -21,7 +21,7 @@ class Job(Base):
         # (gateway/dispatch/claim.py pending_order); also serves the distinct-account scan.
         Index("ix_job_queue", "state", "account_name", text("priority DESC"), "id"),
         Index("ix_job_account_id", "account_name", "id"),
-        # A user's waiting jobs, counted (up to the cap) at each submit (jobs/service.py).
+        # A user's jobs by state (the caps read waiting_count instead, issue #32).
         Index("ix_job_user_state", "username", "state", "account_name"),
         # A set's tasks by state (summary, max_running, the next blocked task to release).
         Index("ix_job_set_state", "job_set_id", "state", "array_index"),
@@ -179,6 +179,19 @@ class IdempotencyKey(Base):
     request_hash: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[str] = mapped_column(String(36), ForeignKey("job.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WaitingCount(Base):
+    """How many jobs of an account and POSIX user wait to start (``WAITING_STATES`` of
+    gateway/jobs/service.py), kept by triggers on ``job`` in the same transaction as each
+    change (migration 0014waiting). The submission caps read it instead of counting jobs."""
+
+    __tablename__ = "waiting_count"
+    __table_args__ = (Index("ix_waiting_count_username", "username"),)
+
+    account_name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    username: Mapped[str] = mapped_column(String(32), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
 # The job table's foreign key to job_set needs that table in the same metadata.
