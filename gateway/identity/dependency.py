@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gateway.identity.authn import InvalidToken
@@ -18,19 +19,28 @@ JOB_CREDENTIAL_SCOPE_KEY = "isthmus.job_credential"
 bearer = HTTPBearer(auto_error=False, description="OIDC access token (or a dev token in dev mode)")
 
 
-def get_principal(request: Request,
-                  credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
-    # Requests with a body were authenticated by BodyLimitMiddleware before it was read.
+async def get_principal(request: Request,
+                        credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    """The caller. Async so that the common case costs no hop to the thread pool (issue #32):
+    a request with a body was authenticated by BodyLimitMiddleware before it was read, and the
+    seen-accounts record writes only when due. Validating a token (which may fetch the
+    issuer's keys) and that write run in the thread pool."""
     principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if principal is None:
-        if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
-            raise Unauthorized("missing bearer token", error="")
-        try:
-            principal = request.app.state.authenticator.authenticate(credentials.credentials)
-        except InvalidToken as exc:
-            raise Unauthorized(str(exc)) from None
-    note_seen(request, principal)
+        principal = await run_in_threadpool(_authenticate, request, credentials)
+    recorder = getattr(request.app.state, "membership_seen", None)
+    if recorder is not None and recorder.due(principal):
+        await run_in_threadpool(recorder.seen, principal)
     return principal
+
+
+def _authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise Unauthorized("missing bearer token", error="")
+    try:
+        return request.app.state.authenticator.authenticate(credentials.credentials)
+    except InvalidToken as exc:
+        raise Unauthorized(str(exc)) from None
 
 
 def note_seen(request: Request, principal: Principal) -> None:
@@ -40,7 +50,7 @@ def note_seen(request: Request, principal: Principal) -> None:
         recorder.seen(principal)
 
 
-def require_admin(principal: Principal = Depends(get_principal)) -> Principal:
+async def require_admin(principal: Principal = Depends(get_principal)) -> Principal:
     if not principal.is_admin:
         raise Forbidden("this operation needs the admin role")
     return principal
@@ -49,14 +59,14 @@ def require_admin(principal: Principal = Depends(get_principal)) -> Principal:
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 
 
-def get_principal_or_job(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
-                         ) -> Principal | tuple[str, int]:
+async def get_principal_or_job(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+                               ) -> Principal | tuple[str, int]:
     """The checkpoint call's caller: a job credential (job id, attempt) checked by the body
     middleware, else a principal as everywhere."""
     credential = request.scope.get(JOB_CREDENTIAL_SCOPE_KEY)
     if credential is not None:
         return credential
-    return get_principal(request, credentials)
+    return await get_principal(request, credentials)
 
 
 PrincipalOrJob = Annotated[Principal | tuple[str, int], Depends(get_principal_or_job)]

@@ -40,6 +40,11 @@ class MembershipSeenRecorder:
         self._lock = threading.Lock()
         self._written: dict[str, tuple[frozenset[str], float]] = {}
 
+    def due(self, principal: Principal) -> bool:
+        """Whether :meth:`seen` would write now (cheap: no database; the caller may skip it)."""
+        last = self._written.get(principal.subject)
+        return last is None or last[0] != held(principal) or time.monotonic() - last[1] >= self.write_every_s
+
     def seen(self, principal: Principal) -> None:
         """Note an authenticated request; writes only when due (never raises)."""
         accounts = held(principal)

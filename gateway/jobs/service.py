@@ -615,8 +615,8 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
     # Without a key, "since" is in the future: the key count is an empty index probe.
     since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(_CAP_LOCK, {"leaf": account, "username": username})
-    chain = session.execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
+        session.connection().execute(_CAP_LOCK, {"leaf": account, "username": username})
+    chain = session.connection().execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
                                         "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
                                         "cap_keys": caps.keys_per_user, "keys_since": since}).all()
     if not chain:
@@ -630,6 +630,8 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
                             f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {hint}")
     checks: list[tuple[Any, int, str]] = []
     for i, row in enumerate(chain):
+        if row.max_queued_jobs is None and row.max_queued_jobs_per_user is None:
+            continue  # no admin-set cap here: no subtree to build (the common case)
         in_subtree = _WC.account_name.in_(subtree_names(row.name, name=f"cap_sub_{i}"))  # caps the subtree
         if row.max_queued_jobs is not None:
             checks.append((_waiting(in_subtree), row.max_queued_jobs,

@@ -1,0 +1,204 @@
+"""Submissions and reads as the registry grows (issue #32): an empty registry against one of
+1,000,000 jobs with 10,000 of them pending, both against the bare FastAPI reference, in one run.
+
+Usage: python bench/bench_submit_growth.py [--seconds 15] [--concurrency 32] [--repeats 3]
+       [--jobs 1000000] [--pending 10000] [--label NAME] [--no-write]
+
+Starts on loopback, on the benchmark Postgres (ISTHMUS_BENCH_POSTGRES_URL, else the test
+stack's): the gateway (`isthmus serve`, uvicorn, 2 workers, dev issuer) and the bare app
+(bench/bare_app.py, same server settings). The same compiled load generator (`hey`) drives
+both. For each registry size it measures, `repeats` times, interleaved with the bare app:
+- `POST /v1/jobs` from one user of one account, 32 closed-loop clients;
+- `GET /v1/jobs?limit=50` (that user's newest jobs), `GET /v1/jobs/{id}`,
+  `GET /v1/jobs/{id}/events`, and the admin usage report `GET /v1/admin/usage`.
+
+The registry is grown in SQL, documented here and in docs/benchmarks.md: copies of one job
+the API accepted (same spec, account team-a, user alice) with new ids, 1 event each, ended
+(succeeded) over the last 30 days for history, and `pending` more left pending. The submit
+caps are lifted (as bench/bench_api.py does) so the run measures their cost, not their 429s.
+Writes docs/benchmarks.md, section "growth" (or "growth-LABEL").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+from sqlalchemy import create_engine, text
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.bench_api import HEY, PG, SPEC, start  # noqa: E402
+from bench.common import BIN, REPO, free_port, machine, median, write_section  # noqa: E402
+
+
+def hey(url: str, token: str, *, seconds: float, concurrency: int, post: bool) -> dict:
+    cmd = [HEY, "-z", f"{seconds:g}s", "-c", str(concurrency), "-H", f"Authorization: Bearer {token}"]
+    if post:
+        cmd += ["-m", "POST", "-T", "application/json", "-d", json.dumps(SPEC)]
+    out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = {int(m.group(1)): float(m.group(2)) * 1e3 for m in re.finditer(r"(\d+)%+ in ([\d.]+) secs", out)}
+    codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
+    ok = sum(n for c, n in codes.items() if 200 <= c < 300)
+    return {"rps": rps, "p50": lat.get(50, float("nan")), "p99": lat.get(99, float("nan")),
+            "errors": sum(codes.values()) - ok}
+
+
+# Columns a copied job takes from its template; the rest are set by the growth SQL.
+_SET = {"id", "state", "created_at", "updated_at", "started_at", "ended_at", "state_reason"}
+
+
+def grow(url_db: str, template: str, *, history: int, pending: int) -> float:
+    """Grow the registry in SQL (documented in the module docstring); returns seconds taken."""
+    t0 = time.monotonic()
+    eng = create_engine(url_db)
+    with eng.begin() as c:
+        cols = [r[0] for r in c.execute(text(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'job' ORDER BY ordinal_position"))]
+        kept = [col for col in cols if col not in _SET]
+        names = ", ".join(kept + ["id", "state", "created_at", "updated_at", "started_at", "ended_at", "state_reason"])
+        copied = ", ".join(f"t.{col}" for col in kept)
+        for state, n, ended in (("succeeded", history, True), ("pending", pending, False)):
+            if n <= 0:
+                continue
+            when = "now() - (g * interval '2 seconds')"
+            c.execute(text(
+                f"INSERT INTO job ({names}) SELECT {copied}, gen_random_uuid()::text, :state, {when}, {when}, "
+                f"{when + ' + interval ' + chr(39) + '1 minute' + chr(39) if ended else 'NULL'}, "
+                f"{when + ' + interval ' + chr(39) + '1 hour' + chr(39) if ended else 'NULL'}, 'bench growth' "
+                f"FROM job t, generate_series(1, :n) g WHERE t.id = :template"),
+                {"state": state, "n": n, "template": template})
+        c.execute(text(
+            "INSERT INTO job_event (job_id, at, actor, kind, from_state, to_state, reason) "
+            "SELECT id, created_at, 'bench', 'state', NULL, state, 'bench growth' FROM job "
+            "WHERE state_reason = 'bench growth'"))
+    with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text("VACUUM ANALYZE"))
+    eng.dispose()
+    return time.monotonic() - t0
+
+
+def registry(url_db: str) -> tuple[int, int]:
+    eng = create_engine(url_db)
+    with eng.connect() as c:
+        total = c.execute(text("SELECT count(*) FROM job")).scalar()
+        waiting = c.execute(text("SELECT count(*) FROM job WHERE state = 'pending'")).scalar()
+    eng.dispose()
+    return total, waiting
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--read-seconds", type=float, default=5)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=1_000_000)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    db = f"isthmus_bench_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{db}"'))
+    url_db = PG.rsplit("/", 1)[0] + "/" + db
+    key = f"/tmp/{db}-dev.pem"
+    env = {**os.environ, "ISTHMUS_DATABASE_URL": url_db, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": key,
+           "ISTHMUS_LOG_LEVEL": "warning",
+           "ISTHMUS_MAX_PENDING_JOBS_PER_USER": "10000000", "ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT": "10000000"}
+    subprocess.run([str(BIN / "isthmus"), "migrate"], env=env, check=True, capture_output=True, cwd=REPO)
+
+    def token(*a: str) -> str:
+        return subprocess.run([str(BIN / "isthmus"), "token", *a, "--lifetime", "7200"], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    user, adm = token("--user", "alice", "--groups", "team-a"), token("--user", "root-admin", "--admin")
+    gport, bport = free_port(), free_port()
+    gw = start([str(BIN / "isthmus"), "serve", "--dev", "--port", str(gport), "--workers", str(args.workers)], env, gport)
+    bare = start([str(BIN / "uvicorn"), "bench.bare_app:app", "--port", str(bport), "--workers", str(args.workers),
+                  "--log-level", "warning", "--no-access-log"], env, bport)
+    g, b = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{bport}"
+    sizes: dict[str, dict] = {}
+    grow_s = 0.0
+    try:
+        import httpx
+        first = httpx.post(g + "/v1/jobs", json=SPEC, headers={"Authorization": f"Bearer {user}"}, timeout=30)
+        first.raise_for_status()
+        job = first.json()["id"]
+        for u in (g, b):  # warm-up
+            hey(u + "/v1/jobs", user, seconds=2, concurrency=8, post=True)
+        reads = {"list 50": (f"{g}/v1/jobs?limit=50", user), "one job": (f"{g}/v1/jobs/{job}", user),
+                 "events": (f"{g}/v1/jobs/{job}/events", user), "usage report": (f"{g}/v1/admin/usage", adm)}
+        for phase in ("empty", "grown"):
+            if phase == "grown":
+                total, waiting = registry(url_db)
+                grow_s = grow(url_db, job, history=max(0, args.jobs - args.pending - total),
+                              pending=max(0, args.pending - waiting))
+            res: dict[str, list[dict]] = {}
+            for _ in range(args.repeats):
+                for name, (u, tok, post, secs) in {"submit": (g + "/v1/jobs", user, True, args.seconds),
+                                                   "bare": (b + "/v1/jobs", user, True, args.seconds),
+                                                   **{k: (u, t, False, args.read_seconds) for k, (u, t) in reads.items()}
+                                                   }.items():
+                    r = hey(u, tok, seconds=secs, concurrency=args.concurrency, post=post)
+                    res.setdefault(name, []).append(r)
+                    print(f"{phase:5} {name:12} {r['rps']:7.1f} req/s p50 {r['p50']:7.1f} ms p99 {r['p99']:7.1f} ms "
+                          f"errors {r['errors']}", flush=True)
+            total, waiting = registry(url_db)
+            sizes[phase] = {"total": total, "pending": waiting,
+                            **{k: {m: median([x[m] for x in v]) for m in ("rps", "p50", "p99", "errors")}
+                               for k, v in res.items()}}
+    finally:
+        for p in (gw, bare):
+            p.terminate()
+            p.wait(10)
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        admin.dispose()
+
+    e, r = sizes["empty"], sizes["grown"]
+    rows = []
+    for k in ("submit", "list 50", "one job", "events", "usage report"):
+        what = "`POST /v1/jobs`" if k == "submit" else k
+        rows.append(f"| {what} | {e[k]['rps']:.0f} | {e[k]['p50']:.1f} / {e[k]['p99']:.1f} | {r[k]['rps']:.0f} | "
+                    f"{r[k]['p50']:.1f} / {r[k]['p99']:.1f} | {r[k]['rps'] / e[k]['rps']:.2f} |")
+    ratio_e, ratio_g = e["submit"]["rps"] / e["bare"]["rps"], r["submit"]["rps"] / r["bare"]["rps"]
+    label = f" ({args.label})" if args.label else ""
+    body = f"""## Submissions and reads as the registry grows{label} (issue #32)
+
+`python bench/bench_submit_growth.py --seconds {args.seconds:g} --concurrency {args.concurrency} --repeats {args.repeats} --jobs {args.jobs} --pending {args.pending}`
+({machine()}; uvicorn with {args.workers} workers for both servers; `hey` on the same machine; medians of {args.repeats}
+repeats, each {args.seconds:g} s for submissions and {args.read_seconds:g} s for reads, {args.concurrency} closed-loop clients;
+run {time.strftime('%Y-%m-%d')}; load average at the end {os.getloadavg()[0]:.1f}). Registry: empty = {e['total']:,} jobs
+({e['pending']:,} pending) at the end of its measurements; grown = {r['total']:,} jobs ({r['pending']:,} pending),
+grown in SQL in {grow_s:.0f} s (copies of one accepted job with new ids, one event each, history ended over the
+past days; see the module docstring). One user (alice, account team-a) submits and reads; its own history is the
+registry, the worst case for its lists.
+
+| | bare FastAPI, empty | bare FastAPI, grown | gateway submit, empty | gateway submit, grown |
+|---|---|---|---|---|
+| requests/s | {e['bare']['rps']:.0f} | {r['bare']['rps']:.0f} | {e['submit']['rps']:.0f} | {r['submit']['rps']:.0f} |
+| p50 / p99 (ms) | {e['bare']['p50']:.1f} / {e['bare']['p99']:.1f} | {r['bare']['p50']:.1f} / {r['bare']['p99']:.1f} | {e['submit']['p50']:.1f} / {e['submit']['p99']:.1f} | {r['submit']['p50']:.1f} / {r['submit']['p99']:.1f} |
+| gateway / bare | | | **{ratio_e:.3f}** | **{ratio_g:.3f}** |
+
+Grown against empty, submissions: **{r['submit']['rps'] / e['submit']['rps']:.2f}** (goal >= 0.9); gateway / bare: {ratio_e:.3f} empty,
+{ratio_g:.3f} grown (goal >= 0.25, p99 <= 100 ms).
+
+| request | empty: req/s | empty: p50 / p99 (ms) | grown: req/s | grown: p50 / p99 (ms) | grown / empty |
+|---|---|---|---|---|---|
+""" + "\n".join(rows) + "\n"
+    print(body)
+    if not args.no_write:
+        write_section("growth" + (f"-{args.label}" if args.label else ""), body)
+
+
+if __name__ == "__main__":
+    main()
