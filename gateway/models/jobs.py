@@ -21,8 +21,8 @@ class Job(Base):
         # (gateway/dispatch/claim.py pending_order); also serves the distinct-account scan.
         Index("ix_job_queue", "state", "account_name", text("priority DESC"), "id"),
         Index("ix_job_account_id", "account_name", "id"),
-        # A user's jobs by state (the caps read waiting_count instead, issue #32).
-        Index("ix_job_user_state", "username", "state", "account_name"),
+        # A list filtered by state, newest first (jobs/repository.py list_readable; issue #32).
+        Index("ix_job_account_state_id", "account_name", "state", "id"),
         # A set's tasks by state (summary, max_running, the next blocked task to release).
         Index("ix_job_set_state", "job_set_id", "state", "array_index"),
     )
