@@ -9,8 +9,9 @@ stack's): the gateway (`isthmus serve`, uvicorn, 2 workers, dev issuer) and the 
 (bench/bare_app.py, same server settings). The same compiled load generator (`hey`) drives
 both. For each registry size it measures, `repeats` times, interleaved with the bare app:
 - `POST /v1/jobs` from one user of one account, 32 closed-loop clients;
-- `GET /v1/jobs?limit=50` (that user's newest jobs), the same with `state=failed` (a state no
-  job of the registry is in: the list must not walk the history to find none), `GET /v1/jobs/{id}`,
+- `GET /v1/jobs?limit=50` (that user's newest jobs), the same with `state=succeeded` (the
+  history's state: newest first, it must not sort the history) and `state=failed` (a state no
+  job is in: it must not walk the history to find none), `GET /v1/jobs/{id}`,
   `GET /v1/jobs/{id}/events`, and the admin usage report `GET /v1/admin/usage`.
 
 The registry is grown in SQL, documented here and in docs/benchmarks.md: copies of one job
@@ -141,6 +142,7 @@ def main() -> None:
     g, b, h = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{bport}", f"http://127.0.0.1:{hport}"
     sizes: dict[str, dict] = {}
     grow_s = 0.0
+    grown_at = (0, 0)
     try:
         import httpx
         first = httpx.post(g + "/v1/jobs", json=SPEC, headers={"Authorization": f"Bearer {user}"}, timeout=30)
@@ -149,13 +151,15 @@ def main() -> None:
         for u in (g, b, h):  # warm-up
             hey(u + "/v1/jobs", user, seconds=2, concurrency=8, post=True)
         reads = {"list 50": (f"{g}/v1/jobs?limit=50", user),
+                 "list 50 succeeded": (f"{g}/v1/jobs?limit=50&state=succeeded", user),
                  "list 50 failed": (f"{g}/v1/jobs?limit=50&state=failed", user), "one job": (f"{g}/v1/jobs/{job}", user),
                  "events": (f"{g}/v1/jobs/{job}/events", user), "usage report": (f"{g}/v1/admin/usage", adm)}
         for phase in ("empty", "grown"):
             if phase == "grown":
                 total, waiting = registry(url_db)
-                grow_s = grow(url_db, job, history=max(0, args.jobs - args.pending - total),
-                              pending=max(0, args.pending - waiting))
+                more = max(0, args.pending - waiting)
+                grow_s = grow(url_db, job, history=max(0, args.jobs - total - more), pending=more)
+                grown_at = registry(url_db)
             res: dict[str, list[dict]] = {}
             for _ in range(args.repeats):
                 for name, (u, tok, post, secs) in {"submit": (g + "/v1/jobs", user, True, args.seconds),
@@ -181,7 +185,7 @@ def main() -> None:
 
     e, r = sizes["empty"], sizes["grown"]
     rows = []
-    for k in ("submit", "list 50", "list 50 failed", "one job", "events", "usage report"):
+    for k in ("submit", "list 50", "list 50 succeeded", "list 50 failed", "one job", "events", "usage report"):
         what = "`POST /v1/jobs`" if k == "submit" else k
         rows.append(f"| {what} | {e[k]['rps']:.0f} | {e[k]['p50']:.1f} / {e[k]['p99']:.1f} | {r[k]['rps']:.0f} | "
                     f"{r[k]['p50']:.1f} / {r[k]['p99']:.1f} | {r[k]['rps'] / e[k]['rps']:.2f} |")
@@ -193,10 +197,10 @@ def main() -> None:
 ({machine()}; uvicorn with {args.workers} workers for both servers; `hey` on the same machine; medians of {args.repeats}
 repeats, each {args.seconds:g} s for submissions and {args.read_seconds:g} s for reads, {args.concurrency} closed-loop clients;
 run {time.strftime('%Y-%m-%d')}; load average at the end {os.getloadavg()[0]:.1f}). Registry: empty = {e['total']:,} jobs
-({e['pending']:,} pending) at the end of its measurements; grown = {r['total']:,} jobs ({r['pending']:,} pending),
-grown in SQL in {grow_s:.0f} s (copies of one accepted job with time-ordered ids as the gateway makes them, one event
+({e['pending']:,} pending) at the end of its measurements; grown = {grown_at[0]:,} jobs ({grown_at[1]:,} pending) when its measurements began and
+{r['total']:,} ({r['pending']:,} pending) at their end, grown in SQL in {grow_s:.0f} s (copies of one accepted job with time-ordered ids as the gateway makes them, one event
 each; history ended one every 2 s before the last day, pending made over the last minutes; see the module docstring). One user (alice, account team-a) submits and reads; its own history is the
-registry, the worst case for its lists.
+registry, the worst case for its lists. Spread between repeats is in the log the run prints.
 
 | | gateway submit | bare FastAPI, the gateway's server settings (h11) | gateway / bare | bare FastAPI on httptools | gateway / bare on httptools |
 |---|---|---|---|---|---|
