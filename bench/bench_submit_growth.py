@@ -31,13 +31,12 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_api import HEY, PG, SPEC, start  # noqa: E402
-from bench.common import BIN, REPO, free_port, machine, median, write_section  # noqa: E402
+from bench.common import BIN, fresh_database, free_port, machine, median, write_section  # noqa: E402
 
 
 def hey(url: str, token: str, *, seconds: float, concurrency: int, post: bool) -> dict:
@@ -102,48 +101,33 @@ def registry(url_db: str) -> tuple[int, int]:
     return total, waiting
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=15)
-    ap.add_argument("--read-seconds", type=float, default=5)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--jobs", type=int, default=1_000_000)
-    ap.add_argument("--pending", type=int, default=10_000)
-    ap.add_argument("--label", default="")
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
-
-    db = f"isthmus_bench_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{db}"'))
-    url_db = PG.rsplit("/", 1)[0] + "/" + db
-    key = f"/tmp/{db}-dev.pem"
-    env = {**os.environ, "ISTHMUS_DATABASE_URL": url_db, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": key,
+def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]:
+    """Both registry sizes against the servers on ``url_db`` (a migrated, empty database)."""
+    key = f"{url_db.rsplit('/', 1)[1]}-dev.pem"
+    env = {**os.environ, "ISTHMUS_DATABASE_URL": url_db, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": f"/tmp/{key}",
            "ISTHMUS_LOG_LEVEL": "warning",
            "ISTHMUS_MAX_PENDING_JOBS_PER_USER": "10000000", "ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT": "10000000"}
-    subprocess.run([str(BIN / "isthmus"), "migrate"], env=env, check=True, capture_output=True, cwd=REPO)
 
     def token(*a: str) -> str:
         return subprocess.run([str(BIN / "isthmus"), "token", *a, "--lifetime", "7200"], env=env, check=True,
                               capture_output=True, text=True).stdout.strip()
     user, adm = token("--user", "alice", "--groups", "team-a"), token("--user", "root-admin", "--admin")
     gport, bport, hport = free_port(), free_port(), free_port()
-    gw = start([str(BIN / "isthmus"), "serve", "--dev", "--port", str(gport), "--workers", str(args.workers)], env, gport)
     # The reference runs with the gateway's server settings (gateway/cli.py serve: h11, whose
     # header-size limit the gateway needs, docs/security.md finding 5; keep-alive 5 s). The
     # same app on uvicorn's default parser (httptools) is shown beside it, as bench_api.py runs it.
     bare_cmd = [str(BIN / "uvicorn"), "bench.bare_app:app", "--workers", str(args.workers),
                 "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "5"]
-    bare = start(bare_cmd + ["--port", str(bport), "--http", "h11"], env, bport)
-    fast = start(bare_cmd + ["--port", str(hport)], env, hport)
-    g, b, h = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{bport}", f"http://127.0.0.1:{hport}"
+    servers = []
     sizes: dict[str, dict] = {}
     grow_s = 0.0
     grown_at = (0, 0)
     try:
+        servers.append(start([str(BIN / "isthmus"), "serve", "--dev", "--port", str(gport), "--workers",
+                              str(args.workers)], env, gport))
+        servers.append(start(bare_cmd + ["--port", str(bport), "--http", "h11"], env, bport))
+        servers.append(start(bare_cmd + ["--port", str(hport)], env, hport))
+        g, b, h = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{bport}", f"http://127.0.0.1:{hport}"
         import httpx
         first = httpx.post(g + "/v1/jobs", json=SPEC, headers={"Authorization": f"Bearer {user}"}, timeout=30)
         first.raise_for_status()
@@ -176,12 +160,29 @@ def main() -> None:
                             **{k: {m: median([x[m] for x in v]) for m in ("rps", "p50", "p99", "errors")}
                                for k, v in res.items()}}
     finally:
-        for p in (gw, bare, fast):
+        for p in servers:
             p.terminate()
             p.wait(10)
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
-        admin.dispose()
+        if os.path.exists(f"/tmp/{key}"):
+            os.remove(f"/tmp/{key}")
+    return sizes, grow_s, grown_at
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--read-seconds", type=float, default=5)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=1_000_000)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    with fresh_database(PG, migrated=True) as url_db:
+        sizes, grow_s, grown_at = measure(args, url_db)
 
     e, r = sizes["empty"], sizes["grown"]
     rows = []

@@ -307,3 +307,12 @@ def gw(module_gateway) -> Iterator[Gateway]:
     """The module's gateway, its database as the gateway's start-up left it (team-a, team-b, pools)."""
     module_gateway.startup.restore()
     yield module_gateway.gateway
+
+
+@pytest.fixture
+def site(gw, monkeypatch):
+    """Set site defaults (settings fields) on the running gateway for one test."""
+    def set_(**kw):
+        for k, v in kw.items():
+            monkeypatch.setattr(gw.settings, k, v)
+    return set_

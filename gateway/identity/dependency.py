@@ -28,7 +28,7 @@ async def get_principal(request: Request,
     principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
     if principal is None:
         principal = await run_in_threadpool(_authenticate, request, credentials)
-    recorder = getattr(request.app.state, "membership_seen", None)
+    recorder = _recorder(request)
     if recorder is not None and recorder.due(principal):
         await run_in_threadpool(recorder.seen, principal)
     return principal
@@ -45,9 +45,13 @@ def _authenticate(request: Request, credentials: HTTPAuthorizationCredentials | 
 
 def note_seen(request: Request, principal: Principal) -> None:
     """Record the accounts this subject holds (throttled; gateway/identity/seen.py)."""
-    recorder = getattr(request.app.state, "membership_seen", None)
+    recorder = _recorder(request)
     if recorder is not None:
         recorder.seen(principal)
+
+
+def _recorder(request: Request):
+    return getattr(request.app.state, "membership_seen", None)
 
 
 async def require_admin(principal: Principal = Depends(get_principal)) -> Principal:

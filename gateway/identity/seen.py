@@ -42,16 +42,18 @@ class MembershipSeenRecorder:
 
     def due(self, principal: Principal) -> bool:
         """Whether :meth:`seen` would write now (cheap: no database; the caller may skip it)."""
-        last = self._written.get(principal.subject)
-        return last is None or last[0] != held(principal) or time.monotonic() - last[1] >= self.write_every_s
+        return self._due(principal.subject, held(principal), time.monotonic())
+
+    def _due(self, subject: str, accounts: frozenset[str], now: float) -> bool:
+        last = self._written.get(subject)
+        return last is None or last[0] != accounts or now - last[1] >= self.write_every_s
 
     def seen(self, principal: Principal) -> None:
         """Note an authenticated request; writes only when due (never raises)."""
         accounts = held(principal)
         now = time.monotonic()
         with self._lock:
-            last = self._written.get(principal.subject)
-            if last is not None and last[0] == accounts and now - last[1] < self.write_every_s:
+            if not self._due(principal.subject, accounts, now):
                 return
             if len(self._written) >= MAX_REMEMBERED:
                 self._written.clear()

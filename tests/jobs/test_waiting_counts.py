@@ -9,7 +9,6 @@ account past its cap or refuse it below it, which is what the last test shows a 
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import func, select, update
 
 from gateway.domain.states import JobState
@@ -89,15 +88,6 @@ def test_counters_follow_every_writer(gw):
     finally:
         s.close()
     assert _agree(gw) == {("team-b", "bob"): 1}
-
-
-@pytest.fixture
-def site(gw, monkeypatch):
-    """Set site defaults on the running gateway for one test."""
-    def set_(**kw):
-        for k, v in kw.items():
-            monkeypatch.setattr(gw.settings, k, v)
-    return set_
 
 
 def test_a_cap_counts_what_the_counters_hold(gw, site):

@@ -40,15 +40,6 @@ def _refused(r, *names: str) -> None:
         assert name in r.json()["detail"], r.json()
 
 
-@pytest.fixture
-def site(gw, monkeypatch):
-    """Set site defaults on the running gateway for one test."""
-    def set_(**kw):
-        for k, v in kw.items():
-            monkeypatch.setattr(gw.settings, k, v)
-    return set_
-
-
 def _quota(gw, account, **limits):
     r = gw.client.put(f"/v1/admin/accounts/{account}/quota", json=limits, headers=gw.headers(**ADMIN))
     assert r.status_code == 200, r.text
