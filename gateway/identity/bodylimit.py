@@ -128,6 +128,9 @@ class BodyLimitMiddleware:
         if scheme.lower() != "bearer" or not token:
             raise _Refusal(401, "Unauthorized", "unauthorized", "missing bearer token",
                            {"WWW-Authenticate": "Bearer"})
+        principal = self.authenticator.cached(token)
+        if principal is not None:
+            return principal
         try:
             # Key look-ups may fetch a provider's JWKS: keep blocking I/O off the event loop.
             return await to_thread.run_sync(self.authenticator.authenticate, token)

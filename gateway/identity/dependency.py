@@ -23,9 +23,12 @@ async def get_principal(request: Request,
                         credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
     """The caller. Async so that the common case costs no hop to the thread pool (issue #32):
     a request with a body was authenticated by BodyLimitMiddleware before it was read, and the
-    seen-accounts record writes only when due. Validating a token (which may fetch the
-    issuer's keys) and that write run in the thread pool."""
+    seen-accounts record writes only when due; a token validated before is taken from the
+    authenticator's cache. Validating a new token (which may fetch the issuer's keys) and
+    that write run in the thread pool."""
     principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if principal is None and credentials is not None and credentials.scheme.lower() == "bearer":
+        principal = request.app.state.authenticator.cached(credentials.credentials)
     if principal is None:
         principal = await run_in_threadpool(_authenticate, request, credentials)
     recorder = _recorder(request)

@@ -116,6 +116,7 @@ class JwksKeySource:
         self.last_success_wall: float | None = None
         self.error: str | None = "keys not fetched yet"
         self.fetches = 0
+        self.generation = 0  # bumped when the key set changes (Authenticator's cache)
         if fetch_at_start:
             self.refresh(reason="start")
 
@@ -169,7 +170,12 @@ class JwksKeySource:
                 return False
             added = set(keys) - set(self._keys)
             removed = set(self._keys) - set(keys)
+            replaced = [k for k in set(keys) & set(self._keys) if keys[k].thumbprint() != self._keys[k].thumbprint()]
             self._keys = keys
+            if added or removed or replaced:
+                # After the swap: a token validated meanwhile is remembered under the old
+                # generation, so it is validated again with the new keys.
+                self.generation += 1
             self.error = None
             self.last_success_at = time.monotonic()
             self.last_success_wall = time.time()
@@ -187,13 +193,16 @@ class JwksKeySource:
 
     # ------------------------------------------------------------------ KeySource
 
-    def key_for(self, kid: str | None):
-        now = time.monotonic()
+    def tick(self) -> None:
+        """Start the scheduled refresh in the background when it is due."""
         # After a failed fetch retry sooner than the schedule, so /readyz recovers
         # shortly after the provider does; still in the background, still bounded.
         interval = self.refresh_interval_s if self.error is None else max(self.min_refresh_interval_s, 10)
-        if now - self.last_attempt_at >= interval:
+        if time.monotonic() - self.last_attempt_at >= interval:
             self._refresh_in_background()
+
+    def key_for(self, kid: str | None):
+        self.tick()
         key = self._lookup(kid)
         if key is not None:
             return key

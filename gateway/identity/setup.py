@@ -34,7 +34,7 @@ def build_authenticator(settings: Settings) -> Authenticator:
         raise ConfigurationError(
             "no trusted token issuer: set ISTHMUS_OIDC_ISSUERS (see docs/identity.md), "
             "or ISTHMUS_DEV_MODE=true for the local development issuer")
-    return Authenticator(issuers)
+    return Authenticator(issuers, cache_s=settings.token_cache_s)
 
 
 def _oidc_issuers(settings: Settings) -> list[TrustedIssuer]:

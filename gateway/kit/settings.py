@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     oidc_issuers: str = "[]"
     audience: str = "isthmus"
     leeway_s: int = Field(default=30, ge=0, le=300)
+    # A validated token is remembered this long (never past its exp; 0: validate every time).
+    token_cache_s: float = Field(default=60, ge=0, le=3600)
 
     # Pools: a YAML pools file (docs/pools.md), or the older JSON object keyed by pool name
     # {"slurm": {...adapter settings}, "gpu-b": {"kind": "kubernetes", ...}}; set one of the two.
@@ -314,6 +316,7 @@ class IdentitySettings(_Group):
     oidc_issuers: str
     audience: str
     leeway_s: int
+    token_cache_s: float
     dev_issuer: str
     dev_key_path: Path
 

@@ -220,10 +220,12 @@ class JwksServer:
     def __init__(self, jwks: dict):
         import http.server
 
-        body = json.dumps(jwks).encode()
+        server = self
+        self.serve(jwks)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
+                body = server.body
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -237,6 +239,10 @@ class JwksServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def serve(self, jwks: dict) -> None:
+        """Publish this document from now on (the provider rotated or withdrew keys)."""
+        self.body = json.dumps(jwks).encode()
 
     def close(self):
         self.server.shutdown()
