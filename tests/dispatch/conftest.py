@@ -162,19 +162,35 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
         path = out / f"{pod}.log"
         path.write_text("".join(f"2026-01-01T00:00:0{i}.000000000Z stdout F {line}\n"
                                 for i, line in enumerate(lines(worker))))
-        body = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
-                "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
-        custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", body)
+        custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", _logs_object(ns, pod, path))
         CREATED.append((ns, pod, path))
     # kwok learns of a Logs object through its watch: on a loaded machine it can answer the
     # first pods/log reads before it has (a 404, which the gateway rightly calls "no output
     # yet"). The stand-in is in place only once the API server serves it.
+    # On the cold CI machine kwok sometimes never saw the object at all (30 s of 404s, three
+    # tests in one run): its watch can miss an event, so after 10 s of 404s the object is
+    # made again, which is a fresh event.
     for worker, pod in pods.items():
-        want, seen, deadline = "".join(f"{line}\n" for line in lines(worker)), None, time.monotonic() + 30
+        want, seen = "".join(f"{line}\n" for line in lines(worker)), None
+        started = time.monotonic()
+        remade = False
         while seen != want:
-            assert time.monotonic() < deadline, f"kwok never served the stand-in log of {ns}/{pod}: {seen!r}"
+            waited = time.monotonic() - started
+            assert waited < 40, f"kwok never served the stand-in log of {ns}/{pod}: {seen!r}"
+            if waited > 10 and not remade:
+                remade = True
+                with contextlib.suppress(Exception):
+                    custom.delete_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", pod)
+                    time.sleep(0.5)
+                custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", _logs_object(
+                    ns, pod, out / f"{pod}.log"))
             try:
                 seen = core.read_namespaced_pod_log(pod, ns, container="worker")
             except Exception as exc:  # noqa: BLE001  (kwok has not seen the Logs object yet)
                 seen = repr(exc)[:200]
                 time.sleep(0.3)
+
+
+def _logs_object(ns: str, pod: str, path: Path) -> dict:
+    return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
+            "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
