@@ -24,7 +24,7 @@ from gateway.identity.setup import build_authenticator
 from gateway.api.flows import router as job_sets_router
 from gateway.api.jobs import router as jobs_router
 from gateway.api.jobs import events_router as job_events_router
-from gateway.kit.db import make_engine, make_sessionmaker, transaction
+from gateway.kit.db import make_async_engine, make_async_sessionmaker, make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
 from gateway.identity.bodylimit import BodyLimitMiddleware
@@ -144,6 +144,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
+        # POST /v1/jobs runs its transaction on the event loop where the driver allows (kit/db.py).
+        app.state.async_engine = make_async_engine(settings.database_url, pool_size=settings.database_pool_size)
+        app.state.async_sessionmaker = (make_async_sessionmaker(app.state.async_engine)
+                                        if app.state.async_engine is not None else None)
         if settings.dev_mode:
             log.warning("DEV MODE: the local development issuer is trusted; do not use in production")
             _seed_dev_accounts(app, settings)
@@ -161,6 +165,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for backend in app.state.backends.values():
                 backend.close()
             engine.dispose()
+            if app.state.async_engine is not None:
+                await app.state.async_engine.dispose()
             raise
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
                                           settings=settings.dispatch, storage=app.state.storage)
@@ -184,6 +190,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for backend in app.state.backends.values():
                 backend.close()
             engine.dispose()
+            if app.state.async_engine is not None:
+                await app.state.async_engine.dispose()
 
     app = FastAPI(title="Isthmus", version=__version__, description=DESCRIPTION, openapi_tags=TAGS,
                   servers=SERVERS, lifespan=lifespan, docs_url=None, redoc_url=None)

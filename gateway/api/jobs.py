@@ -38,7 +38,7 @@ from gateway.jobs.schemas import (
 from gateway.domain.shapes import format_duration
 from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.domain.states import JobState
-from gateway.kit.db import DbSession, transaction
+from gateway.kit.db import DbSession, in_transaction
 from gateway.kit.errors import Invalid, NotFound, problem_responses
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.streams import HeldStreamingResponse
@@ -118,7 +118,7 @@ async def _wake(dispatcher) -> None:
     responses={200: {"model": JobOut, "description": "Replay of an earlier request with the same Idempotency-Key"},
                **problem_responses(401, 403, 409, 413, 422, 429)},
 )
-def submit_job(
+async def submit_job(
     principal: CurrentPrincipal,
     request: Request,
     response: Response,
@@ -130,18 +130,23 @@ def submit_job(
 ) -> JobOut:
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
-    settings = request.app.state.settings
-    # The transaction is this function's own, not DbSession's (issue #32): it commits as soon
-    # as the job is written, which ends the cap check's locks before the answer is built, and
-    # saves the two thread-pool hops a generator dependency costs. Still before the response.
-    with transaction(request.app.state.sessionmaker) as session:
-        admission.refuse_early(session, request.app.state, principal, spec)
-        job, created = service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
-                                      lineage=admission.checkpoint_lineage(session, principal, spec),
-                                      default_time_limit_s=settings.default_time_limit_s,
-                                      max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
-                                      waiting_reason=admission.waiting_reason(request.app.state),
-                                      hold=admission.budget_hold(session, spec, settings))
+    state = request.app.state
+    settings = state.settings
+
+    def record(session):
+        admission.refuse_early(session, state, principal, spec)
+        return service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
+                              lineage=admission.checkpoint_lineage(session, principal, spec),
+                              default_time_limit_s=settings.default_time_limit_s,
+                              max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
+                              waiting_reason=admission.waiting_reason(state),
+                              hold=admission.budget_hold(session, spec, settings))
+
+    # The transaction is this route's own, not DbSession's (issue #32): it commits as soon as
+    # the job is written, before the answer is built. On Postgres it runs on the event loop
+    # (kit/db.py in_transaction): no thread-pool hop for the whole submission.
+    await admission.look_up_user(principal)
+    job, created = await in_transaction(state, record)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"

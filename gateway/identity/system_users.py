@@ -63,6 +63,20 @@ def _uid_of(username: str) -> int | None:
     return uid
 
 
+def needs_lookup(username: str) -> bool:
+    """Would ``refusal(username, ...)`` ask NSS (nothing cached, or the cache is stale)?
+    Async callers then run ``look_up`` in the thread pool first: NSS may block (LDAP)."""
+    now = time.monotonic()
+    own, hit = _own, _cache.get(username)
+    return own is None or own[0] <= now or own[1] != os.geteuid() or hit is None or hit[0] <= now
+
+
+def look_up(username: str) -> None:
+    """Fill the caches ``refusal`` reads (blocking: NSS)."""
+    own_user()
+    _uid_of(username)
+
+
 def parse_user_list(value: str) -> frozenset[str]:
     return frozenset(u.strip() for u in value.split(",") if u.strip())
 

@@ -30,6 +30,15 @@ def refuse_early(session, app_state, principal, spec: JobSpec) -> None:
     refuse_if_never_fits(session, app_state, spec)
 
 
+async def look_up_user(principal) -> None:
+    """For an async route, before its transaction: the NSS look-up ``refuse_system_user`` needs,
+    in the thread pool and only when it is not cached (once a minute per user)."""
+    if principal.username and system_users.needs_lookup(principal.username):
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(system_users.look_up, principal.username)
+
+
 def _catalog(app_state):
     from gateway.domain.storage import NO_STORAGE
 

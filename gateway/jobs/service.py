@@ -686,7 +686,7 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     the job is held (its state reason becomes "held: ..."), or None; it may raise to refuse.
     """
     check_caller(principal, spec.account)
-    digest = spec_hash(spec)
+    digest = spec_hash(spec) if idempotency_key is not None else ""  # only a keyed request is compared
     if idempotency_key is not None:
         existing = repository.get_idempotency(session, principal.subject, idempotency_key)
         if existing is not None:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import select
-from collections.abc import Iterator
-
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from sqlalchemy import BigInteger, Integer, MetaData, create_engine, event
@@ -70,6 +69,8 @@ def _drop_dead_connection(dbapi_conn, _record, _proxy) -> None:
     submission (bench/bench_api.py). A connection that dies silently mid-use still fails
     its statement and SQLAlchemy invalidates the pool, as it would with pre-ping.
     """
+    # The async engine's pool hands out SQLAlchemy's adapter; the psycopg connection is inside.
+    dbapi_conn = getattr(dbapi_conn, "driver_connection", dbapi_conn)
     if getattr(dbapi_conn, "closed", False) or getattr(dbapi_conn, "broken", False):
         raise DisconnectionError("connection closed")
     poller = select.poll()
@@ -94,6 +95,59 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+T = TypeVar("T")
+
+
+def make_async_engine(url: str, *, pool_size: int = 10):
+    """The engine of the routes that run their transaction on the event loop (issue #32), or
+    None where the driver has no async form (SQLite: those routes use the thread pool).
+
+    Postgres through psycopg's async connection: SQLAlchemy runs the same synchronous ORM
+    code in a greenlet and awaits each round trip, so a request costs no thread-pool hop.
+    A second pool beside the sync engine's, with the same size and the same liveness check."""
+    if not url.startswith("postgresql+psycopg"):
+        return None
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
+    event.listen(engine.sync_engine, "checkout", _drop_dead_connection)
+    return engine
+
+
+def make_async_sessionmaker(engine):
+    from sqlalchemy.ext.asyncio import async_sessionmaker
+
+    return async_sessionmaker(engine, expire_on_commit=False, autoflush=True)
+
+
+async def in_transaction(state: Any, work: Callable[[Session], T]) -> T:
+    """``work(session)`` in one transaction, committed before this returns, rolled back on any
+    exception; the same synchronous code as ``transaction``.
+
+    With an async engine (``state.async_sessionmaker``) the work runs on the event loop in a
+    greenlet and every statement is awaited: no thread-pool hop, and a slow query holds no
+    thread. Without one (SQLite) it runs in the thread pool. ``work`` must not block on
+    anything but the session: look-ups that may block (NSS) happen before, in the pool."""
+    factory = getattr(state, "async_sessionmaker", None)
+    if factory is None:
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(_in_sync_transaction, state.sessionmaker, work)
+    async with factory() as session:
+        try:
+            result = await session.run_sync(work)
+            await session.commit()
+        except BaseException:
+            await session.rollback()
+            raise
+    return result
+
+
+def _in_sync_transaction(factory: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    with transaction(factory) as session:
+        return work(session)
 
 
 def get_session(request: Request) -> Iterator[Session]:

@@ -136,8 +136,12 @@ def test_concurrent_requests_never_pass_a_cap_on_postgres(gw, site, monkeypatch,
     and all commit (24 jobs against a cap of 10); with it the later ones count after the
     earlier ones commit.
     """
-    import threading
+    import asyncio
+    import itertools
+    import time
     from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy.util.concurrency import await_only, in_greenlet
 
     from gateway.flows import service as flows
     from gateway.jobs import service as jobs
@@ -152,15 +156,21 @@ def test_concurrent_requests_never_pass_a_cap_on_postgres(gw, site, monkeypatch,
     else:
         site(max_pending_jobs_per_user=limit)                  # one user, two account trees
         requests = [("alice", ("team-a", "team-b")[i % 2], ("team-a", "team-b")) for i in range(n)]
-    all_in = threading.Barrier(n)
+    arrived = itertools.count(1)
+    seen = [0]
 
     def held(write):
         def written_then_held(*args, **kw):
             out = write(*args, **kw)
-            try:
-                all_in.wait(timeout=1)
-            except threading.BrokenBarrierError:
-                pass  # the lock lets only one request at a time get here
+            seen[0] = next(arrived)
+            deadline = time.monotonic() + 1  # the lock lets only one request at a time get here
+            while seen[0] < n and time.monotonic() < deadline:
+                if in_greenlet():
+                    # POST /v1/jobs runs on the event loop (kit/db.py in_transaction): wait
+                    # without blocking it, so the other requests can reach this point.
+                    await_only(asyncio.sleep(0.01))
+                else:
+                    time.sleep(0.01)
             return out
         return written_then_held
 
