@@ -12,7 +12,11 @@ both. For each registry size it measures, `repeats` times, interleaved with the 
 - `GET /v1/jobs?limit=50` (that user's newest jobs), the same with `state=succeeded` (the
   history's state: newest first, it must not sort the history) and `state=failed` (a state no
   job is in: it must not walk the history to find none), `GET /v1/jobs/{id}`,
-  `GET /v1/jobs/{id}/events`, and the admin usage report `GET /v1/admin/usage`.
+  `GET /v1/jobs/{id}/events`, and the admin usage report `GET /v1/admin/usage`;
+- the dashboard's pages (`/ui/`: the user's jobs, `/ui/jobs/{id}`, `/ui/accounts`, and
+  `/ui/admin` as an admin), with a logged-in session made as the login callback makes it
+  (a `ui_session` row holding the dev token, and the signed cookie naming it): the dashboard
+  is server-rendered, so these are its reads.
 
 The registry is grown in SQL, documented here and in docs/benchmarks.md: copies of one job
 the API accepted (same spec, account team-a, user alice) with new time-ordered ids (UUIDv7-style,
@@ -39,8 +43,13 @@ from bench.bench_api import HEY, PG, SPEC, start  # noqa: E402
 from bench.common import BIN, fresh_database, free_port, machine, median, write_section  # noqa: E402
 
 
+UI_SECRET = "bench-ui-session-secret-0123456789abcdef"
+
+
 def hey(url: str, token: str, *, seconds: float, concurrency: int, post: bool) -> dict:
-    cmd = [HEY, "-z", f"{seconds:g}s", "-c", str(concurrency), "-H", f"Authorization: Bearer {token}"]
+    """``token``: a bearer token, or ``Cookie: ...`` for a dashboard page."""
+    header = token if token.startswith("Cookie: ") else f"Authorization: Bearer {token}"
+    cmd = [HEY, "-z", f"{seconds:g}s", "-c", str(concurrency), "-H", header]
     if post:
         cmd += ["-m", "POST", "-T", "application/json", "-d", json.dumps(SPEC)]
     out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
@@ -101,11 +110,32 @@ def registry(url_db: str) -> tuple[int, int]:
     return total, waiting
 
 
+def ui_cookie(url_db: str, token: str, subject: str) -> str:
+    """A logged-in dashboard session as the login callback makes one (gateway/ui/session.py):
+    its row, holding the access token, and the signed cookie naming it."""
+    from base64 import b64encode
+
+    import itsdangerous
+
+    from gateway.kit.db import make_engine, make_sessionmaker, transaction
+    from gateway.ui import session as ui_sessions
+
+    engine = make_engine(url_db)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            sid = ui_sessions.create(session, access_token=token, subject=subject, token_expires_at=None)
+    finally:
+        engine.dispose()
+    signer = itsdangerous.TimestampSigner(UI_SECRET, salt="isthmus-ui-session")
+    value = signer.sign(b64encode(json.dumps({"sid": sid}).encode())).decode()
+    return f"Cookie: {ui_sessions.COOKIE}={value}"
+
+
 def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]:
     """Both registry sizes against the servers on ``url_db`` (a migrated, empty database)."""
     key = f"{url_db.rsplit('/', 1)[1]}-dev.pem"
     env = {**os.environ, "ISTHMUS_DATABASE_URL": url_db, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": f"/tmp/{key}",
-           "ISTHMUS_LOG_LEVEL": "warning",
+           "ISTHMUS_LOG_LEVEL": "warning", "ISTHMUS_UI_SESSION_SECRET": UI_SECRET,
            "ISTHMUS_MAX_PENDING_JOBS_PER_USER": "10000000", "ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT": "10000000"}
 
     def token(*a: str) -> str:
@@ -138,6 +168,14 @@ def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]
                  "list 50 succeeded": (f"{g}/v1/jobs?limit=50&state=succeeded", user),
                  "list 50 failed": (f"{g}/v1/jobs?limit=50&state=failed", user), "one job": (f"{g}/v1/jobs/{job}", user),
                  "events": (f"{g}/v1/jobs/{job}/events", user), "usage report": (f"{g}/v1/admin/usage", adm)}
+        user_ui, adm_ui = ui_cookie(url_db, user, "alice"), ui_cookie(url_db, adm, "root-admin")
+        reads.update({"page: jobs": (f"{g}/ui/", user_ui), "page: one job": (f"{g}/ui/jobs/{job}", user_ui),
+                      "page: accounts": (f"{g}/ui/accounts", user_ui), "page: admin": (f"{g}/ui/admin", adm_ui)})
+        for name, (u, tok) in reads.items():  # every read answers 200 before it is measured
+            header = tok.split(": ", 1) if tok.startswith("Cookie: ") else ("Authorization", f"Bearer {tok}")
+            r = httpx.get(u, headers={header[0]: header[1]}, timeout=30, follow_redirects=False)
+            if r.status_code != 200:
+                raise SystemExit(f"{name}: {u} answered {r.status_code}: {r.text[:300]}")
         for phase in ("empty", "grown"):
             if phase == "grown":
                 total, waiting = registry(url_db)
@@ -186,7 +224,8 @@ def main() -> None:
 
     e, r = sizes["empty"], sizes["grown"]
     rows = []
-    for k in ("submit", "list 50", "list 50 succeeded", "list 50 failed", "one job", "events", "usage report"):
+    for k in ("submit", "list 50", "list 50 succeeded", "list 50 failed", "one job", "events", "usage report",
+              "page: jobs", "page: one job", "page: accounts", "page: admin"):
         what = "`POST /v1/jobs`" if k == "submit" else k
         rows.append(f"| {what} | {e[k]['rps']:.0f} | {e[k]['p50']:.1f} / {e[k]['p99']:.1f} | {r[k]['rps']:.0f} | "
                     f"{r[k]['p50']:.1f} / {r[k]['p99']:.1f} | {r[k]['rps'] / e[k]['rps']:.2f} |")
