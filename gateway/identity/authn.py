@@ -168,9 +168,9 @@ class Authenticator:
     def cached(self, token: str) -> Principal | None:
         """The principal of a token validated earlier and still good, else None (then call
         ``authenticate``). Cheap and non-blocking: safe on the event loop."""
-        if not self.cache_s:
-            return None
-        key = hashlib.sha256(token.encode("latin-1", "replace")).digest()
+        return self._remembered(_digest(token)) if self.cache_s else None
+
+    def _remembered(self, key: bytes) -> Principal | None:
         entry = self._validated.get(key)
         if entry is None:
             return None
@@ -182,13 +182,18 @@ class Authenticator:
         return principal
 
     def authenticate(self, token: str) -> Principal:
-        """Validate a bearer token fully and map its claims; remember it when valid.
+        """The principal of a token remembered, else validate it fully, map its claims and
+        remember it. May block (a key fetch): async callers try ``cached`` first.
 
         Raises:
             InvalidToken: with a short reason safe to show the caller.
         """
         if not self.cache_s:
             return self._validate(token)[0]
+        key = _digest(token)
+        principal = self._remembered(key)
+        if principal is not None:
+            return principal
         principal, trusted, generation, exp = self._validate(token)
         until = min(exp + trusted.leeway_s, time.time() + self.cache_s)
         validated = self._validated
@@ -197,8 +202,7 @@ class Authenticator:
                 validated.pop(next(iter(validated)))  # the oldest entry
             except (StopIteration, KeyError, RuntimeError):
                 break
-        validated[hashlib.sha256(token.encode("latin-1", "replace")).digest()] = (
-            principal, trusted, generation, until)
+        validated[key] = (principal, trusted, generation, until)
         return principal
 
     def _validate(self, token: str) -> tuple[Principal, TrustedIssuer, int, float]:
@@ -258,6 +262,10 @@ class Authenticator:
 
     def status(self) -> dict[str, Any]:
         return {i.label: i.keys.status() for i in self.issuers.values()}
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("latin-1", "replace")).digest()
 
 
 def _show(value: Any, limit: int = 120) -> str:

@@ -128,8 +128,7 @@ def principal_of(request: Request) -> Principal:
         row = ui_sessions.get(session, sid=sid)
         if row is not None:
             try:
-                authenticator = request.app.state.authenticator
-                principal = authenticator.cached(row.access_token) or authenticator.authenticate(row.access_token)
+                principal = request.app.state.authenticator.authenticate(row.access_token)
                 request.state.ui_csrf = row.csrf
             except InvalidToken:  # its token expired or was revoked: so is the session
                 ui_sessions.revoke(session, sid=sid)
