@@ -198,6 +198,20 @@ TIME_LIMIT = "time_limit"
 
 
 @dataclasses.dataclass(frozen=True)
+class Window:
+    """Capacity the backend itself takes away for a time: a maintenance or another reservation
+    (a Slurm reservation). The planner never starts a gang whose time limit would cross it on
+    the capacity it takes (docs/planning.md)."""
+
+    name: str  # the backend's own name for it (the Slurm reservation's name)
+    start: datetime  # timezone-aware
+    end: datetime
+    nodes: tuple[str, ...]  # the pool's nodes it takes (only those of this pool)
+    maintenance: bool  # a maintenance (Slurm's MAINT flag), else a reservation for someone
+    detail: str = ""  # in words, e.g. "Slurm reservation maint1 (MAINT), for users root"
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolCapacity:
     """Free and total capacity of one partition / ClusterQueue, for routing."""
 
@@ -212,6 +226,9 @@ class PoolCapacity:
     # The largest node's memory and CPUs (0: unknown), for "can this worker ever fit".
     memory_mib_per_node: int = 0
     cpus_per_node: int = 0
+    # The backend's own windows on this pool that have not ended (a node of an active one is
+    # not idle in this snapshot); () where the backend has none (Kueue).
+    windows: tuple[Window, ...] = ()
 
 
 def site_gpu_type(requested: str | None, known: Iterable[str]) -> str | None:

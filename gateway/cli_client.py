@@ -41,7 +41,7 @@ class Client:
             except ValueError:
                 msg = f"{r.status_code}: {r.text[:500]}"
             raise click.ClickException(msg)
-        return r.status_code, r.json()
+        return r.status_code, (r.json() if r.content else None)  # 204: no body
 
 
 def client_options(f):

@@ -379,3 +379,90 @@ def pool_enable(name, url, token, as_json) -> None:
 def pool_weight(name, weight, url, token, as_json) -> None:
     """Set NAME's routing weight (> 0; higher wins when several pools fit)."""
     _patch_pool(name, {"weight": weight}, url, token, as_json)
+
+
+WINDOW_COLUMNS = [("id", "ID"), ("source", "SOURCE"), ("start", "START"), ("end", "END"), ("nodes", "NODES"),
+                  ("kind", "KIND"), ("reason", "REASON")]
+
+
+@pool.group("window")
+def window() -> None:
+    """Maintenance windows on a pool: list, add, delete (docs/planning.md)."""
+
+
+def _window_row(w: dict) -> dict:
+    return {**w, "nodes": ",".join(w["nodes"]) or "(all)", "end": w["end"] or "(no end)",
+            "kind": ("maintenance" if w["maintenance"] else "reservation") + (" (now)" if w["active"] else "")}
+
+
+@window.command("list")
+@click.argument("name")
+@client_options
+def window_list(name, url, token, as_json) -> None:
+    """NAME's windows that have not ended: the gateway's and the backend's own (e.g. Slurm MAINT reservations)."""
+    data = Client(url, token).call("GET", f"/v1/admin/pools/{name}/windows")
+    _emit(data, as_json, lambda rows: _table([_window_row(w) for w in rows], WINDOW_COLUMNS) if rows else
+          f"no window on {name}")
+
+
+def _when(value: str, option: str) -> str:
+    """An RFC 3339 time with a zone, or ``now`` / ``now+DURATION`` (e.g. ``now+2h``), as UTC RFC 3339."""
+    from datetime import datetime, timedelta, timezone
+
+    from gateway.domain.shapes import parse_duration_s
+
+    text = value.strip()
+    if text == "now" or text.startswith("now+"):
+        try:
+            delta = parse_duration_s(text[4:]) if text != "now" else 0
+        except ValueError as exc:
+            raise click.BadParameter(f"{value!r}: {exc}", param_hint=option) from None
+        return (datetime.now(timezone.utc) + timedelta(seconds=delta)).isoformat(timespec="seconds")
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a time: give e.g. 2026-12-08T06:00:00Z or now+2h",
+                                 param_hint=option) from None
+    if at.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no time zone (add Z for UTC)", param_hint=option)
+    return at.isoformat()
+
+
+@window.command("add")
+@click.argument("name")
+@click.option("--start", required=True, help="When it starts: RFC 3339 with a zone, `now` or `now+2h`.")
+@click.option("--end", default=None, help="When it ends (RFC 3339 with a zone or `now+6h`).")
+@click.option("--duration", default=None, help="How long, instead of --end (e.g. 4h, 90m, 1-00:00:00).")
+@click.option("--reason", required=True, help="Why, in words (shown to users whose jobs wait).")
+@click.option("--node", "nodes", multiple=True, help="Only this node (repeat); none: the whole pool.")
+@client_options
+def window_add(name, start, end, duration, reason, nodes, url, token, as_json) -> None:
+    """Set a maintenance window on NAME: no gang whose limit would cross it starts on what it takes."""
+    from datetime import datetime, timedelta
+
+    from gateway.domain.shapes import parse_duration_s
+
+    if (end is None) == (duration is None):
+        raise click.UsageError("give exactly one of --end and --duration")
+    begins = _when(start, "--start")
+    if duration is not None:
+        try:
+            seconds = parse_duration_s(duration)
+        except ValueError as exc:
+            raise click.BadParameter(f"{duration!r}: {exc}", param_hint="--duration") from None
+        ends = (datetime.fromisoformat(begins) + timedelta(seconds=seconds)).isoformat()
+    else:
+        ends = _when(end, "--end")
+    data = Client(url, token).call("POST", f"/v1/admin/pools/{name}/windows",
+                                   json={"start": begins, "end": ends, "reason": reason, "nodes": list(nodes)})
+    _emit(data, as_json, lambda w: f"window {w['id']} on {w['pool']}: {w['words']}")
+
+
+@window.command("delete")
+@click.argument("name")
+@click.argument("window_id")
+@client_options
+def window_delete(name, window_id, url, token, as_json) -> None:
+    """Delete a window made through the gateway (a backend's own is deleted in the backend)."""
+    Client(url, token).call("DELETE", f"/v1/admin/pools/{name}/windows/{window_id}")
+    _emit({"deleted": window_id}, as_json, lambda d: f"deleted window {window_id} of {name}")

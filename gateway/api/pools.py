@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Request, Response
 from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
@@ -14,9 +14,12 @@ from gateway.identity.principal import Principal
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import utcnow
+from gateway.domain.windows import PlannedWindow, words
 from gateway.pools import service
+from gateway.pools import windows
 from gateway.models.pools import Pool
-from gateway.pools.schemas import AdminPoolOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut
+from gateway.pools.schemas import (AdminPoolOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut,
+                                   WindowIn, WindowOut)
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
 admin_router = APIRouter(prefix="/v1/admin/pools", tags=["admin"], dependencies=[Depends(require_admin)])
@@ -30,16 +33,29 @@ PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, max_length=63, descrip
                         "jobs now and why, its queue depth and its capacity at the last probe (at most "
                         "`ISTHMUS_CAPACITY_TTL_S` old).",
             responses=problem_responses(401))
-def list_pools(request: Request, principal: CurrentPrincipal) -> PoolList:
+def list_pools(request: Request, principal: CurrentPrincipal,
+               session: Session = Depends(get_session, scope="function")) -> PoolList:
     dispatcher = getattr(request.app.state, "dispatcher", None)
+    health = service.current(dispatcher)
+    now = utcnow()
+    shown: dict[str, list[WindowOut]] = {}
+    if health:
+        for w in windows.shown(session, {name: h.view for name, h in health.items()}, now=now):
+            shown.setdefault(w.pool, []).append(_window_out(w, now))
     items = []
-    for name, h in service.current(dispatcher).items():
+    for name, h in health.items():
         v = h.view
         items.append(PoolOut(name=name, kind=v.kind, state=v.state, healthy=h.ok, reason=h.reason,
                              gpu_types=sorted(v.gpu_types), weight=v.weight, cost=v.cost, queue_depth=v.queue_depth,
                              total_nodes=v.total_nodes, idle_nodes=v.idle_nodes, total_gpus=v.total_gpus,
-                             free_gpus=v.free_gpus, gpus_per_node=v.gpus_per_node))
+                             free_gpus=v.free_gpus, gpus_per_node=v.gpus_per_node, windows=shown.get(name, [])))
     return PoolList(items=items, note="" if items else service.NO_POOL)
+
+
+def _window_out(w: PlannedWindow, now) -> WindowOut:
+    return WindowOut(id=w.name, pool=w.pool, source=w.source, start=w.start,
+                     end=None if windows.is_open_ended(w) else w.end, maintenance=w.maintenance,
+                     nodes=list(w.nodes), reason=w.reason, active=w.start <= now, words=words(w))
 
 
 @storage_router.get("", response_model=StorageList, operation_id="listStorage", summary="Storage jobs may mount",
@@ -100,3 +116,53 @@ def update_pool(name: PoolName, body: PoolPatch, request: Request, principal: Pr
     if dispatcher is not None:
         dispatcher.capacity.invalidate()  # the next round reads the new state
     return _admin_out(p)
+
+
+WindowId = Annotated[str, Path(pattern=r"^[0-9a-f-]{36}$", description="The window's id (a gateway window).")]
+
+
+def _views(request: Request) -> dict:
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    return {name: h.view for name, h in service.current(dispatcher).items()}
+
+
+@admin_router.get("/{name}/windows", response_model=list[WindowOut], operation_id="listPoolWindows",
+                  summary="A pool's maintenance windows",
+                  description="Every window on the pool that has not ended, by start: the ones admins made here "
+                              "and the backend's own (a Slurm reservation that takes nodes of the pool, read at "
+                              "the last capacity probe). docs/planning.md.",
+                  responses=problem_responses(401, 403, 404))
+def list_windows(name: PoolName, request: Request,
+                 session: Session = Depends(get_session, scope="function")) -> list[WindowOut]:
+    views = _views(request)  # before the session's transaction: a capacity refresh has its own (SQLite: one writer)
+    if service.get(session, name) is None:
+        raise NotFound(f"no pool {name!r} (GET /v1/admin/pools lists them)")
+    now = utcnow()
+    return [_window_out(w, now) for w in windows.shown(session, views, now=now, pool=name)]
+
+
+@admin_router.post("/{name}/windows", status_code=201, response_model=WindowOut, operation_id="createPoolWindow",
+                   summary="Set a maintenance window on a pool",
+                   description="From `start` to `end` the pool (or only `nodes` of it) runs nothing of the "
+                               "gateway's: no gang whose time limit would cross the window starts on the capacity it "
+                               "takes, start estimates move behind it, and shorter jobs still use the time before it. "
+                               "Jobs already running are not stopped. Takes effect at the next dispatch round.",
+                   responses=problem_responses(401, 403, 404, 422))
+def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends(require_admin),
+                  session: Session = Depends(get_session, scope="function")) -> WindowOut:
+    now = utcnow()
+    row = windows.create(session, name, starts_at=body.start, ends_at=body.end, reason=body.reason,
+                         nodes=body.nodes, by=principal.subject, now=now)
+    [w] = [w for w in windows.stored(session, now=now, pool=name) if w.name == row.id]
+    return _window_out(w, now)
+
+
+@admin_router.delete("/{name}/windows/{window_id}", status_code=204, operation_id="deletePoolWindow",
+                     summary="Delete a maintenance window",
+                     description="Only a window made through the gateway; a backend's own reservation is deleted "
+                                 "in the backend (e.g. `scontrol delete ReservationName=...`).",
+                     responses=problem_responses(401, 403, 404))
+def delete_window(name: PoolName, window_id: WindowId,
+                  session: Session = Depends(get_session, scope="function")) -> Response:
+    windows.remove(session, name, window_id)
+    return Response(status_code=204)

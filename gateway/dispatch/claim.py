@@ -38,6 +38,8 @@ from gateway.dispatch import planning
 from gateway.domain.decide import Params, RoundResult, Snapshot, decide
 from gateway.models.specs import shape_of
 from gateway.domain.routing import PoolView
+from gateway.domain.windows import outages
+from gateway.pools import windows as pool_windows
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
 # instead of reading every pending row (100,000 rows -> ~1,000 probes). Works on SQLite too.
@@ -226,8 +228,10 @@ class Claimer:
         return self.settings.scheduling_policy == "reservation" and not self.settings.pool_queue_depth
 
     def _params(self) -> Params:
+        # A greedy round that plans only because a window is set reserves nothing (depth 0).
+        depth = self.settings.reservation_depth if self.settings.scheduling_policy == "reservation" else 0
         return Params(weights=self.weights, queue_depth=self.settings.pool_queue_depth,
-                      cost_factor=self.settings.routing_cost_factor, reservation_depth=self.settings.reservation_depth,
+                      cost_factor=self.settings.routing_cost_factor, reservation_depth=depth,
                       max_starts=self.settings.dispatch_batch,
                       preempt_min_runtime_s=self.settings.preempt_min_runtime_s,
                       preempt_max_per_pool_per_minute=self.settings.preempt_max_per_pool_per_minute)
@@ -240,7 +244,10 @@ class Claimer:
         shares, overall, with_pool = ledger.fairshare_and_guarantees(
             s, now=now, half_life_s=self.settings.fairshare_half_life_s)
         factors = {name: fs.factor for name, fs in shares.items()}
-        planned = self._planned()
+        # Windows (docs/planning.md) need time, which only the planner sees: with any window
+        # that has not ended, the round is planned whatever the policy.
+        windows = outages(views, pool_windows.planned(s, views, now=now), now=now)
+        planned = self._planned() or bool(windows)
         picked = pending_order(s, now=now, lock=lock, factors=factors,
                                limit=self.settings.scheduling_window if planned else self.settings.dispatch_batch,
                                per_account=self.settings.scheduling_per_account if planned else None)
@@ -248,7 +255,7 @@ class Claimer:
         # limits written together at the end (gateway/ledger/round.py).
         rl = RoundLedger(s, accounts_=(job.account_name for job in picked), now=now)
         snap = Snapshot(now=now, picked=picked, views=views, planned=planned,
-                        shapes={job.id: shape_of(job) for job in picked})
+                        shapes={job.id: shape_of(job) for job in picked}, windows=windows)
         if picked and (overall or with_pool):  # guarantees are set somewhere (docs/recovery.md)
             g = guarantees.read(s, now=now, overall=overall, has_pool_guarantee=with_pool,
                                 parents={name: fs.parent for name, fs in shares.items()},

@@ -25,7 +25,8 @@ from gateway.domain import plan_inputs as planning
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
 from gateway.domain.routing import JobShape, PoolView, held_gpus, ranked, route, take
-from gateway.domain.planner import Candidate, Release, plan
+from gateway.domain.planner import Candidate, Outage, Release, plan
+from gateway.domain.windows import crossing_words
 
 _POSITION = " (fair-share position {})"
 
@@ -87,6 +88,9 @@ class Snapshot:
     # job -> the victims it waits for (still stopping, or stopped less than a minute ago)
     reclaiming: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     recent_evictions: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    # Maintenances and reservations that have not ended (gateway/domain/windows.py): with
+    # any, the round is planned (a greedy round cannot see time), docs/planning.md.
+    windows: list[Outage] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +281,8 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
                                                    monotonic_now=snap.monotonic_now)
     planned = plan(now=now.timestamp(), pools=planning.pool_models(views),
                    free_now=planning.free_now(views, registry_held), releases=snap.releases + lagging,
-                   candidates=candidates, depth=params.reservation_depth, max_starts=params.max_starts)
+                   candidates=candidates, depth=params.reservation_depth, max_starts=params.max_starts,
+                   windows=snap.windows)
     starts = {p.job_id: p for p in planned.starts}
     reserved = {p.job_id: p for p in planned.reservations}
     for position, job in enumerate(snap.picked, start=1):
@@ -294,19 +299,28 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
         held = reserved.get(job.id)
         decision = route(shapes[job.id], job.requested_pool, views, weights=params.weights,
                          queue_depth=params.queue_depth)
+        crossed = crossing_words(planned.crossing.get(job.id, ()), job.time_limit_s)
         if held is not None:
             at = datetime.fromtimestamp(held.start, tz=timezone.utc)
             why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
                    f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
                    "time limits")
+            if crossed:
+                why = (f"{crossed}. Reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, "
+                       f"the earliest of the pools it may use ({', '.join(usable_of[job.id])}) as windows end "
+                       "and running jobs reach their time limits")
             result.estimates.append(Estimate(job, at, held.pool, why))
             result.short.append(job)
             _wait(result, job, f"waiting for capacity: {why}", position)
             continue
         no_estimate = planned.unplanned.get(job.id) or (
             f"behind the {params.reservation_depth} jobs that hold reservations; no estimate yet")
+        if crossed:
+            no_estimate = f"{crossed}; {no_estimate}"
         result.estimates.append(Estimate(job, None, None, no_estimate))
-        if decision.pool is not None:  # it fits now, but only on capacity a higher job has reserved
+        if crossed and decision.pool is not None:  # it fits now, but a window comes before its limit ends
+            why = f"waiting for capacity: {no_estimate}"
+        elif decision.pool is not None:  # it fits now, but only on capacity a higher job has reserved
             why = f"waiting for capacity: held back, starting now would delay a higher job's reservation; {no_estimate}"
         else:
             why = decision.reason

@@ -22,6 +22,13 @@ it can only use what does not delay it (it ends before the planned start, or use
 the reservation does not need). That is conservative backfill: no reservation is ever
 pushed back by a lower job, so a gang's wait is bounded by the time limits of what runs.
 
+Windows (docs/planning.md): a maintenance or a reservation takes units from a pool over
+``[start, end)``; they are booked in the profile like a reservation that nothing may delay,
+so no gang whose time limit would cross a window starts on the capacity it takes, start
+estimates move behind it, and shorter jobs still use the time before it (backfill). A
+backend's own window that is active now is already missing from the snapshot's free units:
+those come back at its end instead.
+
 ``depth=0`` is the old greedy policy (whatever fits now starts; nothing waits for a gang),
 and ``policy="fifo"`` stops at the first job that cannot start now.
 """
@@ -59,6 +66,22 @@ class Release:
 
 
 @dataclasses.dataclass(frozen=True)
+class Outage:
+    """Units a window takes from a pool over ``[start, end)``, and the window in words.
+
+    ``in_snapshot``: active now and already not free in the capacity snapshot (a backend's
+    own reservation): its units come back at ``end`` rather than being taken.
+    """
+
+    pool: str
+    units: int
+    start: float
+    end: float
+    words: str
+    in_snapshot: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Candidate:
     """A waiting job, as the planner sees it.
 
@@ -83,6 +106,8 @@ class Placement:
     start: float  # == now for a start, later for a reservation
     reserved: bool  # True: a planned start, booked in the profile
     reason: str
+    # The windows a start now would cross on the chosen pool, in words (why it is not now).
+    windows: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -91,6 +116,8 @@ class Plan:
     reservations: list[Placement] = dataclasses.field(default_factory=list)
     # job id -> why it has no estimate (blocked, beyond the depth, never room)
     unplanned: dict[str, str] = dataclasses.field(default_factory=dict)
+    # job id -> the windows a start now would cross on the pools it may use (waiting jobs only)
+    crossing: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     examined: int = 0
 
     def estimate(self, job_id: str) -> Placement | None:
@@ -163,7 +190,8 @@ class Profile:
 
 def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
          releases: Iterable[Release], candidates: Iterable[Candidate], depth: int = 8,
-         policy: str = "reservation", max_starts: int | None = None, max_examined: int | None = None) -> Plan:
+         policy: str = "reservation", max_starts: int | None = None, max_examined: int | None = None,
+         windows: Iterable[Outage] = ()) -> Plan:
     """One scheduling round (see the module docstring).
 
     Args:
@@ -176,6 +204,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             "fifo" (stop at the first job that cannot start now).
         max_starts: stop after this many starts (the dispatcher's batch).
         max_examined: look at no more than this many candidates (a bounded round).
+        windows: maintenances and reservations (see :class:`Outage`).
     """
     if policy not in ("reservation", "greedy", "fifo"):
         raise ValueError(f"unknown policy {policy!r}")
@@ -186,7 +215,25 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
     for r in releases:
         if r.pool in per_pool:
             per_pool[r.pool].append((r.at, r.units))
+    taken: list[Outage] = []
+    of_pool: dict[str, list[Outage]] = {}
+    for w in windows:
+        if w.pool not in per_pool or w.end <= now or w.units <= 0:
+            continue
+        of_pool.setdefault(w.pool, []).append(w)
+        if w.in_snapshot and w.start <= now:
+            per_pool[w.pool].append((w.end, w.units))  # not free now; back at its end
+        else:
+            taken.append(w)
     profiles = {p.name: Profile(now, free_now.get(p.name, 0), per_pool[p.name], p.total_units) for p in pools}
+    for w in taken:
+        start = max(w.start, now)
+        profiles[w.pool].book(start, w.end - start, w.units)
+
+    def crossing(names: Iterable[str], limit: float) -> tuple[str, ...]:
+        """The windows a start now would cross on ``names`` (a start now ends at now + limit)."""
+        return tuple(w.words for name in names for w in of_pool.get(name, ()) if w.start < now + limit)
+
     out = Plan()
     for c in candidates:
         if max_examined is not None and out.examined >= max_examined:
@@ -210,6 +257,8 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
                 best = (at, rank, name, need)
         if best is None:
             out.unplanned[c.id] = "no pool it may use will have room (capacity is held with no known end)"
+            if of_pool:
+                out.crossing[c.id] = crossing(c.pools, c.time_limit_s)
             if policy == "fifo":
                 break
             continue
@@ -218,13 +267,16 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             profiles[name].book(now, c.time_limit_s, need)
             out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}"))
             continue
+        crossed = crossing((name,), c.time_limit_s) if of_pool else ()
+        if crossed:
+            out.crossing[c.id] = crossed
         if policy == "fifo":
             out.unplanned[c.id] = "first in line; waits for room (strict FIFO)"
             break
         if len(out.reservations) < depth:
             profiles[name].book(at, c.time_limit_s, need)
             out.reservations.append(Placement(c.id, name, at, True,
-                                              f"reserved on {name} from its planned start"))
+                                              f"reserved on {name} from its planned start", crossed))
         else:
             out.unplanned[c.id] = f"behind the {depth} jobs that hold reservations; no estimate yet"
         if policy == "greedy" or len(out.reservations) >= depth:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, String, true
+from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, String, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.kit.db import Base
@@ -44,3 +44,24 @@ class Pool(Base):
     limits_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class PoolWindow(Base):
+    """A maintenance window an admin set on a pool (docs/planning.md): from ``starts_at`` to
+    ``ends_at`` the pool, or only ``nodes`` of it, runs nothing of the gateway's. The planner
+    never starts a gang whose time limit would cross it on the capacity it takes."""
+
+    __tablename__ = "pool_window"
+    __table_args__ = (
+        CheckConstraint("ends_at > starts_at", name="ends_after_start"),
+        Index("ix_pool_window_pool_end", "pool", "ends_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(POOL_NAME_LEN))  # checked on write (no FK, like quotas)
+    starts_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ends_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str] = mapped_column(String(200))
+    nodes: Mapped[list[str]] = mapped_column(JSON, default=list)  # [] = the whole pool
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +31,8 @@ class PoolOut(BaseModel):
     total_gpus: int = 0
     free_gpus: int = 0
     gpus_per_node: int = 0
+    windows: list[WindowOut] = Field(default_factory=list, description="maintenances and reservations on it that "
+                                     "have not ended, the gateway's and the backend's own (docs/planning.md)")
 
 
 class PoolList(BaseModel):
@@ -81,3 +84,37 @@ class StorageOut(BaseModel):
 
 class StorageList(BaseModel):
     items: list[StorageOut]
+
+
+class WindowIn(BaseModel):
+    """A maintenance window: from `start` to `end` the pool (or only `nodes` of it) runs nothing of the gateway's."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"start": "2026-12-08T06:00:00Z", "end": "2026-12-08T10:00:00Z", "reason": "kernel upgrade"},
+        {"start": "2026-12-09T08:00:00Z", "end": "2026-12-09T09:00:00Z", "reason": "replace a GPU",
+         "nodes": ["gpu-017"]}]})
+
+    start: datetime = Field(description="When it starts (RFC 3339 with a time zone). May be in the past: a window "
+                                        "that is already under way.")
+    end: datetime = Field(description="When it ends (after `start`, in the future, at most 366 days after `start`).")
+    reason: str = Field(min_length=1, max_length=200, description="Why, in words: shown to the users whose jobs wait.")
+    nodes: list[str] = Field(default_factory=list, max_length=1000,
+                             description="Only these nodes of the pool (host names); empty: the whole pool.")
+
+
+class WindowOut(BaseModel):
+    id: str = Field(description="The gateway window's id, or the backend's own name for it (e.g. the Slurm "
+                                "reservation's)")
+    pool: str
+    source: str = Field(description="`gateway` (made by an admin here, deletable here) or the backend's kind "
+                                    "(`slurm`: a reservation in the cluster, shown as it is there)")
+    start: datetime
+    end: datetime | None = Field(description="null: no end set (a backend reservation without one)")
+    maintenance: bool = Field(description="true: a maintenance; false: a reservation for someone else")
+    nodes: list[str] = Field(description="the pool's nodes it takes; empty: the whole pool")
+    reason: str
+    active: bool = Field(description="true: under way now")
+    words: str = Field(description="the window as a waiting job's reason names it")
+
+
+PoolOut.model_rebuild()

@@ -42,6 +42,8 @@ from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository as ledger_repo, service as ledger
 from gateway.pools import service as pools
+from gateway.pools import windows as pool_windows
+from gateway.domain.windows import words as window_words
 from gateway.ui import plots, session as ui_sessions
 from gateway.ui.headers import UiHeadersMiddleware
 from gateway.ui.session import UiSessionMiddleware
@@ -100,6 +102,12 @@ class LoginRequired(Exception):
 def csrf_token(request: Request) -> str:
     """The logged-in session's CSRF token (kept in its server-side row); set by principal_of."""
     return getattr(request.state, "ui_csrf", "")
+
+
+async def posted_form(request: Request) -> dict[str, str]:
+    """A urlencoded form's fields (the first value of each), parsed here: no multipart dependency."""
+    body = (await request.body()).decode("utf-8", errors="replace")
+    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
 
 
 async def posted_csrf(request: Request) -> str:
@@ -354,10 +362,22 @@ def pools_page(request: Request):
     health = pools.current(getattr(request.app.state, "dispatcher", None))
     with transaction(request.app.state.sessionmaker) as session:
         waiting = jobs_repo.waiting_per_pool(session, WAITING)
+        windows = _windows(session, health)
     items = [{"name": name, "kind": h.kind, "ok": h.ok, "reason": h.reason, "total_gpus": h.view.total_gpus,
               "free_gpus": h.view.free_gpus, "total_nodes": h.view.total_nodes, "idle_nodes": h.view.idle_nodes,
               "waiting": waiting.get(name, 0)} for name, h in health.items()]
-    return render(request, "pools.html", {"pools": items, "unrouted": waiting.get("auto", 0)}, principal=principal)
+    return render(request, "pools.html", {"pools": items, "unrouted": waiting.get("auto", 0), "windows": windows},
+                  principal=principal)
+
+
+def _windows(session, health) -> list[dict]:
+    """Every window that has not ended, both sources (gateway/pools/windows.py), as the pages show them."""
+    now = utcnow()
+    return [{"id": w.name, "pool": w.pool, "source": w.source, "start": f"{w.start:%Y-%m-%d %H:%M} UTC",
+             "end": "no end" if pool_windows.is_open_ended(w) else f"{w.end:%Y-%m-%d %H:%M} UTC",
+             "nodes": ", ".join(w.nodes) or "all", "reason": w.reason, "active": w.start <= now,
+             "maintenance": w.maintenance, "words": window_words(w)}
+            for w in pool_windows.shown(session, {name: h.view for name, h in health.items()}, now=now)]
 
 
 @router.get("/admin", name="ui_admin")
@@ -368,7 +388,10 @@ def admin_page(request: Request, days: int = 30):
     days = max(1, min(days, 366))
     today = utcnow().date()
     since = today - timedelta(days=days - 1)
+    health = pools.current(getattr(request.app.state, "dispatcher", None))  # before the transaction (SQLite)
     with transaction(request.app.state.sessionmaker) as session:
+        windows = _windows(session, health)
+        pool_names = [p.name for p in pools.all_pools(session) if p.configured]
         rows = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="month")
         tree = accounts.load_tree(session)
         quotas = []
@@ -386,7 +409,45 @@ def admin_page(request: Request, days: int = 30):
     return render(request, "admin.html", {
         "since": since, "days": days, "pools": pools_seen, "accounts": accounts_seen,
         "matrix": {f"{a}\x1f{p}": round(v, 2) for (a, p), v in matrix.items()},
-        "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas}, principal=principal)
+        "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas, "windows": windows,
+        "pool_names": pool_names}, principal=principal)
+
+
+def _admin_only(request: Request, form: dict[str, str]) -> Principal:
+    principal = principal_of(request)
+    check_csrf(request, form.get("csrf", ""))
+    if not principal.is_admin:
+        raise Forbidden("windows need the admin role")
+    return principal
+
+
+def _utc_field(form: dict[str, str], name: str) -> datetime:
+    """A form's ``datetime-local`` field, read as UTC (the form says so)."""
+    try:
+        at = datetime.fromisoformat(form.get(name, "").strip())
+    except ValueError:
+        raise Invalid(f"form.{name}", "give a date and time, e.g. 2026-12-08T06:00") from None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+@router.post("/admin/windows", name="ui_add_window")
+def add_window(request: Request, form: dict[str, str] = Depends(posted_form)):
+    """The admin page's form: the same rule as POST /v1/admin/pools/{name}/windows."""
+    principal = _admin_only(request, form)
+    nodes = [n.strip() for n in form.get("nodes", "").split(",") if n.strip()]
+    with transaction(request.app.state.sessionmaker) as session:
+        pool_windows.create(session, form.get("pool", ""), starts_at=_utc_field(form, "start"),
+                            ends_at=_utc_field(form, "end"), reason=form.get("reason", ""), nodes=nodes,
+                            by=principal.subject, now=utcnow())
+    return RedirectResponse(str(request.url_for("ui_admin")) + "#windows", status_code=303)
+
+
+@router.post("/admin/windows/{pool}/{window_id}/delete", name="ui_delete_window")
+def delete_window(request: Request, pool: str, window_id: str, form: dict[str, str] = Depends(posted_form)):
+    _admin_only(request, form)
+    with transaction(request.app.state.sessionmaker) as session:
+        pool_windows.remove(session, pool, window_id)
+    return RedirectResponse(str(request.url_for("ui_admin")) + "#windows", status_code=303)
 
 
 def _h(seconds) -> float | None:

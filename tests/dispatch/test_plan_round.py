@@ -247,3 +247,29 @@ def test_units_of_a_gang_that_just_ended_but_still_show_as_used_free_soon_so_the
     assert lagging_ends(views(16), held, ended, now=now, monotonic_now=1005.0) == ([], held)
     # An end older than the window is someone else's work again.
     assert lagging_ends(views(8), held, ended, now=now, monotonic_now=1000.0 + RECENT_END_S + 1) == ([], held)
+
+
+def test_a_window_holds_what_would_cross_it_and_a_greedy_round_honours_it_too(database_url, dev_key_path):
+    """The wiring of windows (issue #31) under both policies: a greedy round plans too once a
+    window is set. The same on real Slurm: tests/dispatch/test_windows_slurm.py."""
+    from datetime import timedelta, timezone
+
+    for policy in ("reservation", "greedy"):
+        with wired_gateway(database_url, dev_key_path, {}, scheduling_policy=policy) as gw:
+            gw.app.state.backends["slurm"] = Pool()
+            now = datetime.now(timezone.utc)
+            end = now + timedelta(minutes=40)
+            r = gw.client.post("/v1/admin/pools/slurm/windows", headers=gw.headers("root", admin=True),
+                               json={"start": (now + timedelta(minutes=10)).isoformat(), "end": end.isoformat(),
+                                     "reason": "switch firmware"})
+            assert r.status_code == 201, r.text
+            long_ = submit(gw, "team-a", time_limit="30m")
+            short = submit(gw, "team-b", time_limit="5m")
+            rounds(gw)
+            held = get(gw, long_)
+            assert held["state"] == "pending", (policy, held)
+            assert "slurm is in maintenance from" in held["state_reason"], (policy, held["state_reason"])
+            assert "(switch firmware); this job's 30 min limit would cross it" in held["state_reason"]
+            assert get(gw, short)["state"] == "running", (policy, get(gw, short))
+            if policy == "reservation":  # an estimate at the window's end
+                assert abs(as_utc(datetime.fromisoformat(held["estimated_start"])) - end) < timedelta(seconds=2)

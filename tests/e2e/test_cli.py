@@ -128,3 +128,35 @@ def test_admin_accounts_list_marks_inherited_limits_and_budgets(running_gateway)
     rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:]}
     assert "32 (org-cli)" in rows["team-cli"] and "100.0 (org-cli)" in rows["team-cli"], rows["team-cli"]
     assert "(org-cli)" not in rows["org-cli"] and " 32 " in rows["org-cli"]
+
+
+def test_admin_pool_window_add_list_delete(running_gateway):
+    """`isthmus admin pool window ...` against the served gateway (issue #31)."""
+    from gateway.models.pools import Pool
+
+    with running_gateway.gw.session() as s, s.begin():
+        if s.get(Pool, "slurm-cli") is None:
+            s.add(Pool(name="slurm-cli", kind="slurm", gpu_types=[], configured=True))
+    admin = running_gateway.token("root", (), admin=True)
+    cli = running_gateway.cli
+    added = cli("admin", "pool", "window", "add", "slurm-cli", "--start", "now+2h", "--duration", "4h",
+                "--reason", "kernel upgrade", "--node", "gpu-1", "--node", "gpu-2", "--json", token=admin)
+    assert added.returncode == 0, added.stderr
+    made = json.loads(added.stdout)
+    assert made["nodes"] == ["gpu-1", "gpu-2"] and made["reason"] == "kernel upgrade"
+    assert "2 nodes of slurm-cli (gpu-1, gpu-2) are in maintenance from" in made["words"]
+    table = cli("admin", "pool", "window", "list", "slurm-cli", token=admin)
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["ID", "SOURCE", "START"]
+    assert row.startswith(made["id"]) and "gateway" in row and "gpu-1,gpu-2" in row and "kernel upgrade" in row
+    # Bad input: the field named, nothing made.
+    bad = cli("admin", "pool", "window", "add", "slurm-cli", "--start", "now", "--end", "2020-01-01T00:00:00Z",
+              "--reason", "x", token=admin)
+    assert bad.returncode != 0 and "422" in bad.stderr and "body.end" in bad.stderr
+    both = cli("admin", "pool", "window", "add", "slurm-cli", "--start", "now", "--reason", "x", token=admin)
+    assert both.returncode != 0 and "exactly one of --end and --duration" in both.stderr
+    assert cli("admin", "pool", "window", "delete", "slurm-cli", made["id"], token=admin).returncode == 0
+    assert "no window on slurm-cli" in cli("admin", "pool", "window", "list", "slurm-cli", token=admin).stdout
+    user = cli("admin", "pool", "window", "list", "slurm-cli", token=running_gateway.token())
+    assert user.returncode != 0 and "403" in user.stderr

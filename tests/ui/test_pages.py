@@ -422,3 +422,38 @@ def test_a_ui_visit_records_the_accounts_its_caller_holds(ui):
     with ui.app.state.sessionmaker() as s:
         seen = set(s.scalars(select(MembershipSeen.account).where(MembershipSeen.subject == "dev:alice")))
     assert "team-a" in seen, seen
+
+
+def test_admins_add_and_delete_maintenance_windows_from_the_admin_page(ui):
+    """The admin page's window form goes through the same rule as the API (issue #31); the
+    pools page shows every user the windows; the form needs the admin role and the CSRF token."""
+    from gateway.kit.db import transaction
+    from gateway.models.pools import Pool
+
+    with transaction(ui.app.state.sessionmaker) as s:
+        s.add(Pool(name="slurm-ui", kind="slurm", gpu_types=[], configured=True))
+    form = {"pool": "slurm-ui", "start": "2030-01-08T06:00", "end": "2030-01-08T10:00",
+            "reason": "kernel " + HOSTILE, "nodes": "gpu-1, gpu-2"}
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, session_cookie(ui, ui.mint("alice", ["team-a"]), csrf="a-csrf"), path="/ui")
+    assert ui.post("/ui/admin/windows", data={**form, "csrf": "a-csrf"}, follow_redirects=False).status_code == 403
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, session_cookie(ui, ui.mint("root", ["team-a"], admin=True), csrf="right"), path="/ui")
+    assert ui.post("/ui/admin/windows", data={**form, "csrf": "wrong"}, follow_redirects=False).status_code == 403
+    bad = ui.post("/ui/admin/windows", data={**form, "end": "2030-01-08T05:00", "csrf": "right"})
+    assert bad.status_code == 422 and "must be after start" in bad.text
+    r = ui.post("/ui/admin/windows", data={**form, "csrf": "right"}, follow_redirects=False)
+    assert r.status_code == 303
+    admin_page = ui.get("/ui/admin").text
+    assert "2030-01-08 06:00 UTC" in admin_page and "gpu-1, gpu-2" in admin_page
+    assert HOSTILE not in admin_page and "&lt;script&gt;" in admin_page  # the reason is escaped
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, session_cookie(ui, ui.mint("alice", ["team-a"])), path="/ui")
+    pools_page = ui.get("/ui/pools").text
+    assert "2030-01-08 06:00 UTC – 2030-01-08 10:00 UTC" in pools_page and HOSTILE not in pools_page
+    ui.cookies.clear()
+    ui.cookies.set(COOKIE, session_cookie(ui, ui.mint("root", ["team-a"], admin=True), csrf="right"), path="/ui")
+    [window_id] = __import__("re").findall(r'/ui/admin/windows/slurm-ui/([0-9a-f-]{36})/delete', admin_page)
+    assert ui.post(f"/ui/admin/windows/slurm-ui/{window_id}/delete", data={"csrf": "right"},
+                   follow_redirects=False).status_code == 303
+    assert "No window on any pool." in ui.get("/ui/admin").text

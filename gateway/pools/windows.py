@@ -1,0 +1,108 @@
+"""Maintenance windows on pools: the admins' own (the ``pool_window`` table) and the backends'.
+
+One place for every rule of a window: what a valid one is (:func:`create`), which ones the
+planner sees (:func:`planned`: the gateway's that have not ended plus the backends' own in
+the round's snapshot) and how a window is shown (:func:`shown`). The dispatch round, the
+admin API, the CLI, the dashboard and ``GET /v1/pools`` all call these (docs/planning.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from gateway.domain.routing import PoolView
+from gateway.domain.windows import FAR, PlannedWindow, from_backend
+from gateway.kit.errors import Invalid, NotFound
+from gateway.kit.timeutil import as_utc, new_id
+from gateway.models.pools import Pool, PoolWindow
+
+# A node's name as Slurm and Kubernetes write it (a host name), matched as a whole.
+NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,62})")
+MAX_NODES = 1000
+MAX_LENGTH = timedelta(days=366)  # longer is a decommission: drain or disable the pool instead
+REASON_MAX = 200
+
+
+def check(*, starts_at: datetime, ends_at: datetime, reason: str, nodes: Iterable[str],
+          now: datetime) -> tuple[datetime, datetime, str, list[str]]:
+    """The window's fields, checked and normalised; :class:`Invalid` names the field."""
+    if starts_at.tzinfo is None:
+        raise Invalid("body.start", "give a time zone (e.g. 2026-12-08T06:00:00Z)")
+    if ends_at.tzinfo is None:
+        raise Invalid("body.end", "give a time zone (e.g. 2026-12-08T10:00:00Z)")
+    if ends_at <= starts_at:
+        raise Invalid("body.end", "must be after start")
+    if ends_at <= now:
+        raise Invalid("body.end", "is in the past: a window that has ended changes nothing")
+    if ends_at - starts_at > MAX_LENGTH:
+        raise Invalid("body.end", "a window lasts at most 366 days (drain or disable the pool instead)")
+    reason = reason.strip()
+    if not reason:
+        raise Invalid("body.reason", "say why (it is shown to the users whose jobs wait)")
+    if len(reason) > REASON_MAX or any(ord(c) < 32 for c in reason):
+        raise Invalid("body.reason", f"at most {REASON_MAX} printable characters on one line")
+    out: list[str] = []
+    for i, node in enumerate(nodes):
+        if not isinstance(node, str) or not NODE_NAME.fullmatch(node):
+            raise Invalid(f"body.nodes.{i}", "must be a node's host name (letters, digits, '.', '_', '-')")
+        if node in out:
+            raise Invalid(f"body.nodes.{i}", f"{node!r} is listed twice")
+        out.append(node)
+    if len(out) > MAX_NODES:
+        raise Invalid("body.nodes", f"at most {MAX_NODES} nodes (leave it empty for the whole pool)")
+    return starts_at, ends_at, reason, out
+
+
+def create(session: Session, pool: str, *, starts_at: datetime, ends_at: datetime, reason: str,
+           nodes: Iterable[str], by: str, now: datetime) -> PoolWindow:
+    """A new window on ``pool`` (which must be one the gateway knows)."""
+    if session.get(Pool, pool) is None:
+        raise NotFound(f"no pool {pool!r} (GET /v1/admin/pools lists them)")
+    starts_at, ends_at, reason, nodes = check(starts_at=starts_at, ends_at=ends_at, reason=reason,
+                                              nodes=nodes, now=now)
+    row = PoolWindow(id=new_id(), pool=pool, starts_at=starts_at, ends_at=ends_at, reason=reason,
+                     nodes=nodes, created_by=by, created_at=now)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def remove(session: Session, pool: str, window_id: str) -> None:
+    """Delete a gateway window; a backend's own is deleted in the backend (scontrol)."""
+    done = session.execute(delete(PoolWindow).where(PoolWindow.pool == pool, PoolWindow.id == window_id))
+    if not done.rowcount:
+        raise NotFound(f"pool {pool!r} has no window {window_id!r} made through the gateway "
+                       "(a backend's own reservation is deleted in the backend)")
+
+
+def stored(session: Session, *, now: datetime, pool: str | None = None) -> list[PlannedWindow]:
+    """The gateway's windows that have not ended (on ``pool``, or every pool), by start."""
+    stmt = select(PoolWindow).where(PoolWindow.ends_at > now)
+    if pool is not None:
+        stmt = stmt.where(PoolWindow.pool == pool)
+    rows = session.scalars(stmt.order_by(PoolWindow.starts_at, PoolWindow.id)).all()
+    return [PlannedWindow(pool=r.pool, start=as_utc(r.starts_at), end=as_utc(r.ends_at), nodes=tuple(r.nodes or ()),
+                          maintenance=True, reason=r.reason, source="gateway", name=r.id) for r in rows]
+
+
+def planned(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> list[PlannedWindow]:
+    """Every window the planner honours this round: the gateway's and the backends' own."""
+    return stored(session, now=now) + [w for w in from_backend(views) if w.end > now]
+
+
+def shown(session: Session, views: Mapping[str, PoolView], *, now: datetime,
+          pool: str | None = None) -> list[PlannedWindow]:
+    """The windows of ``pool`` (or every pool) that have not ended, both sources, by start."""
+    out = planned(session, {k: v for k, v in views.items() if pool is None or k == pool}, now=now)
+    if pool is not None:
+        out = [w for w in out if w.pool == pool]
+    return sorted(out, key=lambda w: (w.start, w.pool, w.name))
+
+
+def is_open_ended(w: PlannedWindow) -> bool:
+    return w.end >= FAR

@@ -1,0 +1,146 @@
+"""Maintenance windows in the planner and in a waiting job's words (issue #31, docs/planning.md).
+
+Pure: the planner and the window helpers. tests/dispatch/test_windows_slurm.py runs the same
+rules through the gateway against real Slurm clusters (an admin's window and a real MAINT
+reservation).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from adapters.base import Capacity, PoolCapacity, Window
+from gateway.domain.planner import Candidate, Outage, PoolModel, Release, plan
+from gateway.domain.routing import PoolView
+from gateway.domain.windows import PlannedWindow, crossing_words, from_backend, limit_words, outages, units, when
+
+SLURM = PoolModel("slurm-a", node_exclusive=True, total_units=4, gpus_per_node=8)
+KUBE = PoolModel("kube-a", node_exclusive=False, total_units=32, gpus_per_node=8)
+T0 = datetime(2026, 12, 8, 2, 0, tzinfo=timezone.utc)  # a Tuesday
+
+
+def job(id_, workers, limit, pools=("slurm-a",)):
+    return Candidate(id_, workers, 8, limit, pools)
+
+
+def whole(pool="slurm-a", start=3600.0, end=7200.0, units_=4, in_snapshot=False):
+    return Outage(pool, units_, start, end, f"{pool} is in maintenance", in_snapshot)
+
+
+def test_a_gang_whose_limit_crosses_a_window_waits_until_it_ends():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], windows=[whole()],
+             candidates=[job("long", 2, 8 * 3600)])
+    assert not p.starts
+    assert (p.reservations[0].job_id, p.reservations[0].start) == ("long", 7200)
+    assert p.crossing["long"] == ("slurm-a is in maintenance",)
+
+
+def test_a_job_short_enough_to_end_before_the_window_backfills():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], windows=[whole()],
+             candidates=[job("long", 2, 8 * 3600), job("short", 4, 3600)])
+    assert [s.job_id for s in p.starts] == ["short"]  # ends at 3600, exactly when the window starts
+    assert "short" not in p.crossing
+
+
+def test_one_second_too_long_does_not_backfill():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], windows=[whole()],
+             candidates=[job("short", 1, 3601)])
+    assert not p.starts and p.reservations[0].start == 7200
+
+
+def test_a_window_on_some_nodes_leaves_the_rest_usable():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], windows=[whole(units_=2)],
+             candidates=[job("two", 2, 8 * 3600), job("three", 3, 8 * 3600)])
+    assert [s.job_id for s in p.starts] == ["two"]  # the two nodes the window does not take
+    # three nodes: not in the window (2 left) and not before "two" ends (8 h)
+    assert p.reservations[0].job_id == "three" and p.reservations[0].start == 8 * 3600
+
+
+def test_an_active_window_takes_the_units_now_and_gives_them_back_at_its_end():
+    gateway_window = whole(start=-60, end=600)  # the backend does not know it: the snapshot shows 4 free
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], windows=[gateway_window],
+             candidates=[job("g", 4, 60)])
+    assert not p.starts and p.reservations[0].start == 600
+
+
+def test_a_backend_window_active_now_is_not_taken_twice():
+    # Slurm's own MAINT reservation on 2 nodes: the snapshot already shows them not idle (2 free).
+    w = whole(start=-60, end=600, units_=2, in_snapshot=True)
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 2}, releases=[], windows=[w],
+             candidates=[job("two", 2, 60), job("four", 4, 60)])
+    assert [s.job_id for s in p.starts] == ["two"]  # the 2 idle nodes are usable
+    assert p.reservations[0].job_id == "four" and p.reservations[0].start == 600  # all 4 back at its end
+
+
+def test_a_running_gang_that_ends_inside_the_window_frees_nothing_until_the_window_ends():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 0}, releases=[Release("slurm-a", 4, 4000)],
+             windows=[whole()], candidates=[job("g", 1, 60)])
+    assert p.reservations[0].start == 7200
+
+
+def test_a_window_on_another_pool_sends_the_gang_elsewhere():
+    p = plan(now=0, pools=[SLURM, KUBE], free_now={"slurm-a": 4, "kube-a": 32}, releases=[],
+             windows=[whole()], candidates=[job("g", 2, 8 * 3600, pools=("slurm-a", "kube-a"))])
+    assert [(s.job_id, s.pool) for s in p.starts] == [("g", "kube-a")]
+
+
+def test_a_window_with_no_end_means_never_and_says_why():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[],
+             windows=[whole(end=float("inf"))], candidates=[job("g", 1, 8 * 3600)])
+    assert "g" in p.unplanned and p.crossing["g"] == ("slurm-a is in maintenance",)
+
+
+def test_an_ended_window_changes_nothing():
+    p = plan(now=10_000, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], windows=[whole()],
+             candidates=[job("g", 4, 8 * 3600)])
+    assert [s.job_id for s in p.starts] == ["g"] and not p.crossing
+
+
+# ---------------------------------------------------------------- windows in words and units
+
+
+def view(name="slurm-24", exclusive=True, windows=()):
+    cap = Capacity("slurm", (PoolCapacity(name, 4, 4, 32, 32, gpus_per_node=8, windows=tuple(windows)),))
+    return PoolView(name=name, backend=None, capacity=cap, free_gpus=32, idle_nodes=4, total_gpus=32,
+                    total_nodes=4, gpus_per_node=8, kind="slurm" if exclusive else "kubernetes")
+
+
+def test_the_reason_names_the_pool_the_window_and_the_limit():
+    w = PlannedWindow("slurm-24", T0 + timedelta(hours=4), T0 + timedelta(hours=8), reason="kernel upgrade")
+    out = outages({"slurm-24": view()}, [w], now=T0)
+    assert out[0].words == "slurm-24 is in maintenance from Tue 8 Dec 06:00 to 10:00 UTC (kernel upgrade)"
+    assert crossing_words([out[0].words], 8 * 3600) == (
+        "slurm-24 is in maintenance from Tue 8 Dec 06:00 to 10:00 UTC (kernel upgrade); "
+        "this job's 8 h limit would cross it")
+
+
+@pytest.mark.parametrize("seconds, words", [(8 * 3600, "8 h"), (5400, "1 h 30 min"), (2700, "45 min"),
+                                            (187200, "2 d 4 h"), (30, "30 s")])
+def test_limits_in_words(seconds, words):
+    assert limit_words(seconds) == words
+
+
+def test_a_window_across_days_names_both_days():
+    assert when(T0, T0 + timedelta(days=1)) == "from Tue 8 Dec 02:00 to Wed 9 Dec 02:00 UTC"
+
+
+def test_units_follow_the_pool_and_never_exceed_it():
+    some = PlannedWindow("slurm-24", T0, T0 + timedelta(hours=1), nodes=("n1", "n2"))
+    everything = PlannedWindow("slurm-24", T0, T0 + timedelta(hours=1))
+    assert units(some, view()) == 2 and units(everything, view()) == 4
+    gpu_pool = view(exclusive=False)
+    gpu_pool.kind = "kubernetes"
+    assert units(some, gpu_pool) == 16 and units(everything, gpu_pool) == 32
+    many = PlannedWindow("slurm-24", T0, T0 + timedelta(hours=1), nodes=tuple(f"n{i}" for i in range(9)))
+    assert units(many, view()) == 4
+
+
+def test_a_backend_window_in_the_snapshot_is_planned_as_already_taken():
+    w = Window("maint1", T0, T0 + timedelta(hours=2), ("n1",), True, "Slurm reservation maint1 (MAINT)")
+    [planned] = from_backend({"slurm-24": view(windows=[w])})
+    assert (planned.pool, planned.nodes, planned.in_snapshot, planned.source) == ("slurm-24", ("n1",), True, "slurm")
+    [o] = outages({"slurm-24": view(windows=[w])}, [planned], now=T0)
+    assert o.units == 1 and o.in_snapshot
+    assert o.words.startswith("1 node of slurm-24 (n1) is in maintenance from Tue 8 Dec 02:00 to 04:00 UTC")
