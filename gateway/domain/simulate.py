@@ -30,7 +30,12 @@ takes all of a victim's run time as at risk. Either way a victim really loses on
 since its last checkpoint; a job that never checkpoints loses its whole attempt. No job
 checkpoints on the grace signal here (a job that does would lose less).
 
-Used by ``bench/simulate.py`` (the policy table in docs/benchmarks.md) and by the tests.
+Windows (``outages``, docs/planning.md): maintenances and reservations in the trace's
+clock, passed to every round's plan as the dispatcher passes them; a round also runs at each
+window's start and end.
+
+Used by ``bench/simulate.py`` (the policy table in docs/benchmarks.md), by
+``bench/simulate_windows.py`` (windows) and by the tests.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.domain.fairshare import compute_fairshare
-from gateway.domain.planner import INF, Candidate, PoolModel, Release, plan
+from gateway.domain.planner import INF, Candidate, Outage, PoolModel, Release, plan
 from gateway.domain.preempt import RATE_WINDOW_S, Room, Running, choose_eviction
 
 GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
@@ -235,7 +240,7 @@ class _Replay:
     def __init__(self, trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,
                  policy: str, depth: int, half_life_s: float, fairshare_every_s: float, per_account: int,
                  max_examined: int, horizon: float | None, window: tuple[float, float] | None,
-                 guarantees: Mapping[str, int] | None, reclaim: Reclaim):
+                 guarantees: Mapping[str, int] | None, reclaim: Reclaim, outages: Sequence[Outage] = ()):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         if policy in (HARD_CAPS, BORROW) and guarantees is None:
@@ -275,6 +280,11 @@ class _Replay:
         self.seq = 0
         for j in trace:
             self._push(j.arrival, "arrive", j.id)
+        self.outages = list(outages)
+        for w in self.outages:  # a round when a window starts and when it ends
+            for at in (w.start, w.end):
+                if at < INF:
+                    self._push(at, "tick", "")
         # Decayed usage kept as of a fixed epoch t0: a charge at t adds gpu_s * 2^((t - t0) / h),
         # and the value at `now` is that sum times 2^(-(now - t0) / h). O(1) per charge.
         self.t0 = trace[0].arrival if trace else 0.0
@@ -521,6 +531,8 @@ class _Replay:
                 break
             while events and events[0][0] == now:
                 _, seq, kind, jid = heapq.heappop(events)
+                if kind == "tick":  # a window starts or ends: only the round below
+                    continue
                 o = self.outcomes[jid]
                 if kind == "arrive":
                     if capped and self.eligible[jid] and min(self.gpus_on[jid].values()) > self.guarantees.get(
@@ -545,7 +557,7 @@ class _Replay:
             self.rounds += 1
             p = plan(now=now, pools=self.models, free_now=self.free, releases=self._releases(),
                      candidates=self._candidates(), depth=self.depth, policy=self.plan_policy,
-                     max_examined=self.max_examined)
+                     max_examined=self.max_examined, windows=self.outages)
             for r in p.reservations:
                 o = self.outcomes[r.job_id]
                 if o.first_estimate is None:
@@ -580,14 +592,17 @@ def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mappin
              policy: str = RESERVATION, depth: int = 8, half_life_s: float = 7 * 86400,
              fairshare_every_s: float = 300, per_account: int = 32, max_examined: int = 2000,
              horizon: float | None = None, window: tuple[float, float] | None = None,
-             guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim()) -> SimResult:
+             guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim(),
+             outages: Sequence[Outage] = ()) -> SimResult:
     """Replay ``trace`` (sorted by arrival) and return what happened to every job.
 
     ``per_account`` bounds how many of one account's waiting jobs a round looks at (the
     gateway's look-past bound); ``horizon`` stops the clock (default: when all is done).
     ``guarantees`` (GPUs per account) is what ``hard-caps`` caps at and ``borrow`` borrows
-    beyond; ``reclaim`` sets how ``borrow`` stops borrowed work.
+    beyond; ``reclaim`` sets how ``borrow`` stops borrowed work; ``outages`` are the
+    windows (maintenances, reservations) every round plans around.
     """
     return _Replay(trace, pools, shares, policy=policy, depth=depth, half_life_s=half_life_s,
                    fairshare_every_s=fairshare_every_s, per_account=per_account, max_examined=max_examined,
-                   horizon=horizon, window=window, guarantees=guarantees, reclaim=reclaim).run()
+                   horizon=horizon, window=window, guarantees=guarantees, reclaim=reclaim,
+                   outages=outages).run()

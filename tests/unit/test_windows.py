@@ -144,3 +144,28 @@ def test_a_backend_window_in_the_snapshot_is_planned_as_already_taken():
     [o] = outages({"slurm-24": view(windows=[w])}, [planned], now=T0)
     assert o.units == 1 and o.in_snapshot
     assert o.words.startswith("1 node of slurm-24 (n1) is in maintenance from Tue 8 Dec 02:00 to 04:00 UTC")
+
+
+# ---------------------------------------------------------------- the simulator
+
+
+def test_the_simulator_runs_nothing_across_a_window_and_backfills_before_it():
+    """A replay with a whole-pool window: no job's run overlaps it, jobs short enough run
+    right up to it, and the rest wait for its end (the planner's rule, round by round)."""
+    from gateway.domain.simulate import SimPool, TraceJob, simulate
+
+    pool = SimPool("slurm-a", "slurm", 4, 8)
+    trace = [TraceJob(f"j{i}", arrival=i * 60.0, account="a" if i % 2 else "b", workers=1 + i % 2,
+                      gpus_per_worker=8, run_s=900.0 + 300 * (i % 5), time_limit_s=3600.0 * (1 + i % 3),
+                      kinds=("slurm",)) for i in range(40)]
+    window = Outage("slurm-a", 4, 4 * 3600.0, 6 * 3600.0, "slurm-a is in maintenance")
+    res = simulate(trace, [pool], {"a": 1, "b": 1}, outages=[window])
+    runs = [(o.start, o.end) for o in res.outcomes]
+    assert all(s is not None and e is not None for s, e in runs)  # everything ran in the end
+    assert not [r for r in runs if r[0] < window.end and r[1] > window.start]  # nothing ran inside it
+    # Each started job's limit ended by the window, or it started after it.
+    assert all(o.start + o.job.time_limit_s <= window.start or o.start >= window.end for o in res.outcomes)
+    assert any(window.start - 3600 <= o.start + o.job.time_limit_s <= window.start for o in res.outcomes)
+    assert min(o.start for o in res.outcomes if o.start >= window.end) == window.end  # a round at its end
+    without = simulate(trace, [pool], {"a": 1, "b": 1})
+    assert [r for r in ((o.start, o.end) for o in without.outcomes) if r[0] < window.end and r[1] > window.start]
