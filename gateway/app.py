@@ -34,7 +34,8 @@ from gateway.kit.streams import StreamLimiter
 from gateway.api.metrics import check_access as check_metrics_access, router as metrics_router
 from gateway.webhooks.address import check_allowlist as check_webhook_allowlist
 from gateway.pools import service as pools
-from gateway.api.pools import admin_router as pools_admin_router, router as pools_router, storage_router
+from gateway.api.pools import (admin_router as pools_admin_router, reservations_router, router as pools_router,
+                               storage_router)
 from gateway.ui.apidocs import install as install_api_docs
 from gateway.ui.router import install as install_ui
 from gateway.api.webhooks import account_router as webhooks_router, admin_router as admin_webhooks_router
@@ -222,6 +223,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(pools_admin_router)
+    app.include_router(reservations_router)
     app.include_router(storage_router)
     app.include_router(metrics_router)
     install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN

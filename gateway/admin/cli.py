@@ -428,6 +428,24 @@ def _when(value: str, option: str) -> str:
     return at.isoformat()
 
 
+def _span(start: str, end: str | None, duration: str | None) -> tuple[str, str]:
+    """(start, end) as RFC 3339 from --start and exactly one of --end and --duration."""
+    from datetime import datetime, timedelta
+
+    from gateway.domain.shapes import parse_duration_s
+
+    if (end is None) == (duration is None):
+        raise click.UsageError("give exactly one of --end and --duration")
+    begins = _when(start, "--start")
+    if duration is None:
+        return begins, _when(end, "--end")
+    try:
+        seconds = parse_duration_s(duration)
+    except ValueError as exc:
+        raise click.BadParameter(f"{duration!r}: {exc}", param_hint="--duration") from None
+    return begins, (datetime.fromisoformat(begins) + timedelta(seconds=seconds)).isoformat()
+
+
 @window.command("add")
 @click.argument("name")
 @click.option("--start", required=True, help="When it starts: RFC 3339 with a zone, `now` or `now+2h`.")
@@ -438,21 +456,7 @@ def _when(value: str, option: str) -> str:
 @client_options
 def window_add(name, start, end, duration, reason, nodes, url, token, as_json) -> None:
     """Set a maintenance window on NAME: no gang whose limit would cross it starts on what it takes."""
-    from datetime import datetime, timedelta
-
-    from gateway.domain.shapes import parse_duration_s
-
-    if (end is None) == (duration is None):
-        raise click.UsageError("give exactly one of --end and --duration")
-    begins = _when(start, "--start")
-    if duration is not None:
-        try:
-            seconds = parse_duration_s(duration)
-        except ValueError as exc:
-            raise click.BadParameter(f"{duration!r}: {exc}", param_hint="--duration") from None
-        ends = (datetime.fromisoformat(begins) + timedelta(seconds=seconds)).isoformat()
-    else:
-        ends = _when(end, "--end")
+    begins, ends = _span(start, end, duration)
     data = Client(url, token).call("POST", f"/v1/admin/pools/{name}/windows",
                                    json={"start": begins, "end": ends, "reason": reason, "nodes": list(nodes)})
     _emit(data, as_json, lambda w: f"window {w['id']} on {w['pool']}: {w['words']}")
@@ -466,3 +470,58 @@ def window_delete(name, window_id, url, token, as_json) -> None:
     """Delete a window made through the gateway (a backend's own is deleted in the backend)."""
     Client(url, token).call("DELETE", f"/v1/admin/pools/{name}/windows/{window_id}")
     _emit({"deleted": window_id}, as_json, lambda d: f"deleted window {window_id} of {name}")
+
+
+RESERVATION_COLUMNS = [("id", "ID"), ("account", "ACCOUNT"), ("pool", "POOL"), ("amount", "HOLDS"),
+                       ("start", "START"), ("end", "END"), ("status", "STATUS"), ("reason", "REASON")]
+
+
+@admin.group()
+def reservation() -> None:
+    """Advance reservations: GPUs or nodes of a pool held for an account (docs/planning.md)."""
+
+
+def _reservation_row(r: dict) -> dict:
+    amount = f"{r['gpus']} GPUs" if r["gpus"] is not None else f"{r['nodes']} nodes"
+    status = ("SHORT: " + r["shortfall"]) if r["shortfall"] else ("under way" if r["active"] else "planned")
+    return {**r, "amount": amount, "status": status}
+
+
+@reservation.command("list")
+@client_options
+def reservation_list(url, token, as_json) -> None:
+    """Every advance reservation that has not ended, flagged when its pool cannot honour it."""
+    data = Client(url, token).call("GET", "/v1/admin/reservations")
+    _emit(data, as_json, lambda rows: _table([_reservation_row(r) for r in rows], RESERVATION_COLUMNS) if rows else
+          "no advance reservation")
+
+
+@reservation.command("add")
+@click.argument("account")
+@click.option("--pool", default=None, help="The pool (or give --gpu-type).")
+@click.option("--gpu-type", default=None, help="Any pool with this GPU type: the gateway picks one, once.")
+@click.option("--gpus", type=int, default=None, help="How many GPUs (or give --nodes).")
+@click.option("--nodes", type=int, default=None, help="How many whole nodes (or give --gpus).")
+@click.option("--start", required=True, help="When it starts: RFC 3339 with a zone, `now` or `now+2h`.")
+@click.option("--end", default=None, help="When it ends (RFC 3339 with a zone or `now+6h`).")
+@click.option("--duration", default=None, help="How long, instead of --end (e.g. 2-00:00:00, 48h).")
+@click.option("--reason", required=True, help="Why, in words (shown to others whose jobs wait).")
+@client_options
+def reservation_add(account, pool, gpu_type, gpus, nodes, start, end, duration, reason, url, token, as_json) -> None:
+    """Hold GPUs or nodes of a pool for ACCOUNT from --start to --end."""
+    begins, ends = _span(start, end, duration)
+    body = {"account": account, "pool": pool, "gpu_type": gpu_type, "gpus": gpus, "nodes": nodes, "start": begins,
+            "end": ends, "reason": reason}
+    data = Client(url, token).call("POST", "/v1/admin/reservations",
+                                   json={k: v for k, v in body.items() if v is not None})
+    _emit(data, as_json, lambda r: f"reservation {r['id']}: {r['words']}" +
+          (f"\nwarning: {r['shortfall']}" if r["shortfall"] else ""))
+
+
+@reservation.command("delete")
+@click.argument("reservation_id")
+@client_options
+def reservation_delete(reservation_id, url, token, as_json) -> None:
+    """Delete an advance reservation (jobs running in it go on)."""
+    Client(url, token).call("DELETE", f"/v1/admin/reservations/{reservation_id}")
+    _emit({"deleted": reservation_id}, as_json, lambda d: f"deleted reservation {reservation_id}")

@@ -94,6 +94,10 @@ def delete(session: Session, *, name: str) -> None:
                        "to 0 instead of deleting it")
     from gateway.models.accounts import AccountPoolQuota
     from gateway.models.ledger import AccountPoolBalance
+    from gateway.models.pools import AdvanceReservation
+
+    session.execute(sa_delete(AdvanceReservation).where(AdvanceReservation.account == name)
+                    .execution_options(synchronize_session="fetch"))
 
     for model in (AccountBalance, AccountPoolBalance, AccountPoolQuota, AccountQuota, AccountMember):
         session.execute(sa_delete(model).where(model.account_name == name)

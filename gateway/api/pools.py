@@ -14,15 +14,16 @@ from gateway.identity.principal import Principal
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import utcnow
-from gateway.domain.windows import PlannedWindow, words
+from gateway.domain.windows import PlannedHold, PlannedWindow, hold_words, shortfall, words
 from gateway.pools import service
-from gateway.pools import windows
+from gateway.pools import reservations, windows
 from gateway.models.pools import Pool
 from gateway.pools.schemas import (AdminPoolOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut,
-                                   WindowIn, WindowOut)
+                                   ReservationIn, ReservationOut, WindowIn, WindowOut)
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
 admin_router = APIRouter(prefix="/v1/admin/pools", tags=["admin"], dependencies=[Depends(require_admin)])
+reservations_router = APIRouter(prefix="/v1/admin/reservations", tags=["admin"], dependencies=[Depends(require_admin)])
 storage_router = APIRouter(prefix="/v1/storage", tags=["pools"])
 
 PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, max_length=63, description="The pool's name.")]
@@ -165,4 +166,51 @@ def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends
 def delete_window(name: PoolName, window_id: WindowId,
                   session: Session = Depends(get_session, scope="function")) -> Response:
     windows.remove(session, name, window_id)
+    return Response(status_code=204)
+
+
+def _reservation_out(h: PlannedHold, views: dict, now) -> ReservationOut:
+    return ReservationOut(id=h.id, account=h.account, pool=h.pool, gpus=h.gpus, nodes=h.nodes, start=h.start,
+                          end=h.end, reason=h.reason, active=h.start <= now, shortfall=shortfall(h, views.get(h.pool)),
+                          words=hold_words(h), created_by=h.by)
+
+
+@reservations_router.get("", response_model=list[ReservationOut], operation_id="listReservations",
+                         summary="Advance reservations",
+                         description="Every advance reservation that has not ended, by start, each with whether its "
+                                     "pool can honour it in full now (`shortfall`). docs/planning.md.",
+                         responses=problem_responses(401, 403))
+def list_reservations(request: Request,
+                      session: Session = Depends(get_session, scope="function")) -> list[ReservationOut]:
+    views = _views(request)  # before the session's transaction (SQLite: one writer)
+    now = utcnow()
+    return [_reservation_out(h, views, now) for h in reservations.planned(session, now=now)]
+
+
+@reservations_router.post("", status_code=201, response_model=ReservationOut, operation_id="createReservation",
+                          summary="Hold GPUs or nodes of a pool for an account",
+                          description="From `start` to `end`, `gpus` or `nodes` of `pool` (or of the pool the "
+                                      "gateway picks for `gpu_type`) are held for `account`: its gangs use them first "
+                                      "(each wholly inside, ending by `end`; its quotas still apply), nobody else's "
+                                      "start there, and others' start estimates move behind it. The gateway holds it "
+                                      "in its own planner on every kind of pool (docs/planning.md).",
+                          responses=problem_responses(401, 403, 404, 422))
+def create_reservation(body: ReservationIn, request: Request, principal: Principal = Depends(require_admin),
+                       session: Session = Depends(get_session, scope="function")) -> ReservationOut:
+    views = _views(request)
+    now = utcnow()
+    row = reservations.create(session, views, account=body.account, pool=body.pool, gpu_type=body.gpu_type,
+                              gpus=body.gpus, nodes=body.nodes, starts_at=body.start, ends_at=body.end,
+                              reason=body.reason, by=principal.subject, now=now)
+    [h] = [h for h in reservations.planned(session, now=now) if h.id == row.id]
+    return _reservation_out(h, views, now)
+
+
+@reservations_router.delete("/{reservation_id}", status_code=204, operation_id="deleteReservation",
+                            summary="Delete an advance reservation",
+                            description="Its capacity is open to everyone from the next dispatch round; jobs "
+                                        "running in it go on.", responses=problem_responses(401, 403, 404))
+def delete_reservation(reservation_id: WindowId,
+                       session: Session = Depends(get_session, scope="function")) -> Response:
+    reservations.remove(session, reservation_id)
     return Response(status_code=204)

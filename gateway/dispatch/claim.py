@@ -38,7 +38,8 @@ from gateway.dispatch import planning
 from gateway.domain.decide import Params, RoundResult, Snapshot, decide
 from gateway.models.specs import shape_of
 from gateway.domain.routing import PoolView
-from gateway.domain.windows import outages
+from gateway.domain.windows import holds, outages
+from gateway.pools import reservations as advance
 from gateway.pools import windows as pool_windows
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
@@ -244,10 +245,12 @@ class Claimer:
         shares, overall, with_pool = ledger.fairshare_and_guarantees(
             s, now=now, half_life_s=self.settings.fairshare_half_life_s)
         factors = {name: fs.factor for name, fs in shares.items()}
-        # Windows (docs/planning.md) need time, which only the planner sees: with any window
-        # that has not ended, the round is planned whatever the policy.
+        # Windows and advance reservations (docs/planning.md) need time, which only the planner
+        # sees: with any that has not ended, the round is planned whatever the policy.
         windows = outages(views, pool_windows.planned(s, views, now=now), now=now)
-        planned = self._planned() or bool(windows)
+        held = advance.planned(s, now=now)
+        held_now = holds(views, held, planning.hold_gangs(s, views, held, now=now), now=now) if held else []
+        planned = self._planned() or bool(windows) or bool(held_now)
         picked = pending_order(s, now=now, lock=lock, factors=factors,
                                limit=self.settings.scheduling_window if planned else self.settings.dispatch_batch,
                                per_account=self.settings.scheduling_per_account if planned else None)
@@ -255,7 +258,7 @@ class Claimer:
         # limits written together at the end (gateway/ledger/round.py).
         rl = RoundLedger(s, accounts_=(job.account_name for job in picked), now=now)
         snap = Snapshot(now=now, picked=picked, views=views, planned=planned,
-                        shapes={job.id: shape_of(job) for job in picked}, windows=windows)
+                        shapes={job.id: shape_of(job) for job in picked}, windows=windows, holds=held_now)
         if picked and (overall or with_pool):  # guarantees are set somewhere (docs/recovery.md)
             g = guarantees.read(s, now=now, overall=overall, has_pool_guarantee=with_pool,
                                 parents={name: fs.parent for name, fs in shares.items()},

@@ -19,7 +19,7 @@ gateway/domain/plan_inputs.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import Float, bindparam, case, cast, extract, func, null, select
@@ -30,6 +30,7 @@ from gateway.domain.states import JobState
 from gateway.kit.timeutil import as_utc
 from gateway.domain.routing import PoolView
 from gateway.domain.planner import Release
+from gateway.domain.windows import HoldGang, PlannedHold
 
 HOLDING = (JobState.STARTING, JobState.RUNNING)  # the gang holds its units on the pool
 IN_FLIGHT = (JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED)  # will hold them, may not yet
@@ -114,3 +115,28 @@ _GANG_ROWS_PG = (
 def _gang_rows_pg(session: Session, t_now: float, soon: float):
     """:func:`_gang_rows` summed by Postgres per pool and end: one row per release, not per gang."""
     return session.execute(_GANG_ROWS_PG, {"t_now": t_now, "soon": soon}).all()
+
+
+def hold_gangs(session: Session, views: Mapping[str, PoolView], planned: Sequence[PlannedHold], *,
+               now: datetime) -> list[HoldGang]:
+    """The gangs of the holds' accounts on the holds' pools (gateway/domain/windows.py ``holds``
+    decides which ran in a hold). Their ends are computed as :func:`_gang_rows` computes the
+    releases' (the planner moves exactly those units from the pool to the hold)."""
+    if not planned:
+        return []
+    t_now = now.timestamp()
+    soon = t_now + 1.0
+    stmt = select(Job.pool, Job.account_name, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
+                  Job.updated_at, Job.time_limit_s).where(
+        Job.state.in_(_GANG_STATES), Job.pool.in_(sorted({h.pool for h in planned})),
+        Job.account_name.in_(sorted({h.account for h in planned})))
+    out = []
+    for pool, account, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
+        view = views.get(pool)
+        if view is None or view.capacity is None or state in _ENDING_STATES:
+            continue
+        at = started if state in _HOLDING_STATES else updated
+        began = as_utc(at).timestamp() if at is not None else t_now
+        units = int(workers if view.node_exclusive else (gpus_held or total))
+        out.append(HoldGang(pool, account, units, began, max(soon, began + limit)))
+    return out

@@ -25,7 +25,7 @@ from gateway.domain import plan_inputs as planning
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
 from gateway.domain.routing import JobShape, PoolView, held_gpus, ranked, route, take
-from gateway.domain.planner import Candidate, Outage, Release, plan
+from gateway.domain.planner import Candidate, Hold, Outage, Release, plan
 from gateway.domain.windows import crossing_words
 
 _POSITION = " (fair-share position {})"
@@ -91,6 +91,7 @@ class Snapshot:
     # Maintenances and reservations that have not ended (gateway/domain/windows.py): with
     # any, the round is planned (a greedy round cannot see time), docs/planning.md.
     windows: list[Outage] = dataclasses.field(default_factory=list)
+    holds: list[Hold] = dataclasses.field(default_factory=list)  # advance reservations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,7 +283,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
     planned = plan(now=now.timestamp(), pools=planning.pool_models(views),
                    free_now=planning.free_now(views, registry_held), releases=snap.releases + lagging,
                    candidates=candidates, depth=params.reservation_depth, max_starts=params.max_starts,
-                   windows=snap.windows)
+                   windows=snap.windows, holds=snap.holds)
     starts = {p.job_id: p for p in planned.starts}
     reserved = {p.job_id: p for p in planned.reservations}
     for position, job in enumerate(snap.picked, start=1):
@@ -305,7 +306,11 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
             why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
                    f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
                    "time limits")
-            if crossed:
+            if held.hold:
+                why = (f"in {job.account_name}'s advance reservation {held.hold} on {held.pool}: planned start "
+                       f"{at.isoformat(timespec='seconds')}, as the reservation begins or its running jobs reach "
+                       "their time limits")
+            elif crossed:
                 why = (f"{crossed}. Reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, "
                        f"the earliest of the pools it may use ({', '.join(usable_of[job.id])}) as windows end "
                        "and running jobs reach their time limits")

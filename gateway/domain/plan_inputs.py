@@ -86,4 +86,4 @@ def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str
 
 def candidate(job, pools: tuple[str, ...], blocked: str = "") -> Candidate:
     return Candidate(id=job.id, workers=job.workers, gpus_per_worker=job.gpus_per_worker,
-                     time_limit_s=float(job.time_limit_s), pools=pools, blocked=blocked)
+                     time_limit_s=float(job.time_limit_s), pools=pools, blocked=blocked, account=job.account_name)

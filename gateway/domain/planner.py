@@ -29,6 +29,13 @@ estimates move behind it, and shorter jobs still use the time before it (backfil
 backend's own window that is active now is already missing from the snapshot's free units:
 those come back at its end instead.
 
+Holds (advance reservations, docs/planning.md): units of a pool held for some accounts over
+``[start, end)``. To everyone else a hold is a window. Its accounts' gangs use it first: a
+gang of theirs goes into the hold when its whole time limit fits inside it no later than it
+could start elsewhere. A hold has its own profile (its units from its start, minus its
+accounts' gangs in it, none after its end). A gang already running in a hold (``in_use``)
+is counted there and not twice on the pool.
+
 ``depth=0`` is the old greedy policy (whatever fits now starts; nothing waits for a gang),
 and ``policy="fifo"`` stops at the first job that cannot start now.
 """
@@ -82,6 +89,24 @@ class Outage:
 
 
 @dataclasses.dataclass(frozen=True)
+class Hold:
+    """Units of ``pool`` held for ``accounts`` over ``[start, end)`` (an advance reservation).
+
+    ``in_use``: (expected end, units) of the accounts' gangs running in it now; the snapshot
+    already counts them as used on the pool.
+    """
+
+    id: str
+    pool: str
+    accounts: frozenset[str]
+    units: int
+    start: float
+    end: float
+    words: str
+    in_use: tuple[tuple[float, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Candidate:
     """A waiting job, as the planner sees it.
 
@@ -97,6 +122,7 @@ class Candidate:
     time_limit_s: float
     pools: tuple[str, ...]
     blocked: str = ""
+    account: str = ""  # whose holds it may use
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +134,7 @@ class Placement:
     reason: str
     # The windows a start now would cross on the chosen pool, in words (why it is not now).
     windows: tuple[str, ...] = ()
+    hold: str = ""  # the hold it starts in ("" : the pool's open capacity)
 
 
 @dataclasses.dataclass
@@ -191,7 +218,7 @@ class Profile:
 def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
          releases: Iterable[Release], candidates: Iterable[Candidate], depth: int = 8,
          policy: str = "reservation", max_starts: int | None = None, max_examined: int | None = None,
-         windows: Iterable[Outage] = ()) -> Plan:
+         windows: Iterable[Outage] = (), holds: Iterable[Hold] = ()) -> Plan:
     """One scheduling round (see the module docstring).
 
     Args:
@@ -205,6 +232,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         max_starts: stop after this many starts (the dispatcher's batch).
         max_examined: look at no more than this many candidates (a bounded round).
         windows: maintenances and reservations (see :class:`Outage`).
+        holds: advance reservations for accounts (see :class:`Hold`).
     """
     if policy not in ("reservation", "greedy", "fifo"):
         raise ValueError(f"unknown policy {policy!r}")
@@ -217,6 +245,21 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             per_pool[r.pool].append((r.at, r.units))
     taken: list[Outage] = []
     of_pool: dict[str, list[Outage]] = {}
+    live = [h for h in holds if h.pool in per_pool and h.end > now and h.units > 0]
+    kept: list[tuple[Hold, Profile]] = []
+    for h in live:
+        used = min(h.units, sum(u for _, u in h.in_use))
+        # Its gangs' units are used on the pool in the snapshot and come back to the pool at their
+        # ends (their releases): they are the hold's, inside the units it books on the pool, so the
+        # pool gets them now and not again at those ends (``at`` is their release's own time).
+        for at, u in h.in_use:
+            per_pool[h.pool] += [(now, u), (at, -u)]
+        start = max(h.start, now)
+        prof = Profile(now, h.units - used if h.start <= now else 0,
+                       [(at, u) for at, u in h.in_use] + ([(h.start, h.units)] if h.start > now else []), h.units)
+        prof.book(h.end, INF, h.units)  # nothing of it after its end
+        kept.append((h, prof))
+        of_pool.setdefault(h.pool, [])
     for w in windows:
         if w.pool not in per_pool or w.end <= now or w.units <= 0:
             continue
@@ -229,10 +272,15 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
     for w in taken:
         start = max(w.start, now)
         profiles[w.pool].book(start, w.end - start, w.units)
+    for h, _ in kept:
+        start = max(h.start, now)
+        profiles[h.pool].book(start, h.end - start, h.units)
 
-    def crossing(names: Iterable[str], limit: float) -> tuple[str, ...]:
-        """The windows a start now would cross on ``names`` (a start now ends at now + limit)."""
-        return tuple(w.words for name in names for w in of_pool.get(name, ()) if w.start < now + limit)
+    def crossing(names: Iterable[str], limit: float, account: str = "") -> tuple[str, ...]:
+        """The windows and others' holds a start now would cross on ``names`` (it ends at now + limit)."""
+        out = [w.words for name in names for w in of_pool.get(name, ()) if w.start < now + limit]
+        out += [h.words for h, _ in kept if h.pool in names and account not in h.accounts and h.start < now + limit]
+        return tuple(out)
 
     out = Plan()
     for c in candidates:
@@ -245,6 +293,17 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             out.unplanned[c.id] = c.blocked
             continue
         best: tuple[float, int, str, int] | None = None
+        # Its accounts' holds first: (start, 0, rank) sorts before the open capacity's (start, 1, rank).
+        in_hold: tuple[float, int, int, Hold, Profile, int] | None = None
+        if c.account and kept:
+            for h, prof in kept:
+                if c.account not in h.accounts or h.pool not in c.pools:
+                    continue
+                need = by_name[h.pool].units(c.workers, c.gpus_per_worker)
+                at = prof.earliest(need, c.time_limit_s)
+                rank = c.pools.index(h.pool)
+                if at < INF and (in_hold is None or (at, rank) < (in_hold[0], in_hold[2])):
+                    in_hold = (at, 0, rank, h, prof, need)
         for rank, name in enumerate(c.pools):
             pool = by_name.get(name)
             if pool is None:
@@ -255,10 +314,27 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             at = profiles[name].earliest(need, c.time_limit_s)
             if at < INF and (best is None or (at, rank) < (best[0], best[1])):
                 best = (at, rank, name, need)
+        if in_hold is not None and (best is None or in_hold[0] <= best[0]):
+            at, _, _, h, prof, need = in_hold
+            if at <= now:
+                prof.book(now, c.time_limit_s, need)
+                out.starts.append(Placement(c.id, h.pool, now, False, f"starts now on {h.pool} in hold {h.id}",
+                                            hold=h.id))
+                continue
+            if policy == "fifo":
+                out.unplanned[c.id] = "first in line; waits for room (strict FIFO)"
+                break
+            if len(out.reservations) < depth:
+                prof.book(at, c.time_limit_s, need)
+                out.reservations.append(Placement(c.id, h.pool, at, True, f"reserved on {h.pool} in hold {h.id}",
+                                                  hold=h.id))
+            else:
+                out.unplanned[c.id] = f"behind the {depth} jobs that hold reservations; no estimate yet"
+            continue
         if best is None:
             out.unplanned[c.id] = "no pool it may use will have room (capacity is held with no known end)"
             if of_pool:
-                out.crossing[c.id] = crossing(c.pools, c.time_limit_s)
+                out.crossing[c.id] = crossing(c.pools, c.time_limit_s, c.account)
             if policy == "fifo":
                 break
             continue
@@ -267,7 +343,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             profiles[name].book(now, c.time_limit_s, need)
             out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}"))
             continue
-        crossed = crossing((name,), c.time_limit_s) if of_pool else ()
+        crossed = crossing((name,), c.time_limit_s, c.account) if of_pool else ()
         if crossed:
             out.crossing[c.id] = crossed
         if policy == "fifo":

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 
-from gateway.domain.planner import Outage
+from gateway.domain.planner import Hold, Outage
 from gateway.domain.routing import PoolView
 
 FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # a window with no end
@@ -124,4 +124,97 @@ def outages(views: Mapping[str, PoolView], windows: Iterable[PlannedWindow], *, 
         if n:
             out.append(Outage(pool=w.pool, units=n, start=w.start.timestamp(), end=end, words=words(w),
                               in_snapshot=w.in_snapshot))
+    return out
+
+
+# ---------------------------------------------------------------- advance reservations (holds)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedHold:
+    """An advance reservation as the gateway plans with it: ``gpus`` or ``nodes`` of ``pool``
+    held for ``account`` over ``[start, end)``."""
+
+    id: str
+    pool: str
+    account: str
+    start: datetime
+    end: datetime
+    gpus: int | None = None
+    nodes: int | None = None
+    reason: str = ""
+    by: str = ""  # who made it
+
+
+def hold_need(h: PlannedHold, view: PoolView) -> int:
+    """What the hold asks of the pool, in the planner's unit (whole nodes hold whole GPUs' nodes)."""
+    per_node = max(view.gpus_per_node, 1)
+    if view.node_exclusive:
+        return h.nodes if h.nodes is not None else -(-int(h.gpus or 0) // per_node)
+    return h.gpus if h.gpus is not None else int(h.nodes or 0) * view.gpus_per_node
+
+
+def shortfall(h: PlannedHold, view: PoolView | None) -> str:
+    """Why the hold cannot be honoured in full on its pool now ("" when it can)."""
+    if view is None or view.capacity is None:
+        return f"{h.pool} does not answer: the reservation cannot be checked"
+    need = hold_need(h, view)
+    total, unit = (view.total_nodes, "nodes") if view.node_exclusive else (view.total_gpus, "GPUs")
+    if need > total:
+        return f"{h.pool} has {total} {unit} now; the reservation needs {need} (short by {need - total})"
+    return ""
+
+
+def hold_words(h: PlannedHold) -> str:
+    amount = f"{h.gpus} GPU{'s' if h.gpus != 1 else ''}" if h.gpus is not None else \
+        f"{h.nodes} node{'s' if h.nodes != 1 else ''}"
+    one = (h.gpus if h.gpus is not None else h.nodes) == 1
+    why = f" ({h.reason})" if h.reason else ""
+    return f"{amount} of {h.pool} {'is' if one else 'are'} reserved for {h.account} {when(h.start, h.end)}{why}"
+
+
+HOLD_END_SLACK_S = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HoldGang:
+    """A gang of a hold's account on its pool: its units, when it began (started, or dispatched)
+    and its expected end, both as the planner's releases count them."""
+
+    pool: str
+    account: str
+    units: int
+    began: float
+    ends: float
+
+
+def holds(views: Mapping[str, PoolView], planned: Iterable[PlannedHold], gangs: Iterable[HoldGang], *,
+          now: datetime) -> list[Hold]:
+    """The planner's holds: each capped at its pool's total, with the gangs of its account that
+    began inside it and end by its end counted in it (first come, up to its units)."""
+    t_now = now.timestamp()
+    free_gangs = sorted(gangs, key=lambda g: (g.began, g.ends))
+    taken: set[int] = set()
+    out: list[Hold] = []
+    for h in sorted(planned, key=lambda h: (h.start, h.id)):
+        view = views.get(h.pool)
+        if view is None or view.capacity is None or h.end.timestamp() <= t_now:
+            continue
+        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        units = min(hold_need(h, view), total)
+        if units <= 0:
+            continue
+        start, end = h.start.timestamp(), h.end.timestamp()
+        in_use: list[tuple[float, int]] = []
+        used = 0
+        for i, g in enumerate(free_gangs):
+            if i in taken or g.pool != h.pool or g.account != h.account:
+                continue
+            # Began inside it (a minute's slack for the claim's clock) and ends by its end (five
+            # minutes' slack: a gang planned to end exactly at the end starts a little after its claim).
+            if g.began >= start - 60 and g.ends <= end + HOLD_END_SLACK_S and used + g.units <= units:
+                taken.add(i)
+                used += g.units
+                in_use.append((g.ends, g.units))
+        out.append(Hold(h.id, h.pool, frozenset({h.account}), units, start, end, hold_words(h), tuple(in_use)))
     return out

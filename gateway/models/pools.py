@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, String, true
+from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, Integer, String, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.kit.db import Base
@@ -63,5 +63,32 @@ class PoolWindow(Base):
     ends_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     reason: Mapped[str] = mapped_column(String(200))
     nodes: Mapped[list[str]] = mapped_column(JSON, default=list)  # [] = the whole pool
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AdvanceReservation(Base):
+    """Capacity of a pool held for an account from ``starts_at`` to ``ends_at`` (docs/planning.md).
+
+    ``gpus`` or ``nodes`` (exactly one). During it only the account's gangs use the held
+    capacity (first); to everyone else it is a window. The gateway holds it in its own planner
+    on every kind of pool."""
+
+    __tablename__ = "advance_reservation"
+    __table_args__ = (
+        CheckConstraint("ends_at > starts_at", name="ends_after_start"),
+        CheckConstraint("(gpus IS NULL) <> (nodes IS NULL)", name="gpus_or_nodes"),
+        CheckConstraint("COALESCE(gpus, nodes) > 0", name="positive"),
+        Index("ix_advance_reservation_end", "ends_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(POOL_NAME_LEN))  # checked on write (no FK, like quotas)
+    account: Mapped[str] = mapped_column(String(63))
+    gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    nodes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    starts_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ends_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str] = mapped_column(String(200))
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

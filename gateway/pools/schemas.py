@@ -118,3 +118,40 @@ class WindowOut(BaseModel):
 
 
 PoolOut.model_rebuild()
+
+
+class ReservationIn(BaseModel):
+    """GPUs or nodes of a pool (or of the pool the gateway picks for a GPU type) held for an account."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"account": "team-a", "pool": "slurm-h100", "nodes": 8, "start": "2026-12-10T00:00:00Z",
+         "end": "2026-12-12T00:00:00Z", "reason": "conference deadline"},
+        {"account": "team-a", "gpu_type": "h100", "gpus": 64, "start": "2026-12-10T00:00:00Z",
+         "end": "2026-12-12T00:00:00Z", "reason": "conference deadline"}]})
+
+    account: str = Field(min_length=1, max_length=63, description="Whose jobs may use it.")
+    pool: str | None = Field(default=None, max_length=63, description="The pool (or give `gpu_type`).")
+    gpu_type: str | None = Field(default=None, min_length=1, max_length=63,
+                                 description="Any pool offering this GPU type: the gateway picks the largest one "
+                                             "where the amount fits, once, at creation.")
+    gpus: int | None = Field(default=None, description="How many GPUs (or give `nodes`).")
+    nodes: int | None = Field(default=None, description="How many whole nodes (or give `gpus`).")
+    start: datetime = Field(description="When it starts (RFC 3339 with a time zone).")
+    end: datetime = Field(description="When it ends (after `start`, in the future).")
+    reason: str = Field(min_length=1, max_length=200, description="Why, in words: shown to others whose jobs wait.")
+
+
+class ReservationOut(BaseModel):
+    id: str
+    account: str
+    pool: str
+    gpus: int | None
+    nodes: int | None
+    start: datetime
+    end: datetime
+    reason: str
+    active: bool = Field(description="true: under way now")
+    shortfall: str = Field(description="\"\" when the pool can honour it in full; else why not, with the shortfall "
+                                       "(the pool lost nodes)")
+    words: str = Field(description="the reservation as a waiting job's reason names it")
+    created_by: str

@@ -42,8 +42,8 @@ from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository as ledger_repo, service as ledger
 from gateway.pools import service as pools
-from gateway.pools import windows as pool_windows
-from gateway.domain.windows import words as window_words
+from gateway.pools import reservations as advance, windows as pool_windows
+from gateway.domain.windows import hold_words, shortfall, words as window_words
 from gateway.ui import plots, session as ui_sessions
 from gateway.ui.headers import UiHeadersMiddleware
 from gateway.ui.session import UiSessionMiddleware
@@ -392,6 +392,9 @@ def admin_page(request: Request, days: int = 30):
     with transaction(request.app.state.sessionmaker) as session:
         windows = _windows(session, health)
         pool_names = [p.name for p in pools.all_pools(session) if p.configured]
+        views = {name: h.view for name, h in health.items()}
+        held = [{"id": h.id, "words": hold_words(h), "shortfall": shortfall(h, views.get(h.pool)), "by": h.by}
+                for h in advance.planned(session, now=utcnow())]
         rows = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="month")
         tree = accounts.load_tree(session)
         quotas = []
@@ -409,7 +412,7 @@ def admin_page(request: Request, days: int = 30):
     return render(request, "admin.html", {
         "since": since, "days": days, "pools": pools_seen, "accounts": accounts_seen,
         "matrix": {f"{a}\x1f{p}": round(v, 2) for (a, p), v in matrix.items()},
-        "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas, "windows": windows,
+        "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas, "windows": windows, "held": held,
         "pool_names": pool_names}, principal=principal)
 
 

@@ -273,3 +273,37 @@ def test_a_window_holds_what_would_cross_it_and_a_greedy_round_honours_it_too(da
             assert get(gw, short)["state"] == "running", (policy, get(gw, short))
             if policy == "reservation":  # an estimate at the window's end
                 assert abs(as_utc(datetime.fromisoformat(held["estimated_start"])) - end) < timedelta(seconds=2)
+
+
+def test_an_advance_reservation_keeps_others_off_and_lets_its_account_in(gw):
+    """Issue #31, part 2, wiring (in-memory pool): 2 of the 4 nodes held for team-a from now.
+    The same on real Slurm and Kueue: tests/dispatch/test_holds_real.py."""
+    from datetime import timedelta, timezone
+
+    admin = gw.headers("root", admin=True)
+    now = datetime.now(timezone.utc)
+    end = now + timedelta(hours=1)
+    r = gw.client.post("/v1/admin/reservations", headers=admin,
+                       json={"account": "team-a", "pool": "slurm", "nodes": 2, "start": (now - timedelta(minutes=1))
+                             .isoformat(), "end": end.isoformat(), "reason": "deadline"})
+    assert r.status_code == 201, r.text
+    rounds(gw, 1)  # the dispatcher's views exist now
+    listed = gw.client.get("/v1/admin/reservations", headers=admin).json()
+    assert listed[0]["shortfall"] == "" and listed[0]["active"], listed
+    others = [submit(gw, "team-b", time_limit="10m") for _ in range(3)]
+    rounds(gw)
+    states = [get(gw, j)["state"] for j in others]
+    assert states.count("running") == 2 and states.count("pending") == 1, states
+    [waiting] = [get(gw, j) for j in others if get(gw, j)["state"] == "pending"]
+    assert "2 nodes of slurm are reserved for team-a from " in waiting["state_reason"], waiting["state_reason"]
+    mine = submit(gw, "team-a", workers=2, time_limit="10m")
+    rounds(gw)
+    assert get(gw, mine)["state"] == "running", get(gw, mine)
+    too_long = submit(gw, "team-a", workers=1, time_limit="2h")  # would outlive the reservation: not in it
+    rounds(gw)
+    assert get(gw, too_long)["state"] == "pending"
+    # The pool lost nodes: a reservation of 6 of its 4 nodes is flagged with the shortfall.
+    r = gw.client.post("/v1/admin/reservations", headers=admin,
+                       json={"account": "team-a", "pool": "slurm", "nodes": 6, "start": end.isoformat(),
+                             "end": (end + timedelta(hours=1)).isoformat(), "reason": "big"})
+    assert r.json()["shortfall"] == "slurm has 4 nodes now; the reservation needs 6 (short by 2)", r.json()

@@ -160,3 +160,28 @@ def test_admin_pool_window_add_list_delete(running_gateway):
     assert "no window on slurm-cli" in cli("admin", "pool", "window", "list", "slurm-cli", token=admin).stdout
     user = cli("admin", "pool", "window", "list", "slurm-cli", token=running_gateway.token())
     assert user.returncode != 0 and "403" in user.stderr
+
+
+def test_admin_reservation_add_list_delete(running_gateway):
+    """`isthmus admin reservation ...` against the served gateway (issue #31, part 2)."""
+    from gateway.models.pools import Pool
+
+    with running_gateway.gw.session() as s, s.begin():
+        if s.get(Pool, "slurm-cli") is None:
+            s.add(Pool(name="slurm-cli", kind="slurm", gpu_types=[], configured=True))
+    admin = running_gateway.token("root", (), admin=True)
+    cli = running_gateway.cli
+    added = cli("admin", "reservation", "add", "team-a", "--pool", "slurm-cli", "--nodes", "2", "--start", "now+1d",
+                "--duration", "48h", "--reason", "conference deadline", "--json", token=admin)
+    assert added.returncode == 0, added.stderr
+    made = json.loads(added.stdout)
+    assert (made["account"], made["nodes"], made["pool"]) == ("team-a", 2, "slurm-cli")
+    table = cli("admin", "reservation", "list", token=admin)
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split()[:4] == ["ID", "ACCOUNT", "POOL", "HOLDS"]
+    assert row.startswith(made["id"]) and "team-a" in row and "2 nodes" in row and "SHORT:" in row  # nothing probes it
+    bad = cli("admin", "reservation", "add", "team-a", "--pool", "slurm-cli", "--start", "now", "--duration", "1h",
+              "--reason", "x", token=admin)
+    assert bad.returncode != 0 and "422" in bad.stderr and "body.gpus" in bad.stderr
+    assert cli("admin", "reservation", "delete", made["id"], token=admin).returncode == 0
+    assert "no advance reservation" in cli("admin", "reservation", "list", token=admin).stdout

@@ -457,3 +457,12 @@ def test_admins_add_and_delete_maintenance_windows_from_the_admin_page(ui):
     assert ui.post(f"/ui/admin/windows/slurm-ui/{window_id}/delete", data={"csrf": "right"},
                    follow_redirects=False).status_code == 303
     assert "No window on any pool." in ui.get("/ui/admin").text
+    # An advance reservation is listed on the same page, flagged when its pool cannot be checked.
+    admin = {"Authorization": f"Bearer {ui.mint('root', ['team-a'], admin=True)}"}
+    r = ui.post("/v1/admin/reservations", headers=admin, json={
+        "account": "team-a", "pool": "slurm-ui", "gpus": 16, "start": "2030-01-09T00:00:00Z",
+        "end": "2030-01-10T00:00:00Z", "reason": "deadline"})
+    assert r.status_code == 201, r.text
+    page = ui.get("/ui/admin").text
+    assert "16 GPUs of slurm-ui are reserved for team-a from Wed 9 Jan 00:00 to Thu 10 Jan 00:00 UTC (deadline)" in page
+    assert "no: slurm-ui does not answer" in page

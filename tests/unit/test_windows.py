@@ -169,3 +169,62 @@ def test_the_simulator_runs_nothing_across_a_window_and_backfills_before_it():
     assert min(o.start for o in res.outcomes if o.start >= window.end) == window.end  # a round at its end
     without = simulate(trace, [pool], {"a": 1, "b": 1})
     assert [r for r in ((o.start, o.end) for o in without.outcomes) if r[0] < window.end and r[1] > window.start]
+
+
+# ---------------------------------------------------------------- holds (advance reservations)
+
+from gateway.domain.planner import Hold  # noqa: E402
+
+
+def team(id_, account, workers, limit, pools=("slurm-a",)):
+    return Candidate(id_, workers, 8, limit, pools, account=account)
+
+
+def hold(units=2, start=0.0, end=7200.0, in_use=()):
+    return Hold("h1", "slurm-a", frozenset({"team-a"}), units, start, end, "2 nodes of slurm-a are reserved for team-a",
+                in_use)
+
+
+def test_others_do_not_take_held_capacity_and_the_owner_does():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], holds=[hold()],
+             candidates=[team("b1", "team-b", 2, 600), team("b2", "team-b", 1, 600), team("a1", "team-a", 2, 600)])
+    assert [(s.job_id, s.hold) for s in p.starts] == [("b1", ""), ("a1", "h1")]
+    assert p.reservations[0].job_id == "b2" and p.reservations[0].start == 600  # after b1, not in the hold
+    assert p.crossing["b2"] == ("2 nodes of slurm-a are reserved for team-a",)
+
+
+def test_the_owner_uses_its_hold_first_and_only_what_ends_inside_it():
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], holds=[hold()],
+             candidates=[team("a1", "team-a", 2, 600), team("a2", "team-a", 2, 600), team("a3", "team-a", 2, 9000)])
+    assert [(s.job_id, s.hold) for s in p.starts] == [("a1", "h1"), ("a2", "")]  # the hold first, then the rest
+    # a3's limit would run past the hold's end: not in it; the open nodes are a2's until 600
+    assert p.reservations[0].job_id == "a3" and p.reservations[0].hold == "" and p.reservations[0].start == 600
+
+
+def test_a_future_hold_lets_short_work_backfill_and_keeps_long_work_off():
+    future = hold(units=4, start=3600, end=7200)
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], holds=[future],
+             candidates=[team("long", "team-b", 4, 7200), team("short", "team-b", 4, 3600),
+                         team("mine", "team-a", 4, 3600)])
+    assert [s.job_id for s in p.starts] == ["short"]
+    planned = {r.job_id: (r.start, r.hold) for r in p.reservations}
+    assert planned["long"] == (7200, "")  # behind the hold
+    assert planned["mine"] == (3600, "h1")  # in its hold, from its start
+
+
+def test_a_gang_running_in_the_hold_is_counted_there_not_twice():
+    # team-a runs 2 nodes in its 2-node hold until 1000; the snapshot shows 2 of 4 nodes free.
+    running = hold(in_use=((1000.0, 2),))
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 2}, releases=[Release("slurm-a", 2, 1000.0)],
+             holds=[running], candidates=[team("b", "team-b", 2, 600), team("a", "team-a", 2, 600)])
+    assert [s.job_id for s in p.starts] == ["b"]  # the 2 open nodes are free for others
+    # a: its hold is full until 1000; the open nodes are free again at 600 (b's end): earlier wins
+    assert (p.reservations[0].job_id, p.reservations[0].start, p.reservations[0].hold) == ("a", 600, "")
+    alone = plan(now=0, pools=[SLURM], free_now={"slurm-a": 2}, releases=[Release("slurm-a", 2, 1000.0)],
+                 holds=[running], candidates=[team("a", "team-a", 4, 600)])
+    # 4 nodes: a gang runs wholly in a hold or wholly outside it (as a Slurm job in a
+    # reservation does), so not 2 held + 2 open: after the hold's end
+    assert alone.reservations[0].start == 7200.0
+    later = plan(now=0, pools=[SLURM], free_now={"slurm-a": 2}, releases=[Release("slurm-a", 2, 1000.0)],
+                 holds=[running], candidates=[team("b", "team-b", 4, 600)])
+    assert later.reservations[0].start == 7200  # the hold's nodes come back to others at its end only

@@ -1,0 +1,90 @@
+"""Advance reservations: a pool's GPUs or nodes held for an account (docs/planning.md).
+
+One place for their rules: what a valid one is and which pool "any pool with GPU type X"
+means (:func:`create`), which ones the planner holds (:func:`planned`), and whether one can
+be honoured (``gateway.domain.windows.shortfall``). The admin API, the CLI and the dispatch
+round call these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from gateway.domain.routing import PoolView
+from gateway.domain.windows import PlannedHold, hold_need
+from gateway.kit.errors import Invalid, NotFound
+from gateway.kit.timeutil import as_utc, new_id
+from gateway.models.accounts import Account
+from gateway.models.pools import AdvanceReservation, Pool
+from gateway.pools import windows
+
+MAX_AMOUNT = 100_000
+
+
+def choose_pool(session: Session, views: Mapping[str, PoolView], *, gpu_type: str, gpus: int | None,
+                nodes: int | None) -> str:
+    """"Any pool with GPU type X": the configured pool offering it where the amount fits, the
+    largest first (ties by name). The choice is made once, at creation, and stored."""
+    wanted = gpu_type.lower()
+    fits: list[tuple[int, str]] = []
+    offered: list[str] = []
+    for row in session.scalars(select(Pool).where(Pool.configured.is_(True)).order_by(Pool.name)):
+        view = views.get(row.name)
+        types = {t.lower() for t in (row.gpu_types or [])} | {t.lower() for t in (view.gpu_types if view else ())}
+        if wanted not in types:
+            continue
+        offered.append(row.name)
+        if view is None or view.capacity is None:
+            continue
+        need = hold_need(PlannedHold("", row.name, "", datetime.min, datetime.max, gpus, nodes), view)
+        total = view.total_nodes if view.node_exclusive else view.total_gpus
+        if need <= total:
+            fits.append((-total, row.name))
+    if not fits:
+        where = f" (pools with it: {', '.join(offered)}; none has room for it)" if offered else ""
+        raise Invalid("body.gpu_type", f"no pool can hold this reservation of GPU type {gpu_type!r}{where}")
+    return min(fits)[1]
+
+
+def create(session: Session, views: Mapping[str, PoolView], *, account: str, pool: str | None,
+           gpu_type: str | None, gpus: int | None, nodes: int | None, starts_at: datetime, ends_at: datetime,
+           reason: str, by: str, now: datetime) -> AdvanceReservation:
+    """A new advance reservation; :class:`Invalid` names the field, and nothing is written."""
+    if (gpus is None) == (nodes is None):
+        raise Invalid("body.gpus", "give exactly one of gpus and nodes")
+    for field, value in (("body.gpus", gpus), ("body.nodes", nodes)):
+        if value is not None and not 0 < value <= MAX_AMOUNT:
+            raise Invalid(field, f"must be between 1 and {MAX_AMOUNT}")
+    if (pool is None) == (gpu_type is None):
+        raise Invalid("body.pool", "give exactly one of pool and gpu_type")
+    if session.get(Account, account) is None:
+        raise Invalid("body.account", f"unknown account {account!r}")
+    starts_at, ends_at, reason, _ = windows.check(starts_at=starts_at, ends_at=ends_at, reason=reason, nodes=(),
+                                                  now=now)
+    if pool is None:
+        pool = choose_pool(session, views, gpu_type=gpu_type or "", gpus=gpus, nodes=nodes)
+    elif session.get(Pool, pool) is None:
+        raise NotFound(f"no pool {pool!r} (GET /v1/admin/pools lists them)")
+    row = AdvanceReservation(id=new_id(), pool=pool, account=account, gpus=gpus, nodes=nodes, starts_at=starts_at,
+                             ends_at=ends_at, reason=reason, created_by=by, created_at=now)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def remove(session: Session, reservation_id: str) -> None:
+    done = session.execute(delete(AdvanceReservation).where(AdvanceReservation.id == reservation_id))
+    if not done.rowcount:
+        raise NotFound(f"no advance reservation {reservation_id!r}")
+
+
+def planned(session: Session, *, now: datetime) -> list[PlannedHold]:
+    """Every reservation that has not ended, by start."""
+    rows = session.scalars(select(AdvanceReservation).where(AdvanceReservation.ends_at > now)
+                           .order_by(AdvanceReservation.starts_at, AdvanceReservation.id)).all()
+    return [PlannedHold(id=r.id, pool=r.pool, account=r.account, start=as_utc(r.starts_at), end=as_utc(r.ends_at),
+                        gpus=r.gpus, nodes=r.nodes, reason=r.reason, by=r.created_by) for r in rows]
