@@ -32,7 +32,9 @@ checkpoints on the grace signal here (a job that does would lose less).
 
 Windows (``outages``, docs/planning.md): maintenances and reservations in the trace's
 clock, passed to every round's plan as the dispatcher passes them; a round also runs at each
-window's start and end.
+window's start and end. Advance reservations (``holds``) too: a gang the plan starts in a hold
+is counted in it while it runs, and each hold's start checks that its units were free then
+(``SimResult.holds_honoured``).
 
 Used by ``bench/simulate.py`` (the policy table in docs/benchmarks.md), by
 ``bench/simulate_windows.py`` (windows) and by the tests.
@@ -47,7 +49,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.domain.fairshare import compute_fairshare
-from gateway.domain.planner import INF, Candidate, Outage, PoolModel, Release, plan
+from gateway.domain.planner import INF, Candidate, Hold, Outage, PoolModel, Release, plan
 from gateway.domain.preempt import RATE_WINDOW_S, Room, Running, choose_eviction
 
 GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
@@ -140,6 +142,10 @@ class SimResult:
     spans: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (start, end, GPU-s)
     # Every eviction: (signalled at, pool, victim, the gang it made room for, the rule's reason).
     eviction_log: list[tuple[float, str, str, str, str]] = dataclasses.field(default_factory=list)
+    # hold id -> whether its units were free for its accounts at its start (nothing else held them)
+    holds_honoured: dict[str, bool] = dataclasses.field(default_factory=dict)
+    # hold id -> GPU-seconds its accounts' gangs ran inside it
+    hold_used_gpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def utilisation(self) -> float:
@@ -240,7 +246,8 @@ class _Replay:
     def __init__(self, trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,
                  policy: str, depth: int, half_life_s: float, fairshare_every_s: float, per_account: int,
                  max_examined: int, horizon: float | None, window: tuple[float, float] | None,
-                 guarantees: Mapping[str, int] | None, reclaim: Reclaim, outages: Sequence[Outage] = ()):
+                 guarantees: Mapping[str, int] | None, reclaim: Reclaim, outages: Sequence[Outage] = (),
+                 holds: Sequence[Hold] = ()):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         if policy in (HARD_CAPS, BORROW) and guarantees is None:
@@ -281,7 +288,11 @@ class _Replay:
         for j in trace:
             self._push(j.arrival, "arrive", j.id)
         self.outages = list(outages)
-        for w in self.outages:  # a round when a window starts and when it ends
+        self.holds = list(holds)
+        self.in_hold: dict[str, str] = {}  # job id -> the hold it runs in
+        self.holds_honoured: dict[str, bool] = {}
+        self.hold_used: dict[str, float] = collections.defaultdict(float)
+        for w in [*self.outages, *self.holds]:  # a round when a window or hold starts and when it ends
             for at in (w.start, w.end):
                 if at < INF:
                     self._push(at, "tick", "")
@@ -352,7 +363,7 @@ class _Replay:
                 if capped and names:
                     names = tuple(p for p in names if self.gpus_on[j.id][p] <= room)
                     blocked = "" if names else "quota: over its account's cap"
-                yield Candidate(j.id, j.workers, j.gpus_per_worker, j.time_limit_s, names, blocked)
+                yield Candidate(j.id, j.workers, j.gpus_per_worker, j.time_limit_s, names, blocked, j.account)
 
     # Starts and stops.
 
@@ -378,6 +389,9 @@ class _Replay:
     def _release(self, jid: str, now: float) -> None:
         """The attempt of ``jid`` stops now: its units go back (or to the gang its stop is for)."""
         o = self.outcomes[jid]
+        hid = self.in_hold.pop(jid, None)
+        if hid is not None:
+            self.hold_used[hid] += o.held_gpus * (now - self.started_at[jid])
         pool, units, _ = self.running.pop(jid)
         start = self.started_at.pop(jid)
         self.borrowed.discard(jid)
@@ -422,6 +436,22 @@ class _Replay:
         self.pending_gpus[j.account] -= self.gpus_on[gid][pend.pool]
         self._start(j, pend.pool, pend.need, now, borrowed=False)
         self.reclaim_starts += 1
+
+    def _holds_now(self) -> list[Hold]:
+        """The holds with the gangs running in them (their expected ends are their releases' times)."""
+        return [dataclasses.replace(h, in_use=tuple((self.running[jid][2], self.running[jid][1])
+                                                    for jid, hid in self.in_hold.items() if hid == h.id))
+                for h in self.holds]
+
+    def _check_holds(self, now: float) -> None:
+        """At a hold's start: were its units free of everyone else's gangs (its own may be in it)?"""
+        for h in self.holds:
+            if h.start != now or h.id in self.holds_honoured:
+                continue
+            total = self.model_of[h.pool].total_units
+            others = sum(units for jid, (pool, units, _) in self.running.items()
+                         if pool == h.pool and self.in_hold.get(jid) != h.id)
+            self.holds_honoured[h.id] = others <= total - h.units
 
     def _releases(self) -> list[Release]:
         out = [Release(pool, units, end) for jid, (pool, units, end) in self.running.items()
@@ -531,7 +561,8 @@ class _Replay:
                 break
             while events and events[0][0] == now:
                 _, seq, kind, jid = heapq.heappop(events)
-                if kind == "tick":  # a window starts or ends: only the round below
+                if kind == "tick":  # a window or hold starts or ends: only the round below
+                    self._check_holds(now)
                     continue
                 o = self.outcomes[jid]
                 if kind == "arrive":
@@ -557,7 +588,7 @@ class _Replay:
             self.rounds += 1
             p = plan(now=now, pools=self.models, free_now=self.free, releases=self._releases(),
                      candidates=self._candidates(), depth=self.depth, policy=self.plan_policy,
-                     max_examined=self.max_examined, windows=self.outages)
+                     max_examined=self.max_examined, windows=self.outages, holds=self._holds_now())
             for r in p.reservations:
                 o = self.outcomes[r.job_id]
                 if o.first_estimate is None:
@@ -573,6 +604,8 @@ class _Replay:
                 borrowed = borrowing and self._load(j.account) + gpus > self.guarantees.get(j.account, 0)
                 self._start(j, s.pool, units, now, borrowed=borrowed)
                 self.waiting[j.account].remove(j)
+                if s.hold:
+                    self.in_hold[j.id] = s.hold
             if borrowing:
                 self._reclaim_round(now, {r.job_id: r.start for r in p.reservations})
         end = self.horizon if self.horizon is not None else now
@@ -585,7 +618,8 @@ class _Replay:
                          usage_by_account=dict(self.window_usage), shares=self.shares, rounds=self.rounds,
                          evictions=self.evictions, reclaim_starts=self.reclaim_starts,
                          lost_in_window_gpu_seconds=self.lost_in_window, eviction_log=self.eviction_log,
-                         used_gpu_seconds=self.used, spans=self.spans)
+                         used_gpu_seconds=self.used, spans=self.spans, holds_honoured=dict(self.holds_honoured),
+                         hold_used_gpu_s=dict(self.hold_used))
 
 
 def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,
@@ -593,16 +627,17 @@ def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mappin
              fairshare_every_s: float = 300, per_account: int = 32, max_examined: int = 2000,
              horizon: float | None = None, window: tuple[float, float] | None = None,
              guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim(),
-             outages: Sequence[Outage] = ()) -> SimResult:
+             outages: Sequence[Outage] = (), holds: Sequence[Hold] = ()) -> SimResult:
     """Replay ``trace`` (sorted by arrival) and return what happened to every job.
 
     ``per_account`` bounds how many of one account's waiting jobs a round looks at (the
     gateway's look-past bound); ``horizon`` stops the clock (default: when all is done).
     ``guarantees`` (GPUs per account) is what ``hard-caps`` caps at and ``borrow`` borrows
     beyond; ``reclaim`` sets how ``borrow`` stops borrowed work; ``outages`` are the
-    windows (maintenances, reservations) every round plans around.
+    windows (maintenances, reservations) every round plans around; ``holds`` the advance
+    reservations (their ``in_use`` is filled in by the replay).
     """
     return _Replay(trace, pools, shares, policy=policy, depth=depth, half_life_s=half_life_s,
                    fairshare_every_s=fairshare_every_s, per_account=per_account, max_examined=max_examined,
                    horizon=horizon, window=window, guarantees=guarantees, reclaim=reclaim,
-                   outages=outages).run()
+                   outages=outages, holds=holds).run()

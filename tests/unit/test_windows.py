@@ -228,3 +228,27 @@ def test_a_gang_running_in_the_hold_is_counted_there_not_twice():
     later = plan(now=0, pools=[SLURM], free_now={"slurm-a": 2}, releases=[Release("slurm-a", 2, 1000.0)],
                  holds=[running], candidates=[team("b", "team-b", 4, 600)])
     assert later.reservations[0].start == 7200  # the hold's nodes come back to others at its end only
+
+
+def test_the_simulator_honours_a_hold_at_its_start_and_its_account_runs_in_it():
+    """A replay with 2 of 4 nodes held for team-a from 2 h to 6 h while team-b keeps the pool busy:
+    the held nodes are free at the hold's start, team-a's gangs run in it, and team-b never
+    holds more than the other 2 nodes while it lasts."""
+    from gateway.domain.simulate import SimPool, TraceJob, simulate
+
+    pool = SimPool("slurm-a", "slurm", 4, 8)
+    trace = [TraceJob(f"b{i}", arrival=i * 300.0, account="team-b", workers=1, gpus_per_worker=8, run_s=1500.0,
+                      time_limit_s=1800.0, kinds=("slurm",)) for i in range(80)]
+    trace += [TraceJob(f"a{i}", arrival=2 * 3600.0 + i * 1800, account="team-a", workers=2, gpus_per_worker=8,
+                       run_s=1200.0, time_limit_s=1800.0, kinds=("slurm",)) for i in range(6)]
+    trace.sort(key=lambda j: j.arrival)
+    h = Hold("h1", "slurm-a", frozenset({"team-a"}), 2, 2 * 3600.0, 6 * 3600.0, "2 nodes held for team-a")
+    res = simulate(trace, [pool], {"team-a": 1, "team-b": 1}, holds=[h])
+    assert res.holds_honoured == {"h1": True}
+    assert res.hold_used_gpu_s["h1"] >= 6 * 16 * 1200.0 - 1  # all six team-a gangs ran in it
+    for t in range(int(h.start), int(h.end), 60):  # team-b on at most the 2 open nodes meanwhile
+        running_b = sum(1 for o in res.outcomes if o.job.account == "team-b" and o.start <= t < o.end)
+        assert running_b <= 2, t
+    unheld = simulate(trace, [pool], {"team-a": 1, "team-b": 1})
+    assert max(sum(1 for o in unheld.outcomes if o.job.account == "team-b" and o.start <= t < o.end)
+               for t in range(int(h.start), int(h.end), 60)) > 2  # without it, team-b takes more
