@@ -39,7 +39,6 @@ from gateway.domain.decide import Params, RoundResult, Snapshot, decide
 from gateway.models.specs import shape_of
 from gateway.domain.routing import PoolView
 from gateway.domain.windows import holds, outages
-from gateway.pools import reservations as advance
 from gateway.pools import windows as pool_windows
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
@@ -247,8 +246,8 @@ class Claimer:
         factors = {name: fs.factor for name, fs in shares.items()}
         # Windows and advance reservations (docs/planning.md) need time, which only the planner
         # sees: with any that has not ended, the round is planned whatever the policy.
-        windows = outages(views, pool_windows.planned(s, views, now=now), now=now)
-        held = advance.planned(s, now=now)
+        planned_windows, held = pool_windows.for_round(s, views, now=now)
+        windows = outages(views, planned_windows, now=now)
         held_now = holds(views, held, planning.hold_gangs(s, views, held, now=now), now=now) if held else []
         planned = self._planned() or bool(windows) or bool(held_now)
         picked = pending_order(s, now=now, lock=lock, factors=factors,

@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from gateway.domain.routing import PoolView
-from gateway.domain.windows import FAR, PlannedWindow, from_backend
+from gateway.domain.windows import FAR, PlannedHold, PlannedWindow, from_backend
 from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.timeutil import as_utc, new_id
 from gateway.models.pools import Pool, PoolWindow
@@ -106,3 +106,34 @@ def shown(session: Session, views: Mapping[str, PoolView], *, now: datetime,
 
 def is_open_ended(w: PlannedWindow) -> bool:
     return w.end >= FAR
+
+
+def for_round(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> tuple[list[PlannedWindow],
+                                                                                         list[PlannedHold]]:
+    """The windows (the gateway's and the backends' own) and advance reservations a dispatch
+    round plans with, read in ONE statement (tests/dispatch/test_round_cost.py counts a round's)."""
+    from sqlalchemy import Integer, String, cast, literal, null, union_all
+
+    from gateway.models.pools import AdvanceReservation
+
+    w, r = PoolWindow, AdvanceReservation
+    stmt = union_all(
+        select(literal("w").label("kind"), w.id, w.pool, cast(null(), String).label("account"), w.starts_at,
+               w.ends_at, w.reason, cast(w.nodes, String).label("names"), cast(null(), Integer).label("gpus"),
+               cast(null(), Integer).label("nodes_n"), w.created_by).where(w.ends_at > now),
+        select(literal("r"), r.id, r.pool, r.account, r.starts_at, r.ends_at, r.reason, cast(null(), String),
+               r.gpus, r.nodes, r.created_by).where(r.ends_at > now))
+    windows_: list[PlannedWindow] = []
+    holds_: list[PlannedHold] = []
+    import json
+
+    for kind, id_, pool, account, start, end, reason, names, gpus, nodes_n, by in session.execute(stmt).all():
+        if kind == "w":
+            windows_.append(PlannedWindow(pool=pool, start=as_utc(start), end=as_utc(end),
+                                          nodes=tuple(json.loads(names) if names else ()), maintenance=True,
+                                          reason=reason, source="gateway", name=id_))
+        else:
+            holds_.append(PlannedHold(id=id_, pool=pool, account=account, start=as_utc(start), end=as_utc(end),
+                                      gpus=gpus, nodes=nodes_n, reason=reason, by=by))
+    windows_ += [bw for bw in from_backend(views) if bw.end > now]
+    return windows_, sorted(holds_, key=lambda h: (h.start, h.id))

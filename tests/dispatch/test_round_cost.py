@@ -151,8 +151,9 @@ def test_a_greedy_round_costs_the_same_statements_for_20_or_100_jobs(url):
     # statement each (Postgres: the claims' UPDATE and events together, the balances in one
     # UPDATE). 740 before batching (7 per job); 35 allowed before session 6, when the counts
     # were 26 (Postgres) and 28 (SQLite); 25 allowed before session 8, which made the ledger's
-    # writes one statement on Postgres and merged three pairs of reads.
-    assert len(counts[10]) <= (18 if url.startswith("postgresql") else 25), counts[10]
+    # writes one statement on Postgres and merged three pairs of reads. Session 16 added one: the
+    # round reads the windows and advance reservations it plans with (issue #31), in one statement.
+    assert len(counts[10]) <= (19 if url.startswith("postgresql") else 26), counts[10]
 
 
 def test_a_reservation_round_asks_no_admission_check_per_pool_without_limits(url):
@@ -169,7 +170,8 @@ def test_a_reservation_round_asks_no_admission_check_per_pool_without_limits(url
         # Postgres, 27 on SQLite); Postgres now picks the 8 accounts in one statement and writes the
         # claims with their events in one (SQLite: a query per account, executemany writes).
         # 17 allowed before session 8: the ledger's writes are now one statement on Postgres.
-        assert len(seen) <= (10 if url.startswith("postgresql") else 24), "\n".join(seen)
+        # +1 in session 16: the windows and advance reservations, one statement (issue #31).
+        assert len(seen) <= (11 if url.startswith("postgresql") else 25), "\n".join(seen)
         state = ledger_state(d)
         assert state["problems"] == []
         assert state["dispatching"] == state["reserved"] == set(claimed)
