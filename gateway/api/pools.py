@@ -42,7 +42,7 @@ def list_pools(request: Request, principal: CurrentPrincipal,
     shown: dict[str, list[WindowOut]] = {}
     if health:
         for w in windows.shown(session, {name: h.view for name, h in health.items()}, now=now):
-            shown.setdefault(w.pool, []).append(_window_out(w, now))
+            shown.setdefault(w.pool, []).append(_window_out(w, now, health[w.pool].view.total_nodes))
     items = []
     for name, h in health.items():
         v = h.view
@@ -53,10 +53,10 @@ def list_pools(request: Request, principal: CurrentPrincipal,
     return PoolList(items=items, note="" if items else service.NO_POOL)
 
 
-def _window_out(w: PlannedWindow, now) -> WindowOut:
+def _window_out(w: PlannedWindow, now, pool_nodes: int = 0) -> WindowOut:
     return WindowOut(id=w.name, pool=w.pool, source=w.source, start=w.start,
                      end=None if windows.is_open_ended(w) else w.end, maintenance=w.maintenance,
-                     nodes=list(w.nodes), reason=w.reason, active=w.start <= now, words=words(w))
+                     nodes=list(w.nodes), reason=w.reason, active=w.start <= now, words=words(w, pool_nodes))
 
 
 @storage_router.get("", response_model=StorageList, operation_id="listStorage", summary="Storage jobs may mount",
@@ -139,7 +139,8 @@ def list_windows(name: PoolName, request: Request,
     if service.get(session, name) is None:
         raise NotFound(f"no pool {name!r} (GET /v1/admin/pools lists them)")
     now = utcnow()
-    return [_window_out(w, now) for w in windows.shown(session, views, now=now, pool=name)]
+    nodes = views[name].total_nodes if name in views else 0
+    return [_window_out(w, now, nodes) for w in windows.shown(session, views, now=now, pool=name)]
 
 
 @admin_router.post("/{name}/windows", status_code=201, response_model=WindowOut, operation_id="createPoolWindow",

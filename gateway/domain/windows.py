@@ -77,10 +77,11 @@ def when(start: datetime, end: datetime) -> str:
     return f"from {first} to {end:%a} {end.day} {end:%b %H:%M} UTC"
 
 
-def words(window: PlannedWindow) -> str:
-    """The window in a job's reason: which pool, what, when, and why."""
+def words(window: PlannedWindow, pool_nodes: int = 0) -> str:
+    """The window in a job's reason: which pool, what, when, and why. A window on every one of
+    the pool's ``pool_nodes`` nodes is the pool's."""
     what = "in maintenance" if window.maintenance else "reserved"
-    if window.nodes:
+    if window.nodes and not (pool_nodes and len(window.nodes) >= pool_nodes):
         n = len(window.nodes)
         subject = f"{n} node{'s' if n != 1 else ''} of {window.pool} ({', '.join(window.nodes[:4])}" \
                   f"{', ...' if n > 4 else ''}) {'is' if n == 1 else 'are'} {what}"
@@ -122,8 +123,8 @@ def outages(views: Mapping[str, PoolView], windows: Iterable[PlannedWindow], *, 
             continue
         n = units(w, view)
         if n:
-            out.append(Outage(pool=w.pool, units=n, start=w.start.timestamp(), end=end, words=words(w),
-                              in_snapshot=w.in_snapshot))
+            out.append(Outage(pool=w.pool, units=n, start=w.start.timestamp(), end=end,
+                              words=words(w, view.total_nodes), in_snapshot=w.in_snapshot))
     return out
 
 

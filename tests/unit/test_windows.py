@@ -252,3 +252,9 @@ def test_the_simulator_honours_a_hold_at_its_start_and_its_account_runs_in_it():
     unheld = simulate(trace, [pool], {"team-a": 1, "team-b": 1})
     assert max(sum(1 for o in unheld.outcomes if o.job.account == "team-b" and o.start <= t < o.end)
                for t in range(int(h.start), int(h.end), 60)) > 2  # without it, team-b takes more
+
+
+def test_a_backend_window_on_every_node_of_the_pool_is_named_as_the_pools():
+    w = Window("maint2", T0, T0 + timedelta(hours=2), ("n1", "n2", "n3", "n4"), True, "Slurm reservation maint2 (MAINT)")
+    [o] = outages({"slurm-24": view(windows=[w])}, from_backend({"slurm-24": view(windows=[w])}), now=T0)
+    assert o.words.startswith("slurm-24 is in maintenance from Tue 8 Dec 02:00 to 04:00 UTC") and o.units == 4
