@@ -1,0 +1,79 @@
+"""Advance reservations held by the gateway, on the real Slurm 22.05 cluster and the real Kueue
+pool (issue #31, part 2; docs/planning.md).
+
+Half of each pool is held for team-a from now: team-b's jobs fill only the other half and
+the next one waits with the reservation in its reason; team-a's gang starts at once, in the
+held half. Read back from the backend: the nodes Slurm gave each job, the workloads Kueue
+admitted.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.dispatch.conftest import drive_until, job_state, kube_backend_options, slurm_backend_options, wired_gateway
+from tests.dispatch.test_reservations import FINAL, USERS, get, submit
+from tests.dispatch.test_watch import whole_pool
+
+
+@pytest.fixture(scope="module")
+def database_url(databases):
+    """Postgres only: the round's wiring is the same on SQLite (tests/dispatch/test_plan_round.py
+    runs both); what this module adds is the real clusters, and their time is the cost."""
+    with databases.create("postgres") as url:
+        databases.made.add(url)
+        try:
+            yield url
+        finally:
+            databases.made.discard(url)
+
+
+def scenario(gw, pool: str, amount: dict, words: str) -> None:
+    def empty():
+        v = gw.app.state.dispatcher.views(fresh=True)[pool]
+        free, total = (v.idle_nodes, v.total_nodes) if v.node_exclusive else (v.free_gpus, v.total_gpus)
+        return v if total and free == total else None
+
+    view = drive_until(gw, empty, timeout_s=180, interval_s=1)
+    assert (view.total_nodes if view.node_exclusive else view.total_gpus // 8) == 4, view
+    now = datetime.now(timezone.utc)
+    r = gw.client.post("/v1/admin/reservations", headers=gw.headers("root", admin=True),
+                       json={"account": "team-a", "pool": pool, **amount, "start": (now - timedelta(minutes=1))
+                             .isoformat(), "end": (now + timedelta(hours=1)).isoformat(), "reason": "deadline"})
+    assert r.status_code == 201 and r.json()["shortfall"] == "", r.text
+    others = [submit(gw, "team-b", pool, run_s=60, time_limit="5m") for _ in range(3)]
+    try:
+        drive_until(gw, lambda: sum(get(gw, j)["state"] == "running" for j in others) == 2, timeout_s=120)
+        for _ in range(3):
+            gw.app.state.dispatcher.run_once()
+        states = [get(gw, j) for j in others]
+        [waiting] = [j for j in states if j["state"] == "pending"]
+        assert words in waiting["state_reason"], waiting["state_reason"]
+        assert waiting["backend_job_id"] is None
+        mine = submit(gw, "team-a", pool, run_s=3, workers=2, time_limit="5m")
+        done = drive_until(gw, lambda: job_state(gw, mine, *FINAL), timeout_s=120)
+        assert done["state"] == "succeeded", done
+        if pool == "slurm":  # Slurm's own record: the gang ran on the two nodes team-b's jobs did not hold
+            theirs = {n for j in states if j["state"] == "running" for n in j["nodes"]}
+            assert len(done["nodes"]) == 2 and not set(done["nodes"]) & theirs, (done["nodes"], theirs)
+        assert get(gw, waiting["id"])["state"] == "pending"  # still not on the held half
+    finally:
+        for j in others:
+            gw.client.post(f"/v1/jobs/{j}/cancel", headers=gw.headers(USERS["team-b"], ("team-b",)))
+        drive_until(gw, lambda: all(job_state(gw, j, *FINAL) for j in others), timeout_s=120)
+
+
+@pytest.mark.slurm
+def test_a_held_half_of_a_slurm_pool_is_team_as_alone(database_url, dev_key_path, slurm22):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+                       scheduling_policy="reservation") as gw:
+        scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved for team-a from ")
+
+
+@pytest.mark.kubernetes
+def test_a_held_half_of_a_kueue_pool_is_team_as_alone(database_url, dev_key_path, kube):
+    with whole_pool(), wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
+                                     scheduling_policy="reservation") as gw:
+        scenario(gw, "kubernetes", {"gpus": 16}, "16 GPUs of kubernetes are reserved for team-a from ")
