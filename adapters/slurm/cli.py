@@ -10,8 +10,10 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 
 from adapters.base import BackendUnavailable, JobNotFound
+from adapters.slurm import parse
 from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done
 from adapters.slurm.script import JobSpec
 from adapters.slurm.transport import Record, Transport
@@ -40,10 +42,11 @@ class CliTransport(Transport):
         self._path = path
         self._json_scontrol: bool | None = None
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = {"PATH": self._path, "LANG": "C.UTF-8"}
         if self._conf:
             env["SLURM_CONF"] = self._conf
+        env.update(extra or {})
         return env
 
     def _argv(self, argv: Sequence[str], user: str | None) -> list[str]:
@@ -53,8 +56,8 @@ class CliTransport(Transport):
         return [*self._prefix, *argv]
 
     def _run(self, argv: Sequence[str], *, user: str | None = None, stdin: str | None = None,
-             job_env: Mapping[str, str] | None = None, submitting: bool = False
-             ) -> subprocess.CompletedProcess[str]:
+             job_env: Mapping[str, str] | None = None, submitting: bool = False,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         if job_env is not None:
             # sbatch exports its own environment to the job: give it exactly job_env
             # (each KEY=VALUE is one argv word, so nothing is shell-parsed).
@@ -63,7 +66,7 @@ class CliTransport(Transport):
         full[0] = shutil.which(full[0], path=self._path) or full[0]
         try:
             return subprocess.run(full, input=stdin, capture_output=True, text=True,
-                                  env=self._env(), timeout=self._timeout_s, check=False)
+                                  env=self._env(env), timeout=self._timeout_s, check=False)
         except subprocess.TimeoutExpired as exc:
             cls = AmbiguousSubmit if submitting else BackendUnavailable
             raise cls(f"{argv[0]} timed out after {self._timeout_s}s", backend="slurm") from exc
@@ -183,20 +186,41 @@ class CliTransport(Transport):
                 return
             raise exc
 
+    def _scontrol_json(self, *what: str) -> dict | None:
+        """``scontrol --json show <what>`` (23.02+), or None on 22.05, which has no --json."""
+        if self._json_scontrol is False:
+            return None
+        proc = self._run(["scontrol", "--json", "show", *what], user=self._admin_user)
+        if proc.returncode != 0:
+            if "unrecognized option" in (proc.stderr or ""):
+                self._json_scontrol = False
+                return None
+            raise classify(self._message(proc))
+        self._json_scontrol = True
+        try:
+            data = json.loads(proc.stdout)
+        except ValueError as exc:
+            raise BackendUnavailable("scontrol printed invalid JSON", backend="slurm") from exc
+        err = error_from(data)
+        if err is not None:
+            raise err
+        return data
+
     def nodes(self) -> list[Record]:
-        if self._json_scontrol is not False:   # 23.02+; their sinfo --json groups by partition
-            proc = self._run(["scontrol", "--json", "show", "nodes"], user=self._admin_user)
-            if proc.returncode == 0:
-                self._json_scontrol = True
-                try:
-                    data = json.loads(proc.stdout)
-                except ValueError as exc:
-                    raise BackendUnavailable("scontrol printed invalid JSON", backend="slurm") from exc
-                err = error_from(data)
-                if err is not None:
-                    raise err
-                return list(data.get("nodes") or [])
-            if "unrecognized option" not in (proc.stderr or ""):
-                raise classify(self._message(proc))
-            self._json_scontrol = False   # 22.05: no scontrol --json
+        data = self._scontrol_json("nodes")  # 23.02+; their sinfo --json groups by partition
+        if data is not None:
+            return list(data.get("nodes") or [])
         return list(self._json(["sinfo", "--json"]).get("nodes") or [])
+
+    def reservations(self) -> list[Record]:
+        data = self._scontrol_json("reservations")
+        if data is not None:
+            return list(data.get("reservations") or [])
+        # 22.05: text, one reservation a line. Its times are local to wherever scontrol runs
+        # (a chroot may have its own zone): ask for epoch seconds, and for UTC should a
+        # scontrol not honour that format.
+        proc = self._run(["scontrol", "--oneliner", "show", "reservation"], user=self._admin_user,
+                         env={"SLURM_TIME_FORMAT": "%s", "TZ": "UTC"})
+        if proc.returncode != 0:
+            raise classify(self._message(proc))
+        return parse.reservation_text(proc.stdout, tz=UTC)  # "No reservations in the system": []

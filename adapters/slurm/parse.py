@@ -9,16 +9,27 @@ accepts all of them:
 * v0.0.40 .. v0.0.42 (Slurm 23.11 .. 25.x and later): ``job_state`` is a list of
   strings, numbers are ``{"set", "infinite", "number"}`` structs and ``exit_code`` is
   ``{"status": [...], "return_code": ..., "signal": {"id": ..., "name": ...}}``.
+
+Reservations (:func:`windows`) arrive in the same JSON shapes, except from 22.05's CLI,
+which has no ``--json`` for them: :func:`reservation_text` turns its text into the same
+record first, and the pyslurm worker builds the record from pyslurm's objects.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Collection, Iterable, Mapping
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from adapters.base import NODE_FAILURE, TIME_LIMIT, BackendState, JobStatus, PoolCapacity
+from adapters.base import (
+    NODE_FAILURE,
+    TIME_LIMIT,
+    BackendState,
+    JobStatus,
+    PoolCapacity,
+    Window,
+)
 
 GATEWAY_COMMENT_PREFIX = "isthmus:"
 
@@ -294,7 +305,7 @@ def submitted_by(record: Mapping[str, Any]) -> str:
 # ------------------------------------------------------------------------ capacity
 
 _BUSY_OR_GONE = {"ALLOCATED", "MIXED", "COMPLETING", "DOWN", "DRAIN", "DRAINING", "DRAINED",
-                 "FAIL", "FAILING", "FUTURE", "INVALID", "MAINTENANCE", "NOT_RESPONDING",
+                 "FAIL", "FAILING", "FUTURE", "INVALID", "MAINT", "MAINTENANCE", "NOT_RESPONDING",
                  "POWER_DOWN", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "REBOOT_REQUESTED",
                  "REBOOT_ISSUED", "RESERVED", "UNKNOWN", "PLANNED", "BLOCKED"}
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
@@ -316,12 +327,15 @@ def node_gpus(node: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
     return total, tuple(types)
 
 
-def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
+def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[str] = ()) -> list[PoolCapacity]:
+    """Each partition's capacity; a node named in ``reserved`` (one of an active reservation)
+    is never idle, whatever state Slurm has got round to giving it."""
     pools: dict[str, dict[str, Any]] = {}
     for node in nodes:
         gpus, types = node_gpus(node)
         st = node_states(node)
-        idle = "IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
+        idle = ("IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
+                and node.get("name") not in reserved)
         for part in node.get("partitions") or []:
             p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0,
                                         "free_gpus": 0, "per_node": set(), "types": set(), "mem": 0, "cpus": 0})
@@ -346,3 +360,129 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]]) -> list[PoolCapacity]:
             memory_mib_per_node=int(p["mem"]), cpus_per_node=int(p["cpus"]),
         ))
     return out
+
+
+# ------------------------------------------------------------------- reservations
+
+# A reservation without an end ("EndTime=Unknown", ``"infinite": true``, unset). A fixed far
+# future rather than datetime.max: the gateway compares, subtracts and adds time zones to
+# window ends, and datetime.max overflows on any of that. The same instant as
+# gateway/domain/windows.FAR, which the planner reads as "no end".
+NO_END = datetime(9999, 1, 1, tzinfo=UTC)
+_SLURM_NO_END = 0xFFFFFFFE  # NO_VAL; INFINITE is one more (v0.0.38 prints them as plain numbers)
+_TEXT_KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z]*)=")
+
+
+def reservation_text(text: str, *, tz: tzinfo | None = None) -> list[dict[str, Any]]:
+    """``scontrol --oneliner show reservation`` (22.05 has no ``--json`` for it) as records in
+    the JSON shape :func:`windows` reads. "No reservations in the system" is ``[]``.
+
+    Times are best epoch seconds (the CLI transport runs scontrol with
+    ``SLURM_TIME_FORMAT=%s``). Slurm's default, local time such as ``2026-12-06T04:00:00``,
+    is read in ``tz`` (None: the gateway host's own zone), so whoever runs scontrol must
+    know the zone it ran in (the CLI transport sets ``TZ=UTC``).
+    """
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("ReservationName="):
+            continue
+        fields: dict[str, str] = {}
+        keys = list(_TEXT_KEY.finditer(line))
+        for i, m in enumerate(keys):
+            if m.group(1) in fields:  # core-spec pairs repeat NodeName=/CoreIDs=
+                continue
+            if m.group(1) == "Comment":  # free text, always last: spaces and "=" are its own
+                fields["Comment"] = line[m.end():]
+                break
+            end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+            v = line[m.end():end].strip()
+            fields[m.group(1)] = "" if v in ("(null)", "N/A", "n/a") else v
+        value = fields.get
+        out.append({
+            "name": value("ReservationName", ""),
+            "start_time": _text_time(value("StartTime", ""), tz),
+            "end_time": _text_time(value("EndTime", ""), tz),
+            "node_list": value("Nodes", ""),
+            "partition": value("PartitionName", ""),
+            "flags": [f for f in value("Flags", "").split(",") if f],
+            "users": value("Users", ""),
+            "accounts": value("Accounts", ""),
+            "groups": value("Groups", ""),
+        })
+    return out
+
+
+def _text_time(text: str, tz: tzinfo | None) -> int | dict[str, Any] | None:
+    """One of scontrol's times as the JSON would carry it ("Unknown" is 0 or INFINITE there)."""
+    if not text or text == "None":
+        return None
+    if text == "Unknown":
+        return {"set": True, "infinite": True, "number": 0}
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        local = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return int((local.replace(tzinfo=tz) if tz and not local.tzinfo else local.astimezone()).timestamp())
+
+
+def _names(value: Any) -> list[str]:
+    """A JSON list, or Slurm's comma-separated text, as names."""
+    if isinstance(value, str):
+        value = value.split(",")
+    return [str(v).strip() for v in value or () if str(v).strip() and str(v).strip() != "(null)"]
+
+
+def _who(users: list[str], kind: str) -> str:
+    allowed = [u for u in users if not u.startswith("-")]
+    if allowed:
+        return f"{kind} {', '.join(allowed)}"
+    return f"all {kind} but {', '.join(u[1:] for u in users)}" if users else ""
+
+
+def window(record: Mapping[str, Any], partition_nodes: Iterable[str]) -> Window | None:
+    """One Slurm reservation as a :class:`~adapters.base.Window` of the partition, or None when
+    it takes none of ``partition_nodes``.
+
+    Args:
+        record: the reservation as any transport gives it: Slurm's JSON (v0.0.38 plain
+            numbers, v0.0.40+ ``{"set", "infinite", "number"}`` structs), 22.05's text via
+            :func:`reservation_text`, or the pyslurm worker's record (``end_time`` None).
+        partition_nodes: the node names of the partition.
+
+    Returns:
+        The window, its times tz-aware UTC; a reservation without an end ends at
+        :data:`NO_END`.
+    """
+    mine = set(partition_nodes)
+    nodes = tuple(n for n in dict.fromkeys(expand_hostlist(str(record.get("node_list") or ""))) if n in mine)
+    if not nodes:
+        return None
+    start = timestamp(record.get("start_time")) or datetime.fromtimestamp(0, tz=UTC)
+    end_n = number(record.get("end_time"))
+    end = NO_END if not end_n or end_n <= 0 or end_n >= _SLURM_NO_END else datetime.fromtimestamp(end_n, tz=UTC)
+    flags = [f.upper() for f in _names(record.get("flags"))]
+    maintenance = "MAINT" in flags
+    name = str(record.get("name") or "")
+    who = " and ".join(w for w in (_who(_names(record.get("users")), "users"),
+                                _who(_names(record.get("accounts")), "accounts"),
+                                _who(_names(record.get("groups")), "groups")) if w)
+    detail = f"Slurm reservation {name}" + (" (MAINT)" if maintenance else "") + (f", for {who}" if who else "")
+    return Window(name=name, start=start, end=end, nodes=nodes, maintenance=maintenance, detail=detail)
+
+
+def windows(records: Iterable[Mapping[str, Any]], partition_nodes: Iterable[str], *,
+            now: datetime | None = None) -> tuple[Window, ...]:
+    """The windows of every reservation that has not ended at ``now`` and takes nodes of the
+    partition, earliest first. Every transport's records go through here."""
+    now = now or datetime.now(UTC)
+    nodes = tuple(partition_nodes)
+    found = [w for w in (window(r, nodes) for r in records) if w is not None and w.end > now]
+    return tuple(sorted(found, key=lambda w: (w.start, w.name)))
+
+
+def partition_nodes(nodes: Iterable[Mapping[str, Any]], partition: str) -> tuple[str, ...]:
+    """The names of the nodes in ``partition`` (each node record lists its partitions)."""
+    return tuple(str(n.get("name")) for n in nodes if partition in (n.get("partitions") or []) and n.get("name"))

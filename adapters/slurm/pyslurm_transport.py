@@ -314,6 +314,11 @@ class PyslurmTransport(Transport):
     def nodes(self) -> list[Record]:
         return list(self._call("nodes"))
 
+    def reservations(self) -> list[Record]:
+        # pyslurm.Reservations (pyslurm 25.5+, which replaced the old pyslurm.reservation),
+        # so no Slurm command is needed here.
+        return list(self._call("reservations"))
+
     def describe(self) -> str:
         return f"pyslurm {self.versions.get('pyslurm', '?')}"
 

@@ -15,6 +15,7 @@ pyslurm is unusable). Only the standard library and pyslurm are imported here.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
@@ -81,6 +82,44 @@ def node_record(node: Any) -> dict[str, Any]:
         "partitions": list(node.partitions or []),
         "alloc_cpus": node.allocated_cpus or 0,
         "cpus": node.total_cpus,
+    }
+
+
+# pyslurm's names of reservation flags -> Slurm's own (what scontrol and the JSON print);
+# the names not listed here are the same in both.
+_FLAG_NAMES = {"MAINTENANCE": "MAINT", "IGNORE_RUNNING_JOBS": "IGNORE_JOBS", "STATIC_NODES": "STATIC",
+               "PARTITION_NODES_ONLY": "PART_NODES", "USER_DELETION": "USER_DELETE",
+               "PURGE": "PURGE_COMP", "SPECIFIC_NODES": "SPEC_NODES",
+               "NO_JOB_HOLD_AFTER_END": "NO_HOLD_JOBS_AFTER_END"}
+
+
+def _reservation_flags(pyslurm, resv: Any) -> list[str]:
+    """The reservation's flags in Slurm's spelling (``MAINT``, ``IGNORE_JOBS``, ...)."""
+    flag_type = pyslurm.ReservationFlags
+    if getattr(enum, "FlagBoundary", None) and getattr(flag_type, "_boundary_", None) is enum.FlagBoundary.STRICT:
+        # pyslurm's ReservationFlags is a strict enum.Flag: a bit it has no name for (e.g.
+        # REPLACE_DOWN or FORCE_START in pyslurm 25.11.2) makes ``resv.flags`` raise, and one
+        # such reservation would hide all the others. Keep the bits it names.
+        flag_type._boundary_ = enum.FlagBoundary.CONFORM
+    flags = resv.flags
+    names = [_FLAG_NAMES.get(f.name, f.name) for f in flag_type if f.value and f in flags]
+    recur = str(getattr(resv, "reoccurrence", "") or "")  # cleared from flags by pyslurm
+    return names + ([recur] if recur and recur != "NO" else [])
+
+
+def reservation_record(resv: Any, pyslurm) -> dict[str, Any]:
+    """A pyslurm Reservation in the shape of Slurm's JSON reservation record (parse.windows)."""
+    return {
+        "name": resv.name,
+        "node_list": resv.nodes or "",
+        "partition": resv.partition or "",
+        "start_time": resv.start_time or 0,
+        # pyslurm gives None for Slurm's INFINITE (and unset): no end.
+        "end_time": resv.end_time,
+        "flags": _reservation_flags(pyslurm, resv),
+        "users": list(resv.users or []),
+        "accounts": list(resv.accounts or []),
+        "groups": list(resv.groups or []),
     }
 
 
@@ -162,6 +201,8 @@ def handle(pyslurm, req: dict[str, Any]) -> Any:
         return _signal(pyslurm, int(req["job_id"]), str(req["signal"]))
     if op == "nodes":
         return [node_record(n) for n in pyslurm.Nodes.load().values()]
+    if op == "reservations":  # values() spans every cluster's
+        return [reservation_record(r, pyslurm) for r in pyslurm.Reservations.load().values()]
     if op == "version":   # the controller's, e.g. "25.11.7"
         return str(pyslurm.slurmctld.Config.load().version)
     raise ValueError(f"unknown op {op!r}")

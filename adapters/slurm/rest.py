@@ -108,7 +108,7 @@ class RestTransport(Transport):
             else:
                 raise BackendUnavailable(
                     f"slurmrestd offers none of {SUPPORTED_VERSIONS}", backend="slurm")
-            for key in ("jobs", "job/submit", "nodes", "ping", "jobs/state"):
+            for key in ("jobs", "job/submit", "nodes", "ping", "jobs/state", "reservations"):
                 base = f"/slurm/{chosen}/{key}"
                 if base in paths or base + "/" in paths or key != "jobs/state":
                     self._paths[key] = base + "/" if base + "/" in paths else base
@@ -249,6 +249,13 @@ class RestTransport(Transport):
         status, data = self._send("GET", self._paths["nodes"])
         self._raise_for(status, data)
         return list(data.get("nodes") or [])
+
+    def reservations(self) -> list[Record]:
+        # v0.0.38 dumps times as plain numbers, v0.0.40+ as {"set", "infinite", "number"}.
+        self.negotiate()
+        status, data = self._send("GET", self._paths["reservations"])
+        self._raise_for(status, data)
+        return list(data.get("reservations") or [])
 
     def close(self) -> None:
         self._client.close()

@@ -57,6 +57,21 @@ class Transport(abc.ABC):
     def nodes(self) -> list[Record]:
         """Every node record (state, gres, partitions)."""
 
+    @abc.abstractmethod
+    def reservations(self) -> list[Record]:
+        """Every reservation slurmctld holds, ended ones included; ``[]`` when there are none.
+
+        Returns:
+            Records in the shape of Slurm's JSON reservation record, which
+            :func:`adapters.slurm.parse.windows` reads: ``name``, ``node_list`` (a hostlist),
+            ``start_time`` / ``end_time`` (epoch seconds, plain or as a ``{"set", "infinite",
+            "number"}`` struct; None or infinite: no end), ``flags`` (Slurm's names, e.g.
+            ``MAINT``), ``users`` / ``accounts`` / ``groups`` (lists or comma-separated).
+
+        Raises:
+            BackendUnavailable, BackendForbidden: as for :meth:`nodes`.
+        """
+
     def describe(self) -> str:
         return self.name
 
