@@ -194,3 +194,15 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
 def _logs_object(ns: str, pod: str, path: Path) -> dict:
     return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs", "metadata": {"name": pod, "namespace": ns},
             "spec": {"logs": [{"containers": ["worker"], "logsFile": str(path)}]}}
+
+
+@pytest.fixture(scope="module")
+def postgres_database_url(databases):
+    """A module's own Postgres database, for real-cluster modules that take ``database_url =``
+    this: their round's wiring runs on both databases elsewhere, the clusters' time is the cost."""
+    with databases.create("postgres") as url:
+        databases.made.add(url)
+        try:
+            yield url
+        finally:
+            databases.made.discard(url)

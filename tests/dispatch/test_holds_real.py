@@ -19,15 +19,9 @@ from tests.dispatch.test_watch import whole_pool
 
 
 @pytest.fixture(scope="module")
-def database_url(databases):
-    """Postgres only: the round's wiring is the same on SQLite (tests/dispatch/test_plan_round.py
-    runs both); what this module adds is the real clusters, and their time is the cost."""
-    with databases.create("postgres") as url:
-        databases.made.add(url)
-        try:
-            yield url
-        finally:
-            databases.made.discard(url)
+def database_url(postgres_database_url):
+    """Postgres only: the round's wiring runs on both databases in tests/dispatch/test_plan_round.py."""
+    return postgres_database_url
 
 
 def scenario(gw, pool: str, amount: dict, words: str) -> None:
