@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.kit.names import ACCOUNT_NAME_RE, POOL_NAME_RE
+
+GPU_TYPE_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"  # as a job's gpu_type (gateway/jobs/schemas.py)
 
 
 class PoolState(str, enum.Enum):
@@ -98,8 +103,9 @@ class WindowIn(BaseModel):
                                         "that is already under way.")
     end: datetime = Field(description="When it ends (after `start`, in the future, at most 366 days after `start`).")
     reason: str = Field(min_length=1, max_length=200, description="Why, in words: shown to the users whose jobs wait.")
-    nodes: list[str] = Field(default_factory=list, max_length=1000,
-                             description="Only these nodes of the pool (host names); empty: the whole pool.")
+    nodes: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]] = Field(
+        default_factory=list, max_length=1000, description="Only these nodes of the pool (host names); empty: the "
+                                                            "whole pool.")
 
 
 class WindowOut(BaseModel):
@@ -129,9 +135,9 @@ class ReservationIn(BaseModel):
         {"account": "team-a", "gpu_type": "h100", "gpus": 64, "start": "2026-12-10T00:00:00Z",
          "end": "2026-12-12T00:00:00Z", "reason": "conference deadline"}]})
 
-    account: str = Field(min_length=1, max_length=63, description="Whose jobs may use it.")
-    pool: str | None = Field(default=None, max_length=63, description="The pool (or give `gpu_type`).")
-    gpu_type: str | None = Field(default=None, min_length=1, max_length=63,
+    account: str = Field(pattern=ACCOUNT_NAME_RE, description="Whose jobs may use it.")
+    pool: str | None = Field(default=None, pattern=POOL_NAME_RE, description="The pool (or give `gpu_type`).")
+    gpu_type: str | None = Field(default=None, pattern=GPU_TYPE_RE,
                                  description="Any pool offering this GPU type: the gateway picks the largest one "
                                              "where the amount fits, once, at creation.")
     gpus: int | None = Field(default=None, description="How many GPUs (or give `nodes`).")
