@@ -254,12 +254,10 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         # pool gets them now and not again at those ends (``at`` is their release's own time).
         for at, u in h.in_use:
             per_pool[h.pool] += [(now, u), (at, -u)]
-        start = max(h.start, now)
         prof = Profile(now, h.units - used if h.start <= now else 0,
                        [(at, u) for at, u in h.in_use] + ([(h.start, h.units)] if h.start > now else []), h.units)
         prof.book(h.end, INF, h.units)  # nothing of it after its end
         kept.append((h, prof))
-        of_pool.setdefault(h.pool, [])
     for w in windows:
         if w.pool not in per_pool or w.end <= now or w.units <= 0:
             continue
@@ -282,6 +280,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         out += [h.words for h, _ in kept if h.pool in names and account not in h.accounts and h.start < now + limit]
         return tuple(out)
 
+    planned_ahead = bool(of_pool or kept)  # only then can a start now cross anything
     out = Plan()
     for c in candidates:
         if max_examined is not None and out.examined >= max_examined:
@@ -292,71 +291,56 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         if c.blocked:
             out.unplanned[c.id] = c.blocked
             continue
-        best: tuple[float, int, str, int] | None = None
-        # Its accounts' holds first: (start, 0, rank) sorts before the open capacity's (start, 1, rank).
-        in_hold: tuple[float, int, int, Hold, Profile, int] | None = None
-        if c.account and kept:
+        # (start, 0 in one of its account's holds / 1 on the open capacity, rank, pool, units,
+        # profile, hold): the earliest start wins; at the same time its holds come first.
+        best: tuple[float, int, int, str, int, Profile, str] | None = None
+        if c.account:
             for h, prof in kept:
                 if c.account not in h.accounts or h.pool not in c.pools:
                     continue
                 need = by_name[h.pool].units(c.workers, c.gpus_per_worker)
                 at = prof.earliest(need, c.time_limit_s)
                 rank = c.pools.index(h.pool)
-                if at < INF and (in_hold is None or (at, rank) < (in_hold[0], in_hold[2])):
-                    in_hold = (at, 0, rank, h, prof, need)
+                if at < INF and (best is None or (at, rank) < (best[0], best[2])):
+                    best = (at, 0, rank, h.pool, need, prof, h.id)
         for rank, name in enumerate(c.pools):
             pool = by_name.get(name)
             if pool is None:
                 continue
-            need = pool.units(c.workers, c.gpus_per_worker)
             if best is not None and best[0] == now:
                 break  # nothing starts earlier than now
+            need = pool.units(c.workers, c.gpus_per_worker)
             at = profiles[name].earliest(need, c.time_limit_s)
-            if at < INF and (best is None or (at, rank) < (best[0], best[1])):
-                best = (at, rank, name, need)
-        if in_hold is not None and (best is None or in_hold[0] <= best[0]):
-            at, _, _, h, prof, need = in_hold
-            if at <= now:
-                prof.book(now, c.time_limit_s, need)
-                out.starts.append(Placement(c.id, h.pool, now, False, f"starts now on {h.pool} in hold {h.id}",
-                                            hold=h.id))
-                continue
-            if policy == "fifo":
-                out.unplanned[c.id] = "first in line; waits for room (strict FIFO)"
-                break
-            if len(out.reservations) < depth:
-                prof.book(at, c.time_limit_s, need)
-                out.reservations.append(Placement(c.id, h.pool, at, True, f"reserved on {h.pool} in hold {h.id}",
-                                                  hold=h.id))
-            else:
-                out.unplanned[c.id] = f"behind the {depth} jobs that hold reservations; no estimate yet"
-            continue
+            if at < INF and (best is None or (at, 1, rank) < best[:3]):
+                best = (at, 1, rank, name, need, profiles[name], "")
         if best is None:
             out.unplanned[c.id] = "no pool it may use will have room (capacity is held with no known end)"
-            if of_pool:
+            if planned_ahead:
                 out.crossing[c.id] = crossing(c.pools, c.time_limit_s, c.account)
             if policy == "fifo":
                 break
             continue
-        at, _, name, need = best
+        at, _, _, name, need, prof, hold = best
         if at <= now:
-            profiles[name].book(now, c.time_limit_s, need)
-            out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}"))
+            prof.book(now, c.time_limit_s, need)
+            where = f" in hold {hold}" if hold else ""
+            out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}{where}", hold=hold))
             continue
-        crossed = crossing((name,), c.time_limit_s, c.account) if of_pool else ()
+        crossed = crossing((name,), c.time_limit_s, c.account) if planned_ahead and not hold else ()
         if crossed:
             out.crossing[c.id] = crossed
         if policy == "fifo":
             out.unplanned[c.id] = "first in line; waits for room (strict FIFO)"
             break
         if len(out.reservations) < depth:
-            profiles[name].book(at, c.time_limit_s, need)
-            out.reservations.append(Placement(c.id, name, at, True,
-                                              f"reserved on {name} from its planned start", crossed))
+            prof.book(at, c.time_limit_s, need)
+            out.reservations.append(Placement(c.id, name, at, True, f"reserved on {name} " + (
+                f"in hold {hold}" if hold else "from its planned start"), crossed, hold))
         else:
             out.unplanned[c.id] = f"behind the {depth} jobs that hold reservations; no estimate yet"
         if policy == "greedy" or len(out.reservations) >= depth:
-            # Nothing more can be reserved: later jobs only matter if they fit now.
-            if all(profiles[p.name].free_now() == 0 for p in pools):
+            # Nothing more can be reserved: later jobs only matter if they fit now (in a hold too).
+            if all(profiles[p.name].free_now() == 0 for p in pools) and all(
+                    held.free_now() <= 0 for _, held in kept):
                 break
     return out

@@ -258,3 +258,11 @@ def test_a_backend_window_on_every_node_of_the_pool_is_named_as_the_pools():
     w = Window("maint2", T0, T0 + timedelta(hours=2), ("n1", "n2", "n3", "n4"), True, "Slurm reservation maint2 (MAINT)")
     [o] = outages({"slurm-24": view(windows=[w])}, from_backend({"slurm-24": view(windows=[w])}), now=T0)
     assert o.words.startswith("slurm-24 is in maintenance from Tue 8 Dec 02:00 to 04:00 UTC") and o.units == 4
+
+
+def test_a_full_open_pool_does_not_end_the_round_while_a_hold_has_room():
+    """Greedy (depth 0): once nothing more can be reserved and the open capacity is full, later
+    jobs matter only if they fit now, and an account's job still fits now in its hold."""
+    p = plan(now=0, pools=[SLURM], free_now={"slurm-a": 4}, releases=[], holds=[hold()], depth=0,
+             candidates=[team("b1", "team-b", 2, 600), team("b2", "team-b", 2, 600), team("a1", "team-a", 2, 600)])
+    assert [(s.job_id, s.hold) for s in p.starts] == [("b1", ""), ("a1", "h1")]
