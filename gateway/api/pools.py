@@ -155,8 +155,7 @@ def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends
     now = utcnow()
     row = windows.create(session, name, starts_at=body.start, ends_at=body.end, reason=body.reason,
                          nodes=body.nodes, by=principal.subject, now=now)
-    [w] = [w for w in windows.stored(session, now=now, pool=name) if w.name == row.id]
-    return _window_out(w, now)
+    return _window_out(windows.planned_of(row.id, row.pool, row.starts_at, row.ends_at, row.nodes, row.reason), now)
 
 
 @admin_router.delete("/{name}/windows/{window_id}", status_code=204, operation_id="deletePoolWindow",
@@ -203,8 +202,7 @@ def create_reservation(body: ReservationIn, request: Request, principal: Princip
     row = reservations.create(session, views, account=body.account, pool=body.pool, gpu_type=body.gpu_type,
                               gpus=body.gpus, nodes=body.nodes, starts_at=body.start, ends_at=body.end,
                               reason=body.reason, by=principal.subject, now=now)
-    [h] = [h for h in reservations.planned(session, now=now) if h.id == row.id]
-    return _reservation_out(h, views, now)
+    return _reservation_out(reservations.planned_of(row), views, now)
 
 
 @reservations_router.delete("/{reservation_id}", status_code=204, operation_id="deleteReservation",

@@ -80,15 +80,22 @@ def _gang_rows(session: Session, t_now: float, soon: float):
     another backfill in front of a reservation for ever. Unknown: now. A gang being
     cancelled ends soon.
     """
-    stmt = select(Job.pool, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
-                  Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES))
-    for pool, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
-        if state in _ENDING_STATES:
-            end = soon  # gone once the backend confirms the cancel
-        else:
-            at = started if state in _HOLDING_STATES else updated
-            end = max(soon, (as_utc(at).timestamp() if at is not None else t_now) + limit)
-        yield pool, workers, gpus_held or total, end
+    for pool, _, workers, gpus, _, end, _ in _gangs(session, t_now, soon):
+        yield pool, workers, gpus, end
+
+
+def _gangs(session: Session, t_now: float, soon: float, *where):
+    """(pool, account, workers, GPUs held, base, expected end, being cancelled) of every gang
+    (``where``: more conditions); base and end as :func:`_gang_rows` says."""
+    stmt = select(Job.pool, Job.account_name, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
+                  Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES), *where)
+    for pool, account, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
+        at = started if state in _HOLDING_STATES else updated
+        base = as_utc(at).timestamp() if at is not None else t_now
+        ending = state in _ENDING_STATES
+        # A gang being cancelled is gone once the backend confirms the cancel.
+        end = soon if ending else max(soon, base + limit)
+        yield pool, account, workers, gpus_held or total, base, end, ending
 
 
 # The same rows computed by Postgres, so a round does not build two datetimes per gang in
@@ -125,18 +132,12 @@ def hold_gangs(session: Session, views: Mapping[str, PoolView], planned: Sequenc
     if not planned:
         return []
     t_now = now.timestamp()
-    soon = t_now + 1.0
-    stmt = select(Job.pool, Job.account_name, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
-                  Job.updated_at, Job.time_limit_s).where(
-        Job.state.in_(_GANG_STATES), Job.pool.in_(sorted({h.pool for h in planned})),
-        Job.account_name.in_(sorted({h.account for h in planned})))
     out = []
-    for pool, account, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
+    for pool, account, workers, gpus, began, end, ending in _gangs(
+            session, t_now, t_now + 1.0, Job.pool.in_(sorted({h.pool for h in planned})),
+            Job.account_name.in_(sorted({h.account for h in planned}))):
         view = views.get(pool)
-        if view is None or view.capacity is None or state in _ENDING_STATES:
+        if view is None or view.capacity is None or ending:
             continue
-        at = started if state in _HOLDING_STATES else updated
-        began = as_utc(at).timestamp() if at is not None else t_now
-        units = int(workers if view.node_exclusive else (gpus_held or total))
-        out.append(HoldGang(pool, account, units, began, max(soon, began + limit)))
+        out.append(HoldGang(pool, account, int(workers if view.node_exclusive else gpus), began, end))
     return out

@@ -147,19 +147,19 @@ class PlannedHold:
     by: str = ""  # who made it
 
 
-def hold_need(h: PlannedHold, view: PoolView) -> int:
-    """What the hold asks of the pool, in the planner's unit (whole nodes hold whole GPUs' nodes)."""
-    per_node = max(view.gpus_per_node, 1)
+def hold_need(gpus: int | None, nodes: int | None, view: PoolView) -> int:
+    """What a hold of ``gpus`` or ``nodes`` asks of the pool, in the planner's unit (on a
+    node-exclusive pool, GPUs take whole nodes)."""
     if view.node_exclusive:
-        return h.nodes if h.nodes is not None else -(-int(h.gpus or 0) // per_node)
-    return h.gpus if h.gpus is not None else int(h.nodes or 0) * view.gpus_per_node
+        return nodes if nodes is not None else -(-int(gpus or 0) // max(view.gpus_per_node, 1))
+    return gpus if gpus is not None else int(nodes or 0) * view.gpus_per_node
 
 
 def shortfall(h: PlannedHold, view: PoolView | None) -> str:
     """Why the hold cannot be honoured in full on its pool now ("" when it can)."""
     if view is None or view.capacity is None:
         return f"{h.pool} does not answer: the reservation cannot be checked"
-    need = hold_need(h, view)
+    need = hold_need(h.gpus, h.nodes, view)
     total, unit = (view.total_nodes, "nodes") if view.node_exclusive else (view.total_gpus, "GPUs")
     if need > total:
         return f"{h.pool} has {total} {unit} now; the reservation needs {need} (short by {need - total})"
@@ -202,7 +202,7 @@ def holds(views: Mapping[str, PoolView], planned: Iterable[PlannedHold], gangs: 
         if view is None or view.capacity is None or h.end.timestamp() <= t_now:
             continue
         total = view.total_nodes if view.node_exclusive else view.total_gpus
-        units = min(hold_need(h, view), total)
+        units = min(hold_need(h.gpus, h.nodes, view), total)
         if units <= 0:
             continue
         start, end = h.start.timestamp(), h.end.timestamp()

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from gateway.domain.shapes import format_duration, format_memory, normalise_gpu_type, parse_duration_s, parse_memory_mib
 from gateway.domain.states import JobState
-from gateway.kit.names import ACCOUNT_NAME_RE, JOB_NAME_RE
+from gateway.kit.names import ACCOUNT_NAME_RE, GPU_TYPE_RE, JOB_NAME_RE
 
 NAME_RE = JOB_NAME_RE
 ACCOUNT_RE = ACCOUNT_NAME_RE
@@ -19,7 +19,6 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 IMAGE_RE = r"^[a-z0-9][a-z0-9._/:@-]{0,254}$"
-GPU_TYPE_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"
 # Variables the backends set themselves; a job may not override them.
 RESERVED_ENV_PREFIXES = ("SLURM_", "ISTHMUS_", "KUBERNETES_")
 # Label keys a job may not set (docs/kubernetes.md, "Pod hardening"). The Job controller

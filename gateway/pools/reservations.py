@@ -40,7 +40,7 @@ def choose_pool(session: Session, views: Mapping[str, PoolView], *, gpu_type: st
         offered.append(row.name)
         if view is None or view.capacity is None:
             continue
-        need = hold_need(PlannedHold("", row.name, "", datetime.min, datetime.max, gpus, nodes), view)
+        need = hold_need(gpus, nodes, view)
         total = view.total_nodes if view.node_exclusive else view.total_gpus
         if need <= total:
             fits.append((-total, row.name))
@@ -82,9 +82,14 @@ def remove(session: Session, reservation_id: str) -> None:
         raise NotFound(f"no advance reservation {reservation_id!r}")
 
 
+def planned_of(r: AdvanceReservation) -> PlannedHold:
+    """A stored reservation as the planner and the pages see it."""
+    return PlannedHold(id=r.id, pool=r.pool, account=r.account, start=as_utc(r.starts_at), end=as_utc(r.ends_at),
+                       gpus=r.gpus, nodes=r.nodes, reason=r.reason, by=r.created_by)
+
+
 def planned(session: Session, *, now: datetime) -> list[PlannedHold]:
     """Every reservation that has not ended, by start."""
     rows = session.scalars(select(AdvanceReservation).where(AdvanceReservation.ends_at > now)
                            .order_by(AdvanceReservation.starts_at, AdvanceReservation.id)).all()
-    return [PlannedHold(id=r.id, pool=r.pool, account=r.account, start=as_utc(r.starts_at), end=as_utc(r.ends_at),
-                        gpus=r.gpus, nodes=r.nodes, reason=r.reason, by=r.created_by) for r in rows]
+    return [planned_of(r) for r in rows]

@@ -8,9 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.kit.names import ACCOUNT_NAME_RE, POOL_NAME_RE
-
-GPU_TYPE_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$"  # as a job's gpu_type (gateway/jobs/schemas.py)
+from gateway.kit.names import ACCOUNT_NAME_RE, GPU_TYPE_RE, NODE_NAME_RE, POOL_NAME_RE
 
 
 class PoolState(str, enum.Enum):
@@ -103,7 +101,7 @@ class WindowIn(BaseModel):
                                         "that is already under way.")
     end: datetime = Field(description="When it ends (after `start`, in the future, at most 366 days after `start`).")
     reason: str = Field(min_length=1, max_length=200, description="Why, in words: shown to the users whose jobs wait.")
-    nodes: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]] = Field(
+    nodes: list[Annotated[str, Field(pattern=NODE_NAME_RE)]] = Field(
         default_factory=list, max_length=1000, description="Only these nodes of the pool (host names); empty: the "
                                                             "whole pool.")
 

@@ -1,28 +1,27 @@
 """Maintenance windows on pools: the admins' own (the ``pool_window`` table) and the backends'.
 
 One place for every rule of a window: what a valid one is (:func:`create`), which ones the
-planner sees (:func:`planned`: the gateway's that have not ended plus the backends' own in
+planner sees (:func:`for_round`: the gateway's that have not ended plus the backends' own in
 the round's snapshot) and how a window is shown (:func:`shown`). The dispatch round, the
 admin API, the CLI, the dashboard and ``GET /v1/pools`` all call these (docs/planning.md).
 """
 
 from __future__ import annotations
 
-import re
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import Integer, String, cast, delete, literal, null, select, union_all
 from sqlalchemy.orm import Session
 
 from gateway.domain.routing import PoolView
 from gateway.domain.windows import FAR, PlannedHold, PlannedWindow, from_backend
 from gateway.kit.errors import Invalid, NotFound
+from gateway.kit.names import NODE_NAME
 from gateway.kit.timeutil import as_utc, new_id
-from gateway.models.pools import Pool, PoolWindow
+from gateway.models.pools import AdvanceReservation, Pool, PoolWindow
 
-# A node's name as Slurm and Kubernetes write it (a host name), matched as a whole.
-NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,62})")
 MAX_NODES = 1000
 MAX_LENGTH = timedelta(days=366)  # longer is a decommission: drain or disable the pool instead
 REASON_MAX = 200
@@ -80,28 +79,26 @@ def remove(session: Session, pool: str, window_id: str) -> None:
                        "(a backend's own reservation is deleted in the backend)")
 
 
-def stored(session: Session, *, now: datetime, pool: str | None = None) -> list[PlannedWindow]:
-    """The gateway's windows that have not ended (on ``pool``, or every pool), by start."""
-    stmt = select(PoolWindow).where(PoolWindow.ends_at > now)
-    if pool is not None:
-        stmt = stmt.where(PoolWindow.pool == pool)
-    rows = session.scalars(stmt.order_by(PoolWindow.starts_at, PoolWindow.id)).all()
-    return [PlannedWindow(pool=r.pool, start=as_utc(r.starts_at), end=as_utc(r.ends_at), nodes=tuple(r.nodes or ()),
-                          maintenance=True, reason=r.reason, source="gateway", name=r.id) for r in rows]
+def planned_of(window_id: str, pool: str, starts_at: datetime, ends_at: datetime, nodes: Iterable[str],
+               reason: str) -> PlannedWindow:
+    """A stored window (a row, or a round's read of one) as the planner and the pages see it."""
+    return PlannedWindow(pool=pool, start=as_utc(starts_at), end=as_utc(ends_at), nodes=tuple(nodes or ()),
+                         maintenance=True, reason=reason, source="gateway", name=window_id)
 
 
-def planned(session: Session, views: Mapping[str, PoolView], *, now: datetime) -> list[PlannedWindow]:
-    """Every window the planner honours this round: the gateway's and the backends' own."""
-    return stored(session, now=now) + [w for w in from_backend(views) if w.end > now]
+def _backends(views: Mapping[str, PoolView], now: datetime) -> list[PlannedWindow]:
+    return [w for w in from_backend(views) if w.end > now]
 
 
 def shown(session: Session, views: Mapping[str, PoolView], *, now: datetime,
           pool: str | None = None) -> list[PlannedWindow]:
     """The windows of ``pool`` (or every pool) that have not ended, both sources, by start."""
-    out = planned(session, {k: v for k, v in views.items() if pool is None or k == pool}, now=now)
+    stmt = select(PoolWindow).where(PoolWindow.ends_at > now)
     if pool is not None:
-        out = [w for w in out if w.pool == pool]
-    return sorted(out, key=lambda w: (w.start, w.pool, w.name))
+        stmt = stmt.where(PoolWindow.pool == pool)
+        views = {k: v for k, v in views.items() if k == pool}
+    out = [planned_of(r.id, r.pool, r.starts_at, r.ends_at, r.nodes, r.reason) for r in session.scalars(stmt)]
+    return sorted(out + _backends(views, now), key=lambda w: (w.start, w.pool, w.name))
 
 
 def is_open_ended(w: PlannedWindow) -> bool:
@@ -112,10 +109,6 @@ def for_round(session: Session, views: Mapping[str, PoolView], *, now: datetime)
                                                                                          list[PlannedHold]]:
     """The windows (the gateway's and the backends' own) and advance reservations a dispatch
     round plans with, read in ONE statement (tests/dispatch/test_round_cost.py counts a round's)."""
-    from sqlalchemy import Integer, String, cast, literal, null, union_all
-
-    from gateway.models.pools import AdvanceReservation
-
     w, r = PoolWindow, AdvanceReservation
     stmt = union_all(
         select(literal("w").label("kind"), w.id, w.pool, cast(null(), String).label("account"), w.starts_at,
@@ -125,15 +118,10 @@ def for_round(session: Session, views: Mapping[str, PoolView], *, now: datetime)
                r.gpus, r.nodes, r.created_by).where(r.ends_at > now))
     windows_: list[PlannedWindow] = []
     holds_: list[PlannedHold] = []
-    import json
-
     for kind, id_, pool, account, start, end, reason, names, gpus, nodes_n, by in session.execute(stmt).all():
         if kind == "w":
-            windows_.append(PlannedWindow(pool=pool, start=as_utc(start), end=as_utc(end),
-                                          nodes=tuple(json.loads(names) if names else ()), maintenance=True,
-                                          reason=reason, source="gateway", name=id_))
+            windows_.append(planned_of(id_, pool, start, end, json.loads(names) if names else (), reason))
         else:
             holds_.append(PlannedHold(id=id_, pool=pool, account=account, start=as_utc(start), end=as_utc(end),
                                       gpus=gpus, nodes=nodes_n, reason=reason, by=by))
-    windows_ += [bw for bw in from_backend(views) if bw.end > now]
-    return windows_, sorted(holds_, key=lambda h: (h.start, h.id))
+    return windows_ + _backends(views, now), sorted(holds_, key=lambda h: (h.start, h.id))
