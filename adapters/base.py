@@ -150,6 +150,9 @@ class SubmitRequest:
     # The gateway's attempt at this job (1, then 2, ... after a retry): each attempt is its
     # own backend job, so the backend's idempotency key includes it (docs/recovery.md).
     attempt: int = 1
+    # A reservation the backend holds for the job's account (:meth:`Backend.reserve`), which the
+    # gang runs in; None: the pool's open capacity.
+    reservation: str | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -271,6 +274,25 @@ class Feature(str, enum.Enum):
     OUTPUT_STREAM = "output_stream"
     # Show a storage at a path of the job's choosing (a mount namespace: Kubernetes volumes).
     MOUNT_PATHS = "mount_paths"
+
+
+# Every reservation the gateway makes on a backend is named with this prefix and the gateway's
+# own reservation id: the adapter tells them from the site's (windows) and finds them again.
+GATEWAY_RESERVATION_PREFIX = "isthmus-hold-"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationRequest:
+    """Whole nodes a backend should hold natively for one account (docs/planning.md).
+
+    ``name`` is ``GATEWAY_RESERVATION_PREFIX`` + the gateway's reservation id; asking again
+    with the same name updates it (idempotent)."""
+
+    name: str
+    account: str  # gateway account; the adapter maps it as for a submission
+    nodes: int
+    start: datetime
+    end: datetime
 
 
 # ------------------------------------------------------------------------ interface
@@ -405,6 +427,26 @@ class Backend(abc.ABC):
         raise Unsupported(self.unsupported_features.get(Feature.OUTPUT_STREAM,
                                                         "this pool serves no job output"),
                           backend=self.name)
+
+    def reserve(self, request: ReservationRequest) -> str:
+        """Create (or update) a native reservation; returns what the backend says of it in words.
+
+        Raises:
+            Unsupported: this backend (or this pool's settings) cannot hold capacity for an
+                account; the gateway then holds it in its own planner.
+            BackendUnavailable, BackendForbidden, SubmissionRejected: as for :meth:`submit`.
+        """
+        raise Unsupported(f"{self.name} has no advance reservations: the gateway holds the capacity in its own "
+                          "planner", backend=self.name)
+
+    def unreserve(self, name: str) -> None:
+        """Delete the native reservation ``name``; an unknown one is silently ignored."""
+        raise Unsupported(f"{self.name} has no advance reservations", backend=self.name)
+
+    def gateway_reservations(self) -> list[str] | None:
+        """The names of the native reservations the gateway made here (prefix
+        ``GATEWAY_RESERVATION_PREFIX``) that have not ended; None: this backend has none."""
+        return None
 
     def supports(self, feature: Feature) -> bool:
         """Whether this backend offers an optional capability (a method it overrides, say)."""

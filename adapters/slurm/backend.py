@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from adapters.base import (
+    GATEWAY_RESERVATION_PREFIX,
     Backend,
     BackendError,
     BackendUnavailable,
@@ -23,16 +24,18 @@ from adapters.base import (
     Feature,
     JobNotFound,
     JobStatus,
+    ReservationRequest,
     SubmissionRejected,
     SubmitRequest,
     SubmitResult,
+    Unsupported,
     register,
     site_gpu_type,
 )
 from adapters.envfile import read_env_file
 from adapters.slurm import parse
 from adapters.slurm.errors import AmbiguousSubmit
-from adapters.slurm.script import build_spec, worker_output_path
+from adapters.slurm.script import ReservationSpec, build_spec, worker_output_path
 from adapters.slurm.token import KeyTokenSource, TokenSource
 from adapters.slurm.transport import Transport
 
@@ -153,6 +156,18 @@ class SlurmSettings:
         return cls(**base)
 
 
+def make_scontrol(settings: SlurmSettings) -> Transport:
+    """The CLI transport for what only ``scontrol`` does on this cluster (writing reservations
+    before slurmrestd v0.0.43), whatever transport jobs go through."""
+    from adapters.slurm.cli import CliTransport
+
+    extra = {"path": f"{settings.slurm_bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                     f"/usr/bin:/sbin:/bin"} if settings.slurm_bin_dir else {}
+    return CliTransport(slurm_conf=settings.slurm_conf, prefix=settings.cli_prefix,
+                        timeout_s=max(settings.timeout_s, 30.0),
+                        admin_user=settings.cli_admin_user, **extra)
+
+
 def make_transport(settings: SlurmSettings) -> Transport:
     if settings.transport == "rest":
         from adapters.slurm.rest import RestTransport  # httpx only when used
@@ -169,13 +184,7 @@ def make_transport(settings: SlurmSettings) -> Transport:
                              connect_timeout_s=settings.connect_timeout_s,
                              api_version=settings.api_version)
     if settings.transport == "cli":
-        from adapters.slurm.cli import CliTransport
-
-        extra = {"path": f"{settings.slurm_bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
-                         f"/usr/bin:/sbin:/bin"} if settings.slurm_bin_dir else {}
-        return CliTransport(slurm_conf=settings.slurm_conf, prefix=settings.cli_prefix,
-                            timeout_s=max(settings.timeout_s, 30.0),
-                            admin_user=settings.cli_admin_user, **extra)
+        return make_scontrol(settings)
     if settings.transport == "pyslurm":
         from adapters.slurm.pyslurm_transport import PyslurmTransport
 
@@ -217,6 +226,7 @@ class SlurmBackend(Backend):
         self._reservations_read_at: float | None = None
         self._reservations_error = ""
         self._reservations_lock = threading.Lock()
+        self._scontrol: Transport | None = None  # reservations before slurmrestd v0.0.43
 
     @property
     def transport(self) -> Transport:
@@ -314,12 +324,18 @@ class SlurmBackend(Backend):
         nodes = self._transport.nodes()
         records, error = self._reservation_records()
         now = datetime.now(UTC)
-        windows = parse.windows(records, parse.partition_nodes(nodes, self.settings.partition), now=now)
+        # The gateway's own reservations are not windows: the gateway plans them as holds, and
+        # their nodes are free to the planner, which keeps them for the holds' accounts.
+        ours = [str(r.get("name") or "").startswith(GATEWAY_RESERVATION_PREFIX) for r in records]
+        mine_nodes = parse.partition_nodes(nodes, self.settings.partition)
+        windows = parse.windows([r for r, o in zip(records, ours) if not o], mine_nodes, now=now)
+        own = {n for w in parse.windows([r for r, o in zip(records, ours) if o], mine_nodes, now=now)
+               if w.start <= now for n in w.nodes}
         # slurmctld flags the nodes of a reservation that has started (MAINTENANCE, RESERVED)
         # only in its background cycle, up to ~5 s later (seen on 22.05 .. 26.05): until then
         # they look idle, so count them taken here, as the contract's snapshot promises.
         taken = {n for w in windows if w.start <= now for n in w.nodes}
-        pools = parse.pool_capacity(nodes, reserved=taken)
+        pools = parse.pool_capacity(nodes, reserved=taken, held=own - taken)
         mine = tuple(p for p in pools if p.pool == self.settings.partition)
         if not mine:
             have = ", ".join(p.pool for p in pools) or "none"
@@ -355,6 +371,60 @@ class SlurmBackend(Backend):
                     self._reservations_error = exc.message
                 self._reservations_read_at = time.monotonic()
             return self._reservations, self._reservations_error
+
+    # ------------------------------------------------- the gateway's own reservations
+
+    def _reservation_writer(self) -> Transport:
+        """slurmrestd where it writes reservations (v0.0.43+: Slurm 25.11 and later), else scontrol."""
+        if self._transport.writes_reservations():
+            return self._transport
+        if self._scontrol is None:
+            self._scontrol = make_scontrol(self.settings)
+        return self._scontrol
+
+    def reserve(self, request: ReservationRequest) -> str:
+        """A Slurm reservation of ``request.nodes`` whole nodes of the partition for the job's
+        Slurm account (``Accounts=``): jobs of that account name it (``--reservation``); Slurm
+        runs nobody else's jobs on its nodes while it lasts."""
+        if not request.name.startswith(GATEWAY_RESERVATION_PREFIX) or not _NAME.fullmatch(request.name):
+            raise SubmissionRejected(f"not a gateway reservation name: {request.name!r}", backend=self.name)
+        account = self._slurm_account(request.account)
+        if account is None:
+            raise Unsupported("this pool submits jobs without a Slurm account (account_map is null), so a Slurm "
+                              "reservation could not tell the account's jobs from others': the gateway holds the "
+                              "capacity in its own planner", backend=self.name)
+        writer = self._reservation_writer()
+        self.forget_reservations()
+        records, error = self._reservation_records()
+        if not error and any(str(r.get("name") or "") == request.name for r in records):
+            # Made before (a sync that crashed before noting it): the gateway never changes one,
+            # and Slurm refuses to move the start of one under way.
+            return f"Slurm reservation {request.name} (already there)"
+        how = writer.create_reservation(ReservationSpec(
+            name=request.name, partition=self.settings.partition, accounts=(account,), node_count=request.nodes,
+            start=request.start, end=request.end))
+        self.forget_reservations()
+        return (f"Slurm reservation {request.name} ({request.nodes} nodes of {self.settings.partition} for Slurm "
+                f"account {account}, made with {how})")
+
+    def unreserve(self, name: str) -> None:
+        if not name.startswith(GATEWAY_RESERVATION_PREFIX) or not _NAME.fullmatch(name):
+            return  # never anybody else's
+        self._reservation_writer().delete_reservation(name)
+        self.forget_reservations()
+
+    def gateway_reservations(self) -> list[str] | None:
+        records, error = self._reservation_records()
+        if error:
+            raise BackendUnavailable(f"Slurm reservations could not be read ({error})", backend=self.name)
+        now = datetime.now(UTC)
+        out = []
+        for r in records:
+            name = str(r.get("name") or "")
+            end = parse.number(r.get("end_time"))
+            if name.startswith(GATEWAY_RESERVATION_PREFIX) and not (end and 0 < end <= now.timestamp()):
+                out.append(name)
+        return sorted(out)
 
     def forget_reservations(self) -> None:
         """Read the reservations again on the next capacity() (e.g. right after creating one)."""

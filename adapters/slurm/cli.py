@@ -10,12 +10,12 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 
 from adapters.base import BackendUnavailable, JobNotFound
 from adapters.slurm import parse
-from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done
-from adapters.slurm.script import JobSpec
+from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done, no_such_reservation
+from adapters.slurm.script import JobSpec, ReservationSpec
 from adapters.slurm.transport import Record, Transport
 
 _SUBMIT_ERROR = re.compile(r"(?:sbatch: error: )?(?:Batch job submission failed: )?(.*)", re.DOTALL)
@@ -110,6 +110,8 @@ class CliTransport(Transport):
             argv.append(f"--gres={spec.gres}")
         if spec.account:
             argv.append(f"--account={spec.account}")
+        if spec.reservation:
+            argv.append(f"--reservation={spec.reservation}")
         # The script arrives on stdin; sbatch exports this (clean) environment to the job.
         job_env = dict(environment)
         if self._conf:
@@ -211,6 +213,31 @@ class CliTransport(Transport):
         if data is not None:
             return list(data.get("nodes") or [])
         return list(self._json(["sinfo", "--json"]).get("nodes") or [])
+
+    def writes_reservations(self) -> bool:
+        return True
+
+    def create_reservation(self, spec: ReservationSpec) -> str:
+        """``scontrol create reservation``. Times are given in UTC, and scontrol told its zone is
+        UTC (a chroot may have its own)."""
+        def at(t: datetime) -> str:
+            return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+        proc = self._run(["scontrol", "create", "reservation", f"ReservationName={spec.name}",
+                          f"StartTime={at(spec.start)}", f"EndTime={at(spec.end)}", f"Accounts={','.join(spec.accounts)}",
+                          f"NodeCnt={spec.node_count}", f"PartitionName={spec.partition}"],
+                         user=self._admin_user, env={"TZ": "UTC"})
+        if proc.returncode != 0:
+            raise classify(self._message(proc))
+        return "scontrol create reservation"
+
+    def delete_reservation(self, name: str) -> None:
+        proc = self._run(["scontrol", "delete", f"ReservationName={name}"], user=self._admin_user)
+        if proc.returncode != 0:
+            msg = self._message(proc)
+            if no_such_reservation(msg):
+                return
+            raise classify(msg)
 
     def reservations(self) -> list[Record]:
         data = self._scontrol_json("reservations")

@@ -39,6 +39,14 @@ def is_done(message: str, number: int | None = None) -> bool:
     return number == ESLURM_ALREADY_DONE or any(t in message.lower() for t in _DONE_TEXT)
 
 
+_NO_RESERVATION_TEXT = ("invalid reservation", "reservation is invalid", "reservation not found")
+
+
+def no_such_reservation(message: str) -> bool:
+    """Slurm's words for a reservation name it does not have (deleting one twice is fine)."""
+    return any(t in message.lower() for t in _NO_RESERVATION_TEXT)
+
+
 def classify(message: str, number: int | None = None, *, submitting: bool = False) -> BackendError:
     """The typed error for one Slurm error. ``message`` is Slurm's own text, kept."""
     text = message.lower()

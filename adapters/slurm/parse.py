@@ -327,13 +327,18 @@ def node_gpus(node: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
     return total, tuple(types)
 
 
-def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[str] = ()) -> list[PoolCapacity]:
+def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[str] = (),
+                  held: Collection[str] = ()) -> list[PoolCapacity]:
     """Each partition's capacity; a node named in ``reserved`` (one of an active reservation)
-    is never idle, whatever state Slurm has got round to giving it."""
+    is never idle, whatever state Slurm has got round to giving it. A node in ``held`` (one of
+    the gateway's own active reservations) is idle when nothing but that reservation takes it:
+    the gateway's planner keeps it for the reservation's account."""
     pools: dict[str, dict[str, Any]] = {}
     for node in nodes:
         gpus, types = node_gpus(node)
         st = node_states(node)
+        if node.get("name") in held:
+            st = st - {"RESERVED"}
         idle = ("IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
                 and node.get("name") not in reserved)
         for part in node.get("partitions") or []:

@@ -275,7 +275,7 @@ class PyslurmTransport(Transport):
             gres=spec.gres, cpus_per_node=spec.cpus_per_node, requeue=spec.requeue,
             memory_mib_per_node=spec.memory_mib_per_node, time_limit_min=spec.time_limit_min,
             work_dir=spec.work_dir, output=spec.output, script=spec.script,
-            environment=job_env)
+            environment=job_env, reservation=spec.reservation)
         if not isinstance(job_id, int) or job_id <= 0:
             raise AmbiguousSubmit(f"libslurm returned job id {job_id!r}", backend="slurm")
         return str(job_id)

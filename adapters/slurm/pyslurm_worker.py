@@ -146,6 +146,8 @@ def _submit(pyslurm, req: dict[str, Any]) -> int:
     )
     if req.get("gres"):
         desc.gres_per_node = req["gres"]
+    if req.get("reservation"):
+        desc.reservations = [req["reservation"]]
     return int(desc.submit())
 
 

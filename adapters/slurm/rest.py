@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -13,14 +14,18 @@ from adapters.base import (
     BackendUnavailable,
     JobNotFound,
     SubmissionRejected,
+    Unsupported,
 )
-from adapters.slurm.errors import AmbiguousSubmit, error_from, is_done, slurm_errors
-from adapters.slurm.script import JobSpec
+from adapters.slurm.errors import AmbiguousSubmit, error_from, is_done, no_such_reservation, slurm_errors
+from adapters.slurm.script import JobSpec, ReservationSpec
 from adapters.slurm.token import TokenSource
 from adapters.slurm.transport import Record, Transport
 
 # Newest first. v0.0.39 (23.02) is left out: never tested here.
 SUPPORTED_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")
+
+
+_RESV_WRITE = re.compile(r"/slurm/v0\.0\.(4[3-9]|[5-9]\d)/reservation")
 
 
 class RestTransport(Transport):
@@ -113,6 +118,11 @@ class RestTransport(Transport):
                 if base in paths or base + "/" in paths or key != "jobs/state":
                     self._paths[key] = base + "/" if base + "/" in paths else base
             self._paths["job"] = f"/slurm/{chosen}/job/"
+            # Reservations are written through the API from v0.0.43 (Slurm 25.11) on, which the
+            # job paths need not speak: the newest such version offered, whatever was chosen.
+            writers = sorted((p for p in paths if _RESV_WRITE.fullmatch(p)), reverse=True)
+            if writers:
+                self._paths["reservation"] = writers[0]
             self._version = chosen
             return chosen
 
@@ -136,6 +146,8 @@ class RestTransport(Transport):
         }
         if spec.account:
             job["account"] = spec.account
+        if spec.reservation:
+            job["reservation"] = spec.reservation
         if v == "v0.0.38":
             job.update({
                 "nodes": [spec.nodes, spec.nodes],
@@ -256,6 +268,30 @@ class RestTransport(Transport):
         status, data = self._send("GET", self._paths["reservations"])
         self._raise_for(status, data)
         return list(data.get("reservations") or [])
+
+    def writes_reservations(self) -> bool:
+        self.negotiate()
+        return "reservation" in self._paths
+
+    def create_reservation(self, spec: ReservationSpec) -> str:
+        """``POST .../reservation`` (v0.0.43+)."""
+        if not self.writes_reservations():
+            raise Unsupported(f"slurmrestd {self.negotiate()} cannot write reservations (v0.0.43 and later can)",
+                              backend="slurm")
+        body = {"name": spec.name, "partition": spec.partition, "accounts": list(spec.accounts),
+                "node_count": spec.node_count, "start_time": int(spec.start.timestamp()),
+                "end_time": int(spec.end.timestamp())}
+        status, data = self._send("POST", self._paths["reservation"], body=body)
+        self._raise_for(status, data)
+        return f"slurmrestd (POST {self._paths['reservation']})"
+
+    def delete_reservation(self, name: str) -> None:
+        if not self.writes_reservations():
+            raise Unsupported(f"slurmrestd {self.negotiate()} cannot write reservations", backend="slurm")
+        status, data = self._send("DELETE", f"{self._paths['reservation']}/{name}")
+        if status == 404 or any(no_such_reservation(text or "") for text, _ in self._errors(data)):
+            return
+        self._raise_for(status, data)
 
     def close(self) -> None:
         self._client.close()

@@ -13,8 +13,8 @@ import os
 import pwd
 import re
 import shlex
-
 from collections.abc import Sequence
+from datetime import datetime
 
 from adapters.base import SubmissionRejected, SubmitRequest, VolumeMount
 from adapters.slurm.parse import gateway_comment
@@ -53,6 +53,21 @@ class JobSpec:
     # Never requeued by Slurm (node failure, preemption, ``scontrol requeue``): each run is
     # admitted and charged by the gateway (docs/slurm.md, "Requeues").
     requeue: bool = False
+    # The gateway-made reservation the job runs in (``--reservation``); None: none.
+    reservation: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReservationSpec:
+    """A gateway-made reservation in Slurm's terms: ``node_count`` whole nodes of ``partition``
+    for the Slurm ``accounts`` over ``[start, end)`` (times tz-aware)."""
+
+    name: str
+    partition: str
+    accounts: tuple[str, ...]
+    node_count: int
+    start: datetime
+    end: datetime
 
 
 def worker_output_path(work_dir: str, gateway_job_id: str, worker: int | str) -> str:
@@ -163,4 +178,5 @@ def build_spec(request: SubmitRequest, *, partition: str, account: str | None,
         output=f"{work_dir.rstrip('/')}/slurm-%j.out",
         script=render_script(list(request.command), dict(request.env), request.workers,
                              output=worker_output_path(work_dir, request.gateway_job_id, "%t"), mounts=request.mounts),
+        reservation=request.reservation or None,
     )

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from adapters.base import Unsupported
-from adapters.slurm.script import JobSpec
+from adapters.slurm.script import JobSpec, ReservationSpec
 
 Record = Mapping[str, Any]
 
@@ -71,6 +71,24 @@ class Transport(abc.ABC):
         Raises:
             BackendUnavailable, BackendForbidden: as for :meth:`nodes`.
         """
+
+    def writes_reservations(self) -> bool:
+        """Whether :meth:`create_reservation` can work here (without trying it)."""
+        return False
+
+    def create_reservation(self, spec: ReservationSpec) -> str:
+        """Create the gateway's reservation ``spec.name`` (the backend asks only when it has none
+        of that name).
+
+        Raises:
+            Unsupported: this transport cannot (the backend then uses scontrol).
+            BackendUnavailable, BackendForbidden, SubmissionRejected: Slurm's refusal.
+        """
+        raise Unsupported(f"the {self.name} transport cannot create reservations", backend="slurm")
+
+    def delete_reservation(self, name: str) -> None:
+        """Delete reservation ``name``; an unknown one is silently ignored."""
+        raise Unsupported(f"the {self.name} transport cannot delete reservations", backend="slurm")
 
     def describe(self) -> str:
         return self.name

@@ -222,3 +222,15 @@ def test_a_node_of_an_active_reservation_is_not_idle():
     nodes = [{"name": f"gpu{i}", "state": ["IDLE"], "gres": "gpu:8", "partitions": ["gpu"]} for i in (1, 2)]
     (pool,) = pool_capacity(nodes, reserved={"gpu2"})
     assert (pool.idle_nodes, pool.free_gpus) == (1, 8)
+
+
+def test_a_node_of_the_gateways_own_active_reservation_stays_idle_to_the_planner():
+    """slurmctld flags it RESERVED; the gateway plans that node as its hold, so it is free to
+    the planner (which keeps it for the hold's account), unless something else takes it."""
+    nodes = [{"name": f"gpu{i}", "state": ["IDLE", "RESERVED"], "gres": "gpu:8", "partitions": ["gpu"]}
+             for i in (1, 2, 3)]
+    nodes[2]["state"] = ["IDLE", "RESERVED", "DRAIN"]
+    (pool,) = pool_capacity(nodes, held={"gpu1", "gpu3"})
+    assert (pool.idle_nodes, pool.free_gpus) == (1, 8)  # gpu2: someone else's; gpu3: draining
+    (pool,) = pool_capacity(nodes, reserved={"gpu1"}, held=set())
+    assert pool.idle_nodes == 0

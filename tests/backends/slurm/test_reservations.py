@@ -10,6 +10,7 @@ one lives for a second or two.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import subprocess
 import uuid
@@ -18,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.base import PoolCapacity, Window
+from adapters.base import BackendState, PoolCapacity, Window
 from adapters.slurm import parse
 
 pytestmark = pytest.mark.slurm
@@ -142,3 +143,58 @@ def test_a_flag_pyslurm_has_no_name_for_hides_nothing(backend, cluster_env):
         w = named(pool(backend), name)
         assert w is not None and len(w.nodes) == 1 and w.maintenance is False
         assert near(w.start, now + timedelta(hours=1))
+
+
+# ------------------------------------------------- the gateway's own reservations (issue #31)
+
+
+def _shown(env: Mapping[str, str], name: str) -> dict | None:
+    proc = scontrol(env, "--oneliner", "show", "reservation", name)
+    found = [r for r in parse.reservation_text(proc.stdout) if r["name"] == name]
+    return found[0] if found else None
+
+
+def test_the_gateways_reservation_holds_a_node_for_its_account_alone(backend, cluster_env, slurm_version):
+    """``reserve()`` makes a real Slurm reservation for the account (slurmrestd from v0.0.43,
+    Slurm 25.11 on; scontrol before), the account's job runs in it, another account's job may
+    not, it is no window of the pool, and ``unreserve()`` deletes it (twice is fine)."""
+    from adapters.base import (
+        GATEWAY_RESERVATION_PREFIX,
+        ReservationRequest,
+        SubmissionRejected,
+    )
+    from adapters.slurm import SlurmBackend
+    from tests.backends.slurm.conftest import gid, wait_for
+    from tests.backends.slurm.test_slurm_cluster import request
+
+    b = SlurmBackend(dataclasses.replace(backend.settings, account_map="same"))
+    name = f"{GATEWAY_RESERVATION_PREFIX}test-{uuid.uuid4().hex[:10]}"
+    now = datetime.now(UTC)
+    try:
+        words = b.reserve(ReservationRequest(name=name, account="team-a", nodes=1, start=now,
+                                             end=now + timedelta(minutes=10)))
+        how = "slurmrestd (POST /slurm/v0.0.4" if slurm_version >= "25.11" and b.settings.transport == "rest" \
+            else "scontrol create reservation"
+        assert name in words and how in words, words
+        rec = _shown(cluster_env, name)
+        assert rec is not None and parse._names(rec["accounts"]) == ["team-a"], rec
+        (node,) = parse.expand_hostlist(rec["node_list"])
+        assert name in (b.gateway_reservations() or [])
+        assert named(pool(b), name) is None  # the gateway plans it as a hold, not as a window
+        # Asking again (a sync after a crash) changes nothing.
+        b.reserve(ReservationRequest(name=name, account="team-a", nodes=1, start=now,
+                                     end=now + timedelta(minutes=10)))
+        assert parse.expand_hostlist(_shown(cluster_env, name)["node_list"]) == (node,)
+
+        job = dataclasses.replace(request(gid("resv"), ["true"], gpus=8), account="team-a", reservation=name)
+        done = wait_for(b, b.submit(job).backend_job_id, lambda s: s.state.final)
+        assert done.state is BackendState.SUCCEEDED and list(done.nodes) == [node], done
+        other = dataclasses.replace(request(gid("resv"), ["true"], gpus=8), account="team-b", reservation=name)
+        with pytest.raises(SubmissionRejected):
+            b.submit(other)
+    finally:
+        b.unreserve(name)
+        b.unreserve(name)  # gone already: no error
+    assert _shown(cluster_env, name) is None
+    assert name not in (b.gateway_reservations() or [])
+    b.close()
