@@ -473,7 +473,8 @@ def window_delete(name, window_id, url, token, as_json) -> None:
 
 
 RESERVATION_COLUMNS = [("id", "ID"), ("account", "ACCOUNT"), ("pool", "POOL"), ("amount", "HOLDS"),
-                       ("start", "START"), ("end", "END"), ("status", "STATUS"), ("reason", "REASON")]
+                       ("start", "START"), ("end", "END"), ("status", "STATUS"), ("backend", "IN THE BACKEND"),
+                       ("reason", "REASON")]
 
 
 @admin.group()
@@ -484,7 +485,7 @@ def reservation() -> None:
 def _reservation_row(r: dict) -> dict:
     amount = f"{r['gpus']} GPUs" if r["gpus"] is not None else f"{r['nodes']} nodes"
     status = ("SHORT: " + r["shortfall"]) if r["shortfall"] else ("under way" if r["active"] else "planned")
-    return {**r, "amount": amount, "status": status}
+    return {**r, "amount": amount, "status": status, "backend": r.get("native") or "-"}
 
 
 @reservation.command("list")
@@ -515,6 +516,7 @@ def reservation_add(account, pool, gpu_type, gpus, nodes, start, end, duration, 
     data = Client(url, token).call("POST", "/v1/admin/reservations",
                                    json={k: v for k, v in body.items() if v is not None})
     _emit(data, as_json, lambda r: f"reservation {r['id']}: {r['words']}" +
+          (f"\nin the backend: {r['native_note']}" if r.get("native_note") else "") +
           (f"\nwarning: {r['shortfall']}" if r["shortfall"] else ""))
 
 

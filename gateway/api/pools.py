@@ -172,7 +172,7 @@ def delete_window(name: PoolName, window_id: WindowId,
 def _reservation_out(h: PlannedHold, views: dict, now) -> ReservationOut:
     return ReservationOut(id=h.id, account=h.account, pool=h.pool, gpus=h.gpus, nodes=h.nodes, start=h.start,
                           end=h.end, reason=h.reason, active=h.start <= now, shortfall=shortfall(h, views.get(h.pool)),
-                          words=hold_words(h), created_by=h.by)
+                          words=hold_words(h), created_by=h.by, native=h.native or None, native_note=h.native_note)
 
 
 @reservations_router.get("", response_model=list[ReservationOut], operation_id="listReservations",
@@ -202,14 +202,28 @@ def create_reservation(body: ReservationIn, request: Request, principal: Princip
     row = reservations.create(session, views, account=body.account, pool=body.pool, gpu_type=body.gpu_type,
                               gpus=body.gpus, nodes=body.nodes, starts_at=body.start, ends_at=body.end,
                               reason=body.reason, by=principal.subject, now=now)
+    session.commit()  # the backend's own reservation is made from the committed row, before the answer
+    _sync_native(request, row.pool)
+    session.refresh(row)
     return _reservation_out(reservations.planned_of(row), views, now)
+
+
+def _sync_native(request: Request, pool: str) -> None:
+    """The backend's own reservations of ``pool`` made to match the registry now (in this
+    process, where it runs the dispatcher; else the worker's next sync, within 15 s)."""
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    backend = dispatcher.backends.get(pool) if dispatcher is not None else None
+    if backend is not None:
+        dispatcher.native_reservations.sync(pools={pool: backend})
 
 
 @reservations_router.delete("/{reservation_id}", status_code=204, operation_id="deleteReservation",
                             summary="Delete an advance reservation",
                             description="Its capacity is open to everyone from the next dispatch round; jobs "
                                         "running in it go on.", responses=problem_responses(401, 403, 404))
-def delete_reservation(reservation_id: WindowId,
+def delete_reservation(reservation_id: WindowId, request: Request,
                        session: Session = Depends(get_session, scope="function")) -> Response:
-    reservations.remove(session, reservation_id)
+    pool = reservations.remove(session, reservation_id)
+    session.commit()
+    _sync_native(request, pool)  # its backend reservation goes too
     return Response(status_code=204)

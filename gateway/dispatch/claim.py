@@ -202,9 +202,9 @@ class Claimer:
             prepared: dict[str, tuple[str, SubmitRequest]] = {}
             try:
                 with transaction(self.sessions) as s:
-                    snap, rl = self._snapshot(s, fresh_views, now, lock=is_pg)
+                    snap, rl, natives = self._snapshot(s, fresh_views, now, lock=is_pg)
                     result = decide(snap, _LedgerPort(s, rl, now), self._params())
-                    self._apply(s, result, rl, now)
+                    self._apply(s, result, rl, now, natives)
                     for c in result.claims:
                         prepared[c.job.id] = (c.pool, submit_request(c.job, first_attempt=first_attempt(c.job, False),
                                                                      pool=c.pool, launch=self.launch))
@@ -237,9 +237,10 @@ class Claimer:
                       preempt_max_per_pool_per_minute=self.settings.preempt_max_per_pool_per_minute)
 
     def _snapshot(self, s: Session, fresh_views: dict[str, PoolView], now: datetime, *,
-                  lock: bool) -> tuple[Snapshot, RoundLedger]:
+                  lock: bool) -> tuple[Snapshot, RoundLedger, dict[str, str]]:
         """What the round decides over: the picked jobs (locked on Postgres), copies of the
-        pools' views, the planner's inputs, and the ledger read once for the picked accounts."""
+        pools' views, the planner's inputs, and the ledger read once for the picked accounts;
+        and the backends' own reservations of the advance reservations (id -> name)."""
         views = {name: dataclasses.replace(v) for name, v in fresh_views.items()}
         shares, overall, with_pool = ledger.fairshare_and_guarantees(
             s, now=now, half_life_s=self.settings.fairshare_half_life_s)
@@ -268,9 +269,10 @@ class Claimer:
         if planned:
             snap.releases, snap.registry_held = planning.releases(s, views, now=now)
             snap.recent_ends, snap.monotonic_now = list(self.recent_ends), time.monotonic()
-        return snap, rl
+        return snap, rl, {h.id: h.native for h in held if h.native}
 
-    def _apply(self, s: Session, result: RoundResult, rl: RoundLedger, now: datetime) -> None:
+    def _apply(self, s: Session, result: RoundResult, rl: RoundLedger, now: datetime,
+               natives: dict[str, str]) -> None:
         """Write the decision: failures through the state machine's ``finish``; claims, waiting
         notes and estimates through the one writer (``jobs.Claims``), the reservations of chains
         without limits through the round's ledger (both in bulk)."""
@@ -286,8 +288,12 @@ class Claimer:
             data = {"pool": c.pool, "fairshare_position": c.position}
             if c.borrowed is not None:
                 data.update(borrowed=c.borrowed, guarantee=c.guarantee)
+            # A gang starting in an advance reservation the backend holds too runs in the backend's.
+            native = natives.get(c.hold) or None
+            if c.hold:
+                data.update(advance_reservation=c.hold, backend_reservation=native)
             writes.claim(c.job, pool=c.pool, held_gpus=c.held_gpus, reason=c.reason, lease_until=lease_until,
-                         actor=ACTOR, data=data, borrowed=c.borrowed)
+                         actor=ACTOR, data=data, borrowed=c.borrowed, backend_reservation=native)
         writes.flush()
         rl.flush()
         if result.reclaims:

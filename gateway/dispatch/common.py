@@ -103,6 +103,8 @@ def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = 
         priority_class=account.priority_class if account is not None else None,
         first_attempt=first_attempt, submitted_after=as_utc(job.created_at), mounts=tuple(mounts),
         attempt=job.attempt or 1, preempt_grace_s=int(launch.preempt_grace_s),
+        # Only on the pool it was claimed for: a reservation is one backend's.
+        reservation=job.backend_reservation if (pool or job.pool) == job.pool else None,
     )
 
 

@@ -23,6 +23,7 @@ from gateway.dispatch.claim import Claimer
 from gateway.dispatch.common import Launch, log
 from gateway.dispatch.faults import NONE, Faults
 from gateway.dispatch.feeds import Deferred, OpenFeeds, Watcher
+from gateway.dispatch.holds import NativeReservations
 from gateway.dispatch.preempt import Preemptor
 from gateway.dispatch.reconcile import Reconciler
 from gateway.dispatch.recovery import Recovery
@@ -74,6 +75,7 @@ class Dispatcher:
                                weights=parse_weights(settings.routing_weights), launch=self.launch, faults=faults)
         self.preemptor = Preemptor(**common, settings=settings, clock=clock)
         self.recovery = Recovery(sessions=sessions, settings=settings, clock=clock, submitter=self.submitter)
+        self.native_reservations = NativeReservations(**common, views=self.capacity.views, clock=clock)
 
     @property
     def settings(self) -> DispatchSettings:
@@ -118,8 +120,13 @@ class Dispatcher:
     def preempt_round(self) -> int:
         return self.preemptor.preempt_round()
 
+    def sync_reservations(self) -> int:
+        """Make the backends' own reservations match the registry's advance reservations (holds.py)."""
+        return self.native_reservations.sync()
+
     def run_once(self) -> None:
         self.recover_round()
+        self.sync_reservations()
         self.dispatch_round()
         self.preempt_round()
         self.capacity.store_limits()
@@ -137,6 +144,8 @@ class Dispatcher:
             self._wake.clear()
             try:
                 self.recover_round()
+                if self.native_reservations.due():
+                    self.sync_reservations()
                 self.dispatch_round()
                 self.preempt_round()
                 self.capacity.store_limits()

@@ -103,6 +103,7 @@ class Claim:
     position: int
     borrowed: bool | None = None  # None: no guarantee is set anywhere
     guarantee: str = ""  # why within its guarantee or borrowed, in words
+    hold: str = ""  # the advance reservation it starts in ("": the pool's open capacity)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +177,7 @@ def _guaranteed_first(snap: Snapshot) -> list[Any]:
 
 
 def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, params: Params, result: RoundResult,
-               only: str | None = None, shape: JobShape | None = None) -> str | None:
+               only: str | None = None, shape: JobShape | None = None, hold: str = "") -> str | None:
     """Admit, route and reserve one job. Returns why it waits (without its position), or None
     when it was claimed or can never run."""
     views = snap.views
@@ -215,7 +216,7 @@ def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, para
         words = g.words(job.account_name, decision.pool, held)
         if not borrowed:
             g.take(job.account_name, decision.pool, held)
-    result.claims.append(Claim(job, decision.pool, held, decision.reason, position, borrowed, words))
+    result.claims.append(Claim(job, decision.pool, held, decision.reason, position, borrowed, words, hold))
     take(shape, views[decision.pool])
     return None
 
@@ -293,7 +294,8 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
             # fail what can never run, hold what is over budget or quota.
             # The reason still says why not the other pools.
             why = _claim_one(snap, job, position, ledger, params, result,
-                             only=start.pool if start is not None else None, shape=shapes[job.id])
+                             only=start.pool if start is not None else None, shape=shapes[job.id],
+                             hold=start.hold if start is not None else "")
             if why is not None:
                 result.estimates.append(Estimate(job, None, None, why))
             continue

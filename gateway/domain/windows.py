@@ -145,6 +145,8 @@ class PlannedHold:
     nodes: int | None = None
     reason: str = ""
     by: str = ""  # who made it
+    native: str = ""  # the backend's own reservation of it, once the backend has it ("": none)
+    native_note: str = ""  # what became of that, in words
 
 
 def hold_need(gpus: int | None, nodes: int | None, view: PoolView) -> int:

@@ -152,18 +152,19 @@ _WAIT_TAIL = " (fair-share position"
 
 
 def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime,
-          actor: str, data: dict[str, Any] | None = None, borrowed: bool | None = None) -> None:
+          actor: str, data: dict[str, Any] | None = None, borrowed: bool | None = None,
+          backend_reservation: str | None = None) -> None:
     """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``.
 
     A batch of one of :class:`Claims` (the dispatch round's writer): one implementation.
     """
     writes = Claims(session)
     writes.claim(job, pool=pool, held_gpus=held_gpus, reason=reason, lease_until=lease_until, actor=actor, data=data,
-                 borrowed=borrowed)
+                 borrowed=borrowed, backend_reservation=backend_reservation)
     writes.flush()
 
 
-_CLAIM_COLS = ("pool", "held_gpus", "borrowed", "routing_reason", "next_attempt_at", "dispatch_attempts",
+_CLAIM_COLS = ("pool", "held_gpus", "borrowed", "backend_reservation", "routing_reason", "next_attempt_at", "dispatch_attempts",
                "estimated_start", "estimated_pool", "estimate_reason", "state", "state_reason", "updated_at")
 # Guarded by the state the round read (the row is locked by the pick): a claim never lands twice.
 _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.c.state == bindparam("c_from"))
@@ -174,7 +175,8 @@ _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.
 # reason, ~500 characters with 10 pools, is sent once for routing_reason, state_reason and the
 # event). The events follow the claims' order (``ord``), as their ids did.
 _CLAIM_RECORD = (("id", _JOB_T, "id"), ("from_state", _JOB_T, "state"), ("pool", _JOB_T, "pool"),
-                 ("held_gpus", _JOB_T, "held_gpus"), ("borrowed", _JOB_T, "borrowed"), ("reason", _JOB_T, "state_reason"),
+                 ("held_gpus", _JOB_T, "held_gpus"), ("borrowed", _JOB_T, "borrowed"),
+                 ("backend_reservation", _JOB_T, "backend_reservation"), ("reason", _JOB_T, "state_reason"),
                  ("next_attempt_at", _JOB_T, "next_attempt_at"), ("dispatch_attempts", _JOB_T, "dispatch_attempts"),
                  ("at", _EVENT_T, "at"), ("actor", _EVENT_T, "actor"), ("data", _EVENT_T, "data"))
 
@@ -186,7 +188,8 @@ def _claims_ctes(dialect) -> str:
     return f"""
 r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r({record}, ord integer)),
 claimed AS (
-    UPDATE job SET pool = r.pool, held_gpus = r.held_gpus, borrowed = r.borrowed, routing_reason = r.reason,
+    UPDATE job SET pool = r.pool, held_gpus = r.held_gpus, borrowed = r.borrowed,
+        backend_reservation = r.backend_reservation, routing_reason = r.reason,
         next_attempt_at = r.next_attempt_at, dispatch_attempts = r.dispatch_attempts, estimated_start = NULL,
         estimated_pool = NULL, estimate_reason = NULL, state = '{to}', state_reason = r.reason, updated_at = r.at
     FROM r WHERE job.id = r.id AND job.state = r.from_state
@@ -307,18 +310,21 @@ class Claims:
         self._noted[job.id] = job
 
     def claim(self, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime, actor: str,
-              data: dict[str, Any] | None = None, borrowed: bool | None = None) -> None:
+              data: dict[str, Any] | None = None, borrowed: bool | None = None,
+              backend_reservation: str | None = None) -> None:
         """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``;
-        ``borrowed``: whether the attempt runs beyond every guarantee (None: none is set anywhere)."""
+        ``borrowed``: whether the attempt runs beyond every guarantee (None: none is set anywhere);
+        ``backend_reservation``: the backend's own reservation it runs in (None: open capacity)."""
         self._ready(job)
         current = job.state
         now = self._at = self._at or utcnow()
-        values = dict(pool=pool, held_gpus=held_gpus, borrowed=borrowed, routing_reason=reason,
+        values = dict(pool=pool, held_gpus=held_gpus, borrowed=borrowed, backend_reservation=backend_reservation,
+                      routing_reason=reason,
                       next_attempt_at=lease_until,
                       dispatch_attempts=job.dispatch_attempts + 1, estimated_start=None, estimated_pool=None,
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)
         self._claims.append(dict(id=job.id, from_state=current, pool=pool, held_gpus=held_gpus, borrowed=borrowed,
-                                 reason=reason,
+                                 backend_reservation=backend_reservation, reason=reason,
                                  next_attempt_at=lease_until, dispatch_attempts=values["dispatch_attempts"], at=now,
                                  actor=actor, data=data, ord=len(self._claims)))
         _show(job, values)
@@ -375,7 +381,7 @@ class Claims:
             return 0
         done = conn.execute(_CLAIM_UPDATE, [
             {"c_id": c["id"], "c_from": c["from_state"], "c_pool": c["pool"], "c_held_gpus": c["held_gpus"],
-             "c_borrowed": c["borrowed"],
+             "c_borrowed": c["borrowed"], "c_backend_reservation": c["backend_reservation"],
              "c_routing_reason": c["reason"], "c_next_attempt_at": c["next_attempt_at"],
              "c_dispatch_attempts": c["dispatch_attempts"], "c_estimated_start": None, "c_estimated_pool": None,
              "c_estimate_reason": None, "c_state": JobState.DISPATCHING.value, "c_state_reason": c["reason"],

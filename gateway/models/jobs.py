@@ -76,6 +76,9 @@ class Job(Base):
     # When the job last reported a committed checkpoint in its current attempt (POST
     # /v1/jobs/{id}/checkpoints); NULL: never, so all its run time is at risk.
     checkpoint_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The backend's own reservation the current attempt runs in (an advance reservation the
+    # gateway made there, docs/planning.md), set at its claim; NULL: the pool's open capacity.
+    backend_reservation: Mapped[str | None] = mapped_column(String(80))
 
     @property
     def checkpoint_lineage(self) -> str:

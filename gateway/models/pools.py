@@ -72,7 +72,8 @@ class AdvanceReservation(Base):
 
     ``gpus`` or ``nodes`` (exactly one). During it only the account's gangs use the held
     capacity (first); to everyone else it is a window. The gateway holds it in its own planner
-    on every kind of pool."""
+    on every kind of pool, and where the backend can (Slurm) it also makes a reservation there:
+    ``native`` is its name once the backend has it, ``native_note`` what became of it in words."""
 
     __tablename__ = "advance_reservation"
     __table_args__ = (
@@ -92,3 +93,5 @@ class AdvanceReservation(Base):
     reason: Mapped[str] = mapped_column(String(200))
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    native: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    native_note: Mapped[str] = mapped_column(String(500), default="", server_default="")

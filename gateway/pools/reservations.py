@@ -76,16 +76,20 @@ def create(session: Session, views: Mapping[str, PoolView], *, account: str, poo
     return row
 
 
-def remove(session: Session, reservation_id: str) -> None:
-    done = session.execute(delete(AdvanceReservation).where(AdvanceReservation.id == reservation_id))
-    if not done.rowcount:
+def remove(session: Session, reservation_id: str) -> str:
+    """Delete it; returns its pool."""
+    pool = session.scalar(delete(AdvanceReservation).where(AdvanceReservation.id == reservation_id)
+                          .returning(AdvanceReservation.pool))
+    if pool is None:
         raise NotFound(f"no advance reservation {reservation_id!r}")
+    return pool
 
 
 def planned_of(r: AdvanceReservation) -> PlannedHold:
     """A stored reservation as the planner and the pages see it."""
     return PlannedHold(id=r.id, pool=r.pool, account=r.account, start=as_utc(r.starts_at), end=as_utc(r.ends_at),
-                       gpus=r.gpus, nodes=r.nodes, reason=r.reason, by=r.created_by)
+                       gpus=r.gpus, nodes=r.nodes, reason=r.reason, by=r.created_by, native=r.native or "",
+                       native_note=r.native_note or "")
 
 
 def planned(session: Session, *, now: datetime) -> list[PlannedHold]:

@@ -159,3 +159,8 @@ class ReservationOut(BaseModel):
                                        "(the pool lost nodes)")
     words: str = Field(description="the reservation as a waiting job's reason names it")
     created_by: str
+    native: str | None = Field(default=None, description="The backend's own reservation of it, once the backend has "
+                                                          "it (Slurm: `isthmus-hold-<id>`); null: the gateway's planner "
+                                                          "holds it alone")
+    native_note: str = Field(default="", description="What became of the backend's own reservation, in words "
+                                                     "(made, not possible on this pool, or refused and retried)")

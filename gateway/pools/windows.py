@@ -113,15 +113,16 @@ def for_round(session: Session, views: Mapping[str, PoolView], *, now: datetime)
     stmt = union_all(
         select(literal("w").label("kind"), w.id, w.pool, cast(null(), String).label("account"), w.starts_at,
                w.ends_at, w.reason, cast(w.nodes, String).label("names"), cast(null(), Integer).label("gpus"),
-               cast(null(), Integer).label("nodes_n"), w.created_by).where(w.ends_at > now),
+               cast(null(), Integer).label("nodes_n"), w.created_by, cast(null(), String).label("native"))
+        .where(w.ends_at > now),
         select(literal("r"), r.id, r.pool, r.account, r.starts_at, r.ends_at, r.reason, cast(null(), String),
-               r.gpus, r.nodes, r.created_by).where(r.ends_at > now))
+               r.gpus, r.nodes, r.created_by, r.native).where(r.ends_at > now))
     windows_: list[PlannedWindow] = []
     holds_: list[PlannedHold] = []
-    for kind, id_, pool, account, start, end, reason, names, gpus, nodes_n, by in session.execute(stmt).all():
+    for kind, id_, pool, account, start, end, reason, names, gpus, nodes_n, by, native in session.execute(stmt).all():
         if kind == "w":
             windows_.append(planned_of(id_, pool, start, end, json.loads(names) if names else (), reason))
         else:
             holds_.append(PlannedHold(id=id_, pool=pool, account=account, start=as_utc(start), end=as_utc(end),
-                                      gpus=gpus, nodes=nodes_n, reason=reason, by=by))
+                                      gpus=gpus, nodes=nodes_n, reason=reason, by=by, native=native or ""))
     return windows_ + _backends(views, now), sorted(holds_, key=lambda h: (h.start, h.id))

@@ -393,7 +393,8 @@ def admin_page(request: Request, days: int = 30):
         windows = _windows(session, health)
         pool_names = [p.name for p in pools.all_pools(session) if p.configured]
         views = {name: h.view for name, h in health.items()}
-        held = [{"id": h.id, "words": hold_words(h), "shortfall": shortfall(h, views.get(h.pool)), "by": h.by}
+        held = [{"id": h.id, "words": hold_words(h), "shortfall": shortfall(h, views.get(h.pool)), "by": h.by,
+                 "native_note": h.native_note}
                 for h in advance.planned(session, now=utcnow())]
         rows = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="month")
         tree = accounts.load_tree(session)

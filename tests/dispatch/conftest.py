@@ -27,9 +27,14 @@ def kube_env() -> dict[str, str]:
 
 
 def slurm_backend_options(env: dict[str, str], transport: str = "rest") -> dict:
-    return {"transport": transport, "rest_url": env["SLURMRESTD_URL"], "jwt_key_path": env["SLURM_JWT_KEY"],
-            "partition": env["SLURM_PARTITION"], "work_dir": env["SLURM_WORK_DIR"], "slurm_conf": env["SLURM_CONF"],
-            "cli_prefix": env.get("SLURM_CLI_PREFIX", "")}
+    options = {"transport": transport, "rest_url": env["SLURMRESTD_URL"], "jwt_key_path": env["SLURM_JWT_KEY"],
+               "partition": env["SLURM_PARTITION"], "work_dir": env["SLURM_WORK_DIR"], "slurm_conf": env["SLURM_CONF"],
+               "cli_prefix": env.get("SLURM_CLI_PREFIX", "")}
+    if env.get("SLURM_BIN_DIR"):  # a Slurm built into a prefix (25.11, 26.05): its commands, its srun in the job
+        bin_dir = env["SLURM_BIN_DIR"]
+        options.update(slurm_bin_dir=bin_dir, job_environment={"PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
+                                                               "SLURM_CONF": env["SLURM_CONF"]})
+    return options
 
 
 def kube_backend_options(env: dict[str, str]) -> dict:

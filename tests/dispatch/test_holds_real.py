@@ -5,15 +5,31 @@ Half of each pool is held for team-a from now: team-b's jobs fill only the other
 the next one waits with the reservation in its reason; team-a's gang starts at once, in the
 held half. Read back from the backend: the nodes Slurm gave each job, the workloads Kueue
 admitted.
+
+On Slurm the gateway also makes a real Slurm reservation for team-a (``Accounts=team-a``;
+scontrol on 22.05, slurmrestd on 25.11) and team-a's gang runs in it: read back from Slurm
+(the reservation's nodes and accounts, the job's ``Reservation=``), and gone from Slurm
+when the reservation is deleted through the API.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.dispatch.conftest import drive_until, job_state, kube_backend_options, slurm_backend_options, wired_gateway
+from adapters.base import GATEWAY_RESERVATION_PREFIX
+from adapters.slurm import parse
+from tests.backends.slurm.test_reservations import scontrol
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    kube_backend_options,
+    slurm_backend_options,
+    slurm_env,
+    wired_gateway,
+)
 from tests.dispatch.test_reservations import FINAL, USERS, get, submit
 from tests.dispatch.test_watch import whole_pool
 
@@ -24,7 +40,14 @@ def database_url(postgres_database_url):
     return postgres_database_url
 
 
-def scenario(gw, pool: str, amount: dict, words: str) -> None:
+def slurm_record(env: dict, what: str, name: str) -> dict[str, str]:
+    """``scontrol --oneliner show <what> <name>`` as its KEY=VALUE fields (values without spaces)."""
+    proc = scontrol(env, "--oneliner", "show", what, name)
+    assert proc.returncode == 0, proc.stderr
+    return dict(f.split("=", 1) for f in proc.stdout.split() if "=" in f)
+
+
+def scenario(gw, pool: str, amount: dict, words: str, slurm: dict | None = None) -> None:
     def empty():
         v = gw.app.state.dispatcher.views(fresh=True)[pool]
         free, total = (v.idle_nodes, v.total_nodes) if v.node_exclusive else (v.free_gpus, v.total_gpus)
@@ -37,6 +60,16 @@ def scenario(gw, pool: str, amount: dict, words: str) -> None:
                        json={"account": "team-a", "pool": pool, **amount, "start": (now - timedelta(minutes=1))
                              .isoformat(), "end": (now + timedelta(hours=1)).isoformat(), "reason": "deadline"})
     assert r.status_code == 201 and r.json()["shortfall"] == "", r.text
+    held = r.json()
+    reserved: set[str] = set()
+    if slurm is not None:  # Slurm's own reservation, made before the answer
+        assert held["native"] == f"{GATEWAY_RESERVATION_PREFIX}{held['id']}", held
+        rec = slurm_record(slurm, "reservation", held["native"])
+        assert rec["Accounts"] == "team-a" and rec["NodeCnt"] == "2", rec
+        assert ("slurmrestd" if slurm["SLURM_VERSION"] >= "25.11" else "scontrol") in held["native_note"], held
+        reserved = set(parse.expand_hostlist(rec["Nodes"]))
+    else:
+        assert held["native"] is None and "held by the gateway's planner" in held["native_note"], held
     others = [submit(gw, "team-b", pool, run_s=60, time_limit="5m") for _ in range(3)]
     try:
         drive_until(gw, lambda: sum(get(gw, j)["state"] == "running" for j in others) == 2, timeout_s=120)
@@ -52,15 +85,45 @@ def scenario(gw, pool: str, amount: dict, words: str) -> None:
         if pool == "slurm":  # Slurm's own record: the gang ran on the two nodes team-b's jobs did not hold
             theirs = {n for j in states if j["state"] == "running" for n in j["nodes"]}
             assert len(done["nodes"]) == 2 and not set(done["nodes"]) & theirs, (done["nodes"], theirs)
+        if slurm is not None:  # in Slurm's reservation
+            assert set(done["nodes"]) == reserved, (done["nodes"], reserved)
+            job = slurm_record(slurm, "job", done["backend_job_id"])
+            assert job["Reservation"] == held["native"], job
         assert get(gw, waiting["id"])["state"] == "pending"  # still not on the held half
     finally:
         for j in others:
             gw.client.post(f"/v1/jobs/{j}/cancel", headers=gw.headers(USERS["team-b"], ("team-b",)))
         drive_until(gw, lambda: all(job_state(gw, j, *FINAL) for j in others), timeout_s=120)
+        gone = gw.client.delete(f"/v1/admin/reservations/{held['id']}", headers=gw.headers("root", admin=True))
+        assert gone.status_code == 204, gone.text
+        if slurm is not None:  # and Slurm's with it
+            left = parse.reservation_text(scontrol(slurm, "--oneliner", "show", "reservation").stdout)
+            assert held["native"] not in {x["name"] for x in left}, left
 
 
 @pytest.mark.slurm
-def test_a_held_half_of_a_slurm_pool_is_team_as_alone(database_url, dev_key_path, slurm22):
+@pytest.mark.parametrize("version", ["22.05", "25.11"])
+def test_a_held_half_of_a_slurm_pool_is_team_as_alone_in_a_real_slurm_reservation(database_url, dev_key_path,
+                                                                                   version):
+    """22.05: the reservation is made with scontrol; 25.11: through slurmrestd (v0.0.43)."""
+    env = slurm_env(version)
+    options = {**slurm_backend_options(env), "account_map": "same"}
+    with wired_gateway(database_url, dev_key_path, {"slurm": options}, scheduling_policy="reservation") as gw:
+        # A gateway reservation the registry does not have (a crash between the two deletes) is
+        # deleted at the next sync; the site's own reservations are never touched.
+        orphan = f"{GATEWAY_RESERVATION_PREFIX}orphan-{uuid.uuid4().hex[:8]}"
+        made = scontrol(env, "create", "reservation", f"ReservationName={orphan}", "StartTime=now+1hour",
+                        "Duration=10", "NodeCnt=1", "Accounts=team-a", f"PartitionName={env['SLURM_PARTITION']}")
+        assert made.returncode == 0, made.stderr
+        gw.app.state.dispatcher.sync_reservations()
+        left = parse.reservation_text(scontrol(env, "--oneliner", "show", "reservation").stdout)
+        assert orphan not in {x["name"] for x in left}, left
+        scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved for team-a from ", slurm=env)
+
+
+@pytest.mark.slurm
+def test_a_pool_without_slurm_accounts_holds_it_in_the_gateway_alone(database_url, dev_key_path, slurm22):
+    """No account_map: Slurm could not tell team-a's jobs from others', so no Slurm reservation."""
     with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
                        scheduling_policy="reservation") as gw:
         scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved for team-a from ")
