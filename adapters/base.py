@@ -153,6 +153,9 @@ class SubmitRequest:
     # A reservation the backend holds for the job's account (:meth:`Backend.reserve`), which the
     # gang runs in; None: the pool's open capacity.
     reservation: str | None = None
+    # One network domain for the whole gang (a level of the pool's topology); None: the
+    # backend's default packing.
+    topology: TopologyRequest | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -215,6 +218,26 @@ class Window:
 
 
 @dataclasses.dataclass(frozen=True)
+class TopologyDomain:
+    """One network domain of a pool at one topology level (docs/planning.md, "Topology"):
+    a Slurm block or leaf switch, a Kubernetes rack. Names are the backend's own."""
+
+    level: str  # the pool's word for the level: "block", "switch", "rack", ...
+    name: str
+    nodes: tuple[str, ...]  # the pool's nodes in it
+    idle_nodes: int  # of those, idle in this snapshot (free for a whole-node gang)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopologyRequest:
+    """A gang's wish to sit inside one domain of ``level``: ``required`` (it waits for one) or
+    preferred (the backend packs it as tightly as it can)."""
+
+    level: str
+    required: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolCapacity:
     """Free and total capacity of one partition / ClusterQueue, for routing."""
 
@@ -232,6 +255,8 @@ class PoolCapacity:
     # The backend's own windows on this pool that have not ended (a node of an active one is
     # not idle in this snapshot); () where the backend has none (Kueue).
     windows: tuple[Window, ...] = ()
+    # The pool's network domains, every level (); () where the backend declares none.
+    topology: tuple[TopologyDomain, ...] = ()
 
 
 def site_gpu_type(requested: str | None, known: Iterable[str]) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from adapters.base import (
     GATEWAY_RESERVATION_PREFIX,
@@ -193,6 +193,35 @@ def make_transport(settings: SlurmSettings) -> Transport:
     raise ValueError(f"unknown Slurm transport {settings.transport!r}")
 
 
+T = TypeVar("T")
+
+
+class TimedRead(Generic[T]):
+    """A backend read served from memory for ``ttl_s``: a failed read keeps the last good value
+    (``empty`` before the first), says why, and is tried again after the same time."""
+
+    def __init__(self, what: str, ttl_s: float, read: Callable[[], T], empty: T):
+        self.what, self.ttl_s, self._read = what, ttl_s, read
+        self._value, self._error, self._at = empty, "", None
+        self._lock = threading.Lock()
+
+    def get(self, partition: str) -> tuple[T, str]:
+        with self._lock:
+            if self._at is None or time.monotonic() - self._at >= self.ttl_s:
+                try:
+                    self._value, self._error = self._read(), ""
+                except BackendError as exc:
+                    log.warning("Slurm %s: reading %s failed: %s", partition, self.what, exc.message)
+                    self._error = exc.message
+                self._at = time.monotonic()
+            return self._value, self._error
+
+    def expire(self) -> None:
+        """Read again on the next get() (e.g. right after a change the gateway made)."""
+        with self._lock:
+            self._at = None
+
+
 @register
 class SlurmBackend(Backend):
     """A Slurm cluster (one partition) behind the gateway."""
@@ -221,12 +250,17 @@ class SlurmBackend(Backend):
         self._comments_lock = threading.Lock()
         # GPU types as the nodes' gres spell them (learned from capacity()).
         self._gpu_types: tuple[str, ...] | None = None
-        # The last reservation records read, when (monotonic), and why the last read failed.
-        self._reservations: list[Mapping] = []
-        self._reservations_read_at: float | None = None
-        self._reservations_error = ""
-        self._reservations_lock = threading.Lock()
-        self._scontrol: Transport | None = None  # reservations before slurmrestd v0.0.43
+        # capacity() runs every dispatch round, and reservations change only when an admin runs
+        # scontrol: one read per RESERVATIONS_TTL_S per backend keeps their cost to a few cheap
+        # requests a minute, and a new maintenance reaches the planner within that time. The cache
+        # holds the raw records, so which have ended, and which nodes are the partition's, is
+        # decided afresh on every call. The topology changes only when the site edits
+        # topology.conf and reconfigures.
+        self._reservations = TimedRead("reservations", self.RESERVATIONS_TTL_S,
+                                       lambda: list(self._transport.reservations()), [])
+        self._domains = TimedRead("the network topology", self.TOPOLOGY_TTL_S,
+                                  lambda: parse.topology_text(self._cli().topology()), [])
+        self._scontrol: Transport | None = None  # reservations before slurmrestd v0.0.43, the topology
 
     @property
     def transport(self) -> Transport:
@@ -336,6 +370,9 @@ class SlurmBackend(Backend):
         # they look idle, so count them taken here, as the contract's snapshot promises.
         taken = {n for w in windows if w.start <= now for n in w.nodes}
         pools = parse.pool_capacity(nodes, reserved=taken, held=own - taken)
+        domains, topo_error = self._topology()
+        idle = {str(n.get("name")) for n in nodes if parse.node_idle(n, reserved=taken, held=own - taken)}
+        topology = parse.topology(domains, mine_nodes, idle)
         mine = tuple(p for p in pools if p.pool == self.settings.partition)
         if not mine:
             have = ", ".join(p.pool for p in pools) or "none"
@@ -343,15 +380,12 @@ class SlurmBackend(Backend):
                                      f"(partitions: {have})", backend=self.name)
         self._gpu_types = tuple(sorted({t for p in mine for t in p.gpu_types}))
         note = f"; Slurm reservations could not be read ({error})" if error else ""
-        mine = tuple(dataclasses.replace(p, windows=windows, detail=p.detail + note) for p in mine)
+        note += f"; the network topology could not be read ({topo_error})" if topo_error else ""
+        mine = tuple(dataclasses.replace(p, windows=windows, topology=topology, detail=p.detail + note) for p in mine)
         return Capacity(backend=self.name, pools=mine)
 
-    # capacity() runs every dispatch round, and reservations change only when an admin runs
-    # scontrol: one read per RESERVATIONS_TTL_S per backend keeps their cost to a few cheap
-    # requests a minute, and a new maintenance reaches the planner within that time. The cache
-    # holds the raw records, so which have ended, and which nodes are the partition's, is
-    # decided afresh on every call.
     RESERVATIONS_TTL_S = 15.0
+    TOPOLOGY_TTL_S = 300.0
 
     def _reservation_records(self) -> tuple[list[Mapping], str]:
         """The reservation records (at most RESERVATIONS_TTL_S old) and why the last read failed.
@@ -360,27 +394,26 @@ class SlurmBackend(Backend):
         active reservation takes, so the pool stays usable with the last records read (none
         at first), and the failure is retried after the same TTL.
         """
-        with self._reservations_lock:
-            at = self._reservations_read_at
-            if at is None or time.monotonic() - at >= self.RESERVATIONS_TTL_S:
-                try:
-                    self._reservations = list(self._transport.reservations())
-                    self._reservations_error = ""
-                except BackendError as exc:
-                    log.warning("Slurm %s: reading reservations failed: %s", self.settings.partition, exc.message)
-                    self._reservations_error = exc.message
-                self._reservations_read_at = time.monotonic()
-            return self._reservations, self._reservations_error
+        return self._reservations.get(self.settings.partition)
 
     # ------------------------------------------------- the gateway's own reservations
 
-    def _reservation_writer(self) -> Transport:
-        """slurmrestd where it writes reservations (v0.0.43+: Slurm 25.11 and later), else scontrol."""
-        if self._transport.writes_reservations():
+    def _cli(self) -> Transport:
+        """The transport for what only ``scontrol`` does: the CLI one, or one made for that."""
+        if self._transport.name == "cli":
             return self._transport
         if self._scontrol is None:
             self._scontrol = make_scontrol(self.settings)
         return self._scontrol
+
+    def _reservation_writer(self) -> Transport:
+        """slurmrestd where it writes reservations (v0.0.43+: Slurm 25.11 and later), else scontrol."""
+        return self._transport if self._transport.writes_reservations() else self._cli()
+
+    def _topology(self) -> tuple[list[tuple[str, str, tuple[str, ...]]], str]:
+        """The cluster's blocks or leaf switches (at most TOPOLOGY_TTL_S old), and why the last
+        read failed (the last good read is kept; none yet: no domains)."""
+        return self._domains.get(self.settings.partition)
 
     def reserve(self, request: ReservationRequest) -> str:
         """A Slurm reservation of ``request.nodes`` whole nodes of the partition for the job's
@@ -428,8 +461,7 @@ class SlurmBackend(Backend):
 
     def forget_reservations(self) -> None:
         """Read the reservations again on the next capacity() (e.g. right after creating one)."""
-        with self._reservations_lock:
-            self._reservations_read_at = None
+        self._reservations.expire()
 
     # Clock difference tolerated between the gateway and slurmctld in the submit-window check.
     SUBMIT_WINDOW_SLACK_S = 60.0

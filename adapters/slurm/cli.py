@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from adapters.base import BackendUnavailable, JobNotFound
 from adapters.slurm import parse
 from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done, no_such_reservation
-from adapters.slurm.script import JobSpec, ReservationSpec
+from adapters.slurm.script import JobSpec, ReservationSpec, slurm_duration
 from adapters.slurm.transport import Record, Transport
 
 _SUBMIT_ERROR = re.compile(r"(?:sbatch: error: )?(?:Batch job submission failed: )?(.*)", re.DOTALL)
@@ -112,6 +112,10 @@ class CliTransport(Transport):
             argv.append(f"--account={spec.account}")
         if spec.reservation:
             argv.append(f"--reservation={spec.reservation}")
+        if spec.segment:
+            argv.append(f"--segment={spec.segment}")
+        if spec.switches_wait_s:
+            argv.append(f"--switches=1@{slurm_duration(spec.switches_wait_s)}")
         # The script arrives on stdin; sbatch exports this (clean) environment to the job.
         job_env = dict(environment)
         if self._conf:
@@ -216,6 +220,16 @@ class CliTransport(Transport):
 
     def writes_reservations(self) -> bool:
         return True
+
+    def topology(self) -> str:
+        """``scontrol show topology`` as printed (parse.topology_text reads it)."""
+        proc = self._run(["scontrol", "show", "topology"], user=self._admin_user)
+        if proc.returncode != 0:
+            msg = self._message(proc)
+            if "no topology" in msg.lower():
+                return ""
+            raise classify(msg)
+        return proc.stdout
 
     def create_reservation(self, spec: ReservationSpec) -> str:
         """``scontrol create reservation``. Times are given in UTC, and scontrol told its zone is

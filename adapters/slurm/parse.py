@@ -28,6 +28,7 @@ from adapters.base import (
     BackendState,
     JobStatus,
     PoolCapacity,
+    TopologyDomain,
     Window,
 )
 
@@ -327,6 +328,15 @@ def node_gpus(node: Mapping[str, Any]) -> tuple[int, tuple[str, ...]]:
     return total, tuple(types)
 
 
+def node_idle(node: Mapping[str, Any], *, reserved: Collection[str] = (), held: Collection[str] = ()) -> bool:
+    """Free for a whole-node gang (see :func:`pool_capacity` for ``reserved`` and ``held``)."""
+    st = node_states(node)
+    if node.get("name") in held:
+        st = st - {"RESERVED"}
+    return ("IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
+            and node.get("name") not in reserved)
+
+
 def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[str] = (),
                   held: Collection[str] = ()) -> list[PoolCapacity]:
     """Each partition's capacity; a node named in ``reserved`` (one of an active reservation)
@@ -336,11 +346,7 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[st
     pools: dict[str, dict[str, Any]] = {}
     for node in nodes:
         gpus, types = node_gpus(node)
-        st = node_states(node)
-        if node.get("name") in held:
-            st = st - {"RESERVED"}
-        idle = ("IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
-                and node.get("name") not in reserved)
+        idle = node_idle(node, reserved=reserved, held=held)
         for part in node.get("partitions") or []:
             p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0,
                                         "free_gpus": 0, "per_node": set(), "types": set(), "mem": 0, "cpus": 0})
@@ -491,3 +497,39 @@ def windows(records: Iterable[Mapping[str, Any]], partition_nodes: Iterable[str]
 def partition_nodes(nodes: Iterable[Mapping[str, Any]], partition: str) -> tuple[str, ...]:
     """The names of the nodes in ``partition`` (each node record lists its partitions)."""
     return tuple(str(n.get("name")) for n in nodes if partition in (n.get("partitions") or []) and n.get("name"))
+
+
+# ------------------------------------------------------------------------ topology
+
+# ``scontrol show topology``: topology/block prints ``BlockName=b1 BlockIndex=0 Nodes=...``
+# (and ``AggregatedBlock=...`` for the larger sizes, which are not domains of their own);
+# topology/tree ``SwitchName=s1 Level=0 LinkSpeed=1 Nodes=...`` (Level 0: a leaf switch).
+_TOPO_LINE = re.compile(r"^(BlockName|SwitchName)=(\S+)(?:.*?\sLevel=(\d+))?.*?\sNodes=(\S+)")
+TOPOLOGY_LEVELS = {"BlockName": "block", "SwitchName": "switch"}
+
+
+def topology_text(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(level, domain name, nodes) of each block or leaf switch ``scontrol show topology`` prints;
+    [] for topology/flat (no domains)."""
+    out = []
+    for line in text.splitlines():
+        m = _TOPO_LINE.match(line.strip())
+        if m is None:
+            continue
+        kind, name, level, nodes = m.groups()
+        if kind == "SwitchName" and level not in (None, "0"):
+            continue  # an upper switch joins leaf switches: the whole tree, no tighter than the pool
+        out.append((TOPOLOGY_LEVELS[kind], name, expand_hostlist(nodes)))
+    return out
+
+
+def topology(domains: Iterable[tuple[str, str, tuple[str, ...]]], partition_nodes: Iterable[str],
+             idle: Collection[str]) -> tuple[TopologyDomain, ...]:
+    """The domains that have nodes of the partition, with how many of those are idle."""
+    mine = set(partition_nodes)
+    out = []
+    for level, name, nodes in domains:
+        ours = tuple(n for n in nodes if n in mine)
+        if ours:
+            out.append(TopologyDomain(level=level, name=name, nodes=ours, idle_nodes=sum(n in idle for n in ours)))
+    return tuple(out)

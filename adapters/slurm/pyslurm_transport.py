@@ -44,7 +44,7 @@ from adapters.base import (
     Unsupported,
 )
 from adapters.slurm.errors import AmbiguousSubmit, classify, is_done
-from adapters.slurm.script import JobSpec
+from adapters.slurm.script import JobSpec, slurm_duration
 from adapters.slurm.transport import Record, Transport
 
 WORKER = Path(__file__).with_name("pyslurm_worker.py")
@@ -275,7 +275,9 @@ class PyslurmTransport(Transport):
             gres=spec.gres, cpus_per_node=spec.cpus_per_node, requeue=spec.requeue,
             memory_mib_per_node=spec.memory_mib_per_node, time_limit_min=spec.time_limit_min,
             work_dir=spec.work_dir, output=spec.output, script=spec.script,
-            environment=job_env, reservation=spec.reservation)
+            environment=job_env, reservation=spec.reservation, segment=spec.segment,
+            switches_wait_s=spec.switches_wait_s,
+            switches_time=slurm_duration(spec.switches_wait_s) if spec.switches_wait_s else None)
         if not isinstance(job_id, int) or job_id <= 0:
             raise AmbiguousSubmit(f"libslurm returned job id {job_id!r}", backend="slurm")
         return str(job_id)

@@ -148,6 +148,10 @@ def _submit(pyslurm, req: dict[str, Any]) -> int:
         desc.gres_per_node = req["gres"]
     if req.get("reservation"):
         desc.reservations = [req["reservation"]]
+    if req.get("segment"):
+        desc.segment_size = int(req["segment"])
+    if req.get("switches_wait_s"):
+        desc.switches = {"count": 1, "max_wait_time": req["switches_time"]}
     return int(desc.submit())
 
 

@@ -148,6 +148,12 @@ class RestTransport(Transport):
             job["account"] = spec.account
         if spec.reservation:
             job["reservation"] = spec.reservation
+        # v0.0.38 (22.05) has no switch request: there the gateway alone keeps the gang to one
+        # leaf switch, starting it only when one has room (topology/tree then packs it there).
+        if spec.switches_wait_s and v != "v0.0.38":
+            job.update(required_switches=1, wait_for_switch=spec.switches_wait_s)
+        if spec.segment:
+            job["segment_size"] = spec.segment
         if v == "v0.0.38":
             job.update({
                 "nodes": [spec.nodes, spec.nodes],

@@ -55,6 +55,37 @@ class JobSpec:
     requeue: bool = False
     # The gateway-made reservation the job runs in (``--reservation``); None: none.
     reservation: str | None = None
+    # One network domain (docs/planning.md, "Topology"): topology/block ``--segment=<nodes>``;
+    # topology/tree ``--switches=1@<wait>`` (one leaf switch, waiting at most that long).
+    segment: int | None = None
+    switches_wait_s: int | None = None
+
+
+# How long a gang that requires one leaf switch lets Slurm wait for one (Slurm caps it at
+# SchedulerParameters=max_switch_wait); one that prefers it waits 5 minutes, then spans switches.
+SWITCH_WAIT_REQUIRED_S = 7 * 24 * 3600
+SWITCH_WAIT_PREFERRED_S = 300
+
+
+def slurm_duration(seconds: int) -> str:
+    """Seconds as Slurm's ``D-HH:MM:SS`` (what sbatch and libslurm read a time from)."""
+    m, sec = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    d, h = divmod(h, 24)
+    return f"{d}-{h:02d}:{m:02d}:{sec:02d}"
+
+
+def topology_flags(request: SubmitRequest) -> dict[str, int | None]:
+    """``segment`` / ``switches_wait_s`` of a JobSpec for the request's topology wish (the level
+    is the pool's word: ``block`` or ``switch``, adapters/slurm/parse.py)."""
+    t = request.topology
+    if t is None:
+        return {}
+    if t.level == "block":  # topology/block packs into the fewest blocks by itself
+        return {"segment": request.workers} if t.required else {}
+    if t.level == "switch":
+        return {"switches_wait_s": SWITCH_WAIT_REQUIRED_S if t.required else SWITCH_WAIT_PREFERRED_S}
+    raise SubmissionRejected(f"this Slurm pool has no topology level {t.level!r} (block or switch)", backend="slurm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,4 +210,5 @@ def build_spec(request: SubmitRequest, *, partition: str, account: str | None,
         script=render_script(list(request.command), dict(request.env), request.workers,
                              output=worker_output_path(work_dir, request.gateway_job_id, "%t"), mounts=request.mounts),
         reservation=request.reservation or None,
+        **topology_flags(request),
     )

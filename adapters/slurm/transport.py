@@ -90,6 +90,10 @@ class Transport(abc.ABC):
         """Delete reservation ``name``; an unknown one is silently ignored."""
         raise Unsupported(f"the {self.name} transport cannot delete reservations", backend="slurm")
 
+    def topology(self) -> str:
+        """``scontrol show topology``'s text (no API has it): the CLI transport only."""
+        raise Unsupported(f"the {self.name} transport cannot read the topology", backend="slurm")
+
     def describe(self) -> str:
         return self.name
 

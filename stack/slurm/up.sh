@@ -176,6 +176,7 @@ SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=1,sched_interval=2,sched_min_interval=200000
 NodeName=gpu[1-4] $NODE_ADDRESSES Port=[$SLURMD_PORT0-$SLURMD_PORT_LAST] CPUs=8 RealMemory=64000 Gres=gpu:8 State=UNKNOWN
 PartitionName=gpu Nodes=gpu[1-4] Default=YES MaxTime=INFINITE State=UP
+TopologyPlugin=topology/$TOPOLOGY
 CONF
   # Slurm 25.11 serves OpenMetrics over HTTP on slurmctld's own port (GET /metrics/...).
   [ "$VER" = 25.11 ] && echo "MetricsType=metrics/openmetrics"
@@ -183,6 +184,17 @@ CONF
   [ "$MODE" = prefix ] && echo "DebugFlags=NO_CONF_HASH"
   return 0
 }
+# A network topology of two domains of two nodes (issue #31, docs/planning.md): blocks
+# (topology/block, Slurm 23.11+) where the version has them, leaf switches under one top
+# switch (topology/tree) on 22.05. Gangs that ask for one domain get --segment / --switches.
+if [ "$VER" = 22.05 ]; then
+  TOPOLOGY=tree
+  printf 'SwitchName=s1 Nodes=gpu[1-2]\nSwitchName=s2 Nodes=gpu[3-4]\nSwitchName=top Switches=s[1-2]\n' \
+    >"$STATE/etc/topology.conf.new"
+else
+  TOPOLOGY=block
+  printf 'BlockName=b1 Nodes=gpu[1-2]\nBlockName=b2 Nodes=gpu[3-4]\nBlockSizes=2,4\n' >"$STATE/etc/topology.conf.new"
+fi
 write_conf >"$CONF.new"
 printf 'AutoDetect=off\nNodeName=gpu[1-4] Name=gpu File=%s/dev/nvidia[0-7]\n' "$STATE" >"$STATE/etc/gres.conf"
 # Slurm >= 23.02 reads cgroup.conf even with proctrack/linuxproc; no cgroups here.
@@ -194,10 +206,11 @@ stop_cluster_daemons() {
   for n in 1 2 3 4; do stop_pidfile "$STATE/run/slurmd-gpu$n.pid" slurmd; done
   stop_pidfile "$STATE/run/slurmctld.pid" slurmctld
 }
-if [ -f "$CONF" ] && ! cmp -s "$CONF" "$CONF.new"; then
-  log "slurm.conf changed: restarting daemons"
+if [ -f "$CONF" ] && { ! cmp -s "$CONF" "$CONF.new" || ! cmp -s "$STATE/etc/topology.conf" "$STATE/etc/topology.conf.new"; }; then
+  log "slurm.conf or topology.conf changed: restarting daemons"
   stop_cluster_daemons
 fi
+mv "$STATE/etc/topology.conf.new" "$STATE/etc/topology.conf"
 mv "$CONF.new" "$CONF"
 slurmd_conf() { if [ "$MODE" = prefix ]; then echo "$STATE/etc/slurm-gpu$1.conf"; else echo "$CONF"; fi; }
 if [ "$MODE" = prefix ]; then

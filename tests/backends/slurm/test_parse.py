@@ -22,9 +22,11 @@ from adapters.slurm.parse import (
     map_state,
     pool_capacity,
     reservation_text,
+    topology,
+    topology_text,
     windows,
 )
-from adapters.slurm.script import render_script
+from adapters.slurm.script import build_spec, render_script
 
 
 @pytest.mark.parametrize("names,state", [
@@ -234,3 +236,44 @@ def test_a_node_of_the_gateways_own_active_reservation_stays_idle_to_the_planner
     assert (pool.idle_nodes, pool.free_gpus) == (1, 8)  # gpu2: someone else's; gpu3: draining
     (pool,) = pool_capacity(nodes, reserved={"gpu1"}, held=set())
     assert pool.idle_nodes == 0
+
+
+# ``scontrol show topology`` of the stack's clusters (stack/slurm/up.sh): topology/tree on
+# 22.05, topology/block on 23.11 and later.
+TREE_2205 = """\
+SwitchName=s1 Level=0 LinkSpeed=1 Nodes=gpu[1-2]
+SwitchName=s2 Level=0 LinkSpeed=1 Nodes=gpu[3-4]
+SwitchName=top Level=1 LinkSpeed=1 Nodes=gpu[1-4] Switches=s[1-2]
+"""
+BLOCK_2511 = """\
+BlockName=b1 BlockIndex=0 Nodes=gpu[1-2] BlockSize=2
+BlockName=b2 BlockIndex=1 Nodes=gpu[3-4] BlockSize=2
+AggregatedBlock=b[1-2] BlockIndex=0-1 Nodes=gpu[1-4] BlockSize=4
+"""
+
+
+def test_topology_domains_are_blocks_and_leaf_switches():
+    assert topology_text(TREE_2205) == [("switch", "s1", ("gpu1", "gpu2")), ("switch", "s2", ("gpu3", "gpu4"))]
+    assert topology_text(BLOCK_2511) == [("block", "b1", ("gpu1", "gpu2")), ("block", "b2", ("gpu3", "gpu4"))]
+    assert topology_text("") == [] and topology_text("Topology plugin does not print\n") == []
+    # Only the partition's nodes, and how many of them are idle
+    doms = topology(topology_text(BLOCK_2511), ["gpu2", "gpu3", "gpu4"], idle={"gpu3"})
+    assert [(d.name, d.nodes, d.idle_nodes) for d in doms] == [("b1", ("gpu2",), 0), ("b2", ("gpu3", "gpu4"), 1)]
+    assert topology(topology_text(TREE_2205), ["gpu9"], idle=set()) == ()
+
+
+def test_one_domain_becomes_segment_or_switches():
+    from adapters.base import SubmitRequest, TopologyRequest
+
+    def spec(level, required):
+        req = SubmitRequest(gateway_job_id="j1", name="n", account="a", user="alice", command=("true",), workers=2,
+                            gpus_per_worker=8, cpus_per_worker=1, memory_mib_per_worker=1024, time_limit_s=600,
+                            topology=TopologyRequest(level, required) if level else None)
+        return build_spec(req, partition="gpu", account=None, work_dir="/tmp")
+
+    assert (spec("block", True).segment, spec("block", True).switches_wait_s) == (2, None)
+    assert (spec("block", False).segment, spec(None, False).segment) == (None, None)  # block packs by itself
+    assert spec("switch", True).switches_wait_s == 7 * 24 * 3600
+    assert spec("switch", False).switches_wait_s == 300
+    with pytest.raises(SubmissionRejected, match="no topology level 'rack'"):
+        spec("rack", True)

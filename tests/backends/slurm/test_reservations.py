@@ -27,13 +27,18 @@ pytestmark = pytest.mark.slurm
 PREFIX = "isthmus-resv-test-"
 
 
-def scontrol(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """This cluster's scontrol as root, argv only (the env file's prefix, e.g. ``chroot <dir>``)."""
+def slurm_command(env: Mapping[str, str], command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """One of this cluster's commands as root, argv only (the env file's prefix, e.g. ``chroot <dir>``)."""
     bin_dir = env.get("SLURM_BIN_DIR") or ""
     path = f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin" if bin_dir else "/usr/sbin:/usr/bin:/sbin:/bin"
-    argv = [*shlex.split(env.get("SLURM_CLI_PREFIX", "")), "scontrol", *args]
+    argv = [*shlex.split(env.get("SLURM_CLI_PREFIX", "")), command, *args]
     return subprocess.run(argv, env={"PATH": path, "SLURM_CONF": env["SLURM_CONF"], "LANG": "C.UTF-8"},
                           capture_output=True, text=True, timeout=30, check=False)
+
+
+def scontrol(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """This cluster's scontrol as root."""
+    return slurm_command(env, "scontrol", *args)
 
 
 def delete(env: Mapping[str, str], name: str) -> None:
