@@ -18,7 +18,7 @@ from gateway.domain.windows import PlannedHold, PlannedWindow, hold_words, short
 from gateway.pools import service
 from gateway.pools import reservations, windows
 from gateway.models.pools import Pool
-from gateway.pools.schemas import (AdminPoolOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut,
+from gateway.pools.schemas import (AdminPoolOut, DomainOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut,
                                    ReservationIn, ReservationOut, WindowIn, WindowOut)
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
@@ -49,7 +49,10 @@ def list_pools(request: Request, principal: CurrentPrincipal,
         items.append(PoolOut(name=name, kind=v.kind, state=v.state, healthy=h.ok, reason=h.reason,
                              gpu_types=sorted(v.gpu_types), weight=v.weight, cost=v.cost, queue_depth=v.queue_depth,
                              total_nodes=v.total_nodes, idle_nodes=v.idle_nodes, total_gpus=v.total_gpus,
-                             free_gpus=v.free_gpus, gpus_per_node=v.gpus_per_node, windows=shown.get(name, [])))
+                             free_gpus=v.free_gpus, gpus_per_node=v.gpus_per_node, windows=shown.get(name, []),
+                             topology=[DomainOut(level=d.level, name=d.name, nodes=list(d.nodes),
+                                                 idle_nodes=d.idle_nodes)
+                                       for p in (v.capacity.pools if v.capacity else ()) for d in p.topology]))
     return PoolList(items=items, note="" if items else service.NO_POOL)
 
 

@@ -13,7 +13,6 @@ Exactly-once dispatch rests on three rules (docs/dispatch.md):
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from datetime import datetime, timedelta
 
@@ -241,7 +240,7 @@ class Claimer:
         """What the round decides over: the picked jobs (locked on Postgres), copies of the
         pools' views, the planner's inputs, and the ledger read once for the picked accounts;
         and the backends' own reservations of the advance reservations (id -> name)."""
-        views = {name: dataclasses.replace(v) for name, v in fresh_views.items()}
+        views = {name: v.for_round() for name, v in fresh_views.items()}
         shares, overall, with_pool = ledger.fairshare_and_guarantees(
             s, now=now, half_life_s=self.settings.fairshare_half_life_s)
         factors = {name: fs.factor for name, fs in shares.items()}

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import object_session
 
-from adapters.base import SubmitRequest, VolumeMount
+from adapters.base import SubmitRequest, TopologyRequest, VolumeMount
 from gateway.domain.storage import NO_STORAGE, Catalog, env_of, mounts_of
 from gateway.models.accounts import Account
 from gateway.models.specs import spec_of
@@ -105,7 +105,15 @@ def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = 
         attempt=job.attempt or 1, preempt_grace_s=int(launch.preempt_grace_s),
         # Only on the pool it was claimed for: a reservation is one backend's.
         reservation=job.backend_reservation if (pool or job.pool) == job.pool else None,
+        topology=topology_request(spec.get("topology")),
     )
+
+
+def topology_request(kept: dict | None) -> TopologyRequest | None:
+    """The stored spec's ``topology`` as the adapters take it."""
+    if not kept:
+        return None
+    return TopologyRequest(level=kept.get("required") or kept.get("preferred") or "", required=bool(kept.get("required")))
 
 
 def first_attempt(job: Job, recovering: bool) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from gateway.domain import plan_inputs as planning
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
-from gateway.domain.routing import JobShape, PoolView, held_gpus, ranked, route, take
+from gateway.domain.routing import JobShape, PoolView, domain_wait, held_gpus, ranked, route, take
 from gateway.domain.planner import Candidate, Hold, Outage, Release, plan
 from gateway.domain.windows import crossing_words
 
@@ -260,7 +260,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
         limited = ledger.limited(job.account_name)
         if not limited and known.issuperset(names):  # nothing in the chain can refuse it
             usable_of[job.id] = tuple(n for n in names if views[n].capacity is not None)
-            candidates.append(planning.candidate(job, usable_of[job.id]))
+            candidates.append(planning.candidate(job, usable_of[job.id], shape=shape))
             continue
         usable: list[str] = []
         for name in names:
@@ -278,13 +278,13 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
         usable_of[job.id] = tuple(usable)
         if not usable and refusals:
             blocked[job.id] = "quota: " + "; ".join(refusals)
-        candidates.append(planning.candidate(job, tuple(usable), blocked.get(job.id, "")))
+        candidates.append(planning.candidate(job, tuple(usable), blocked.get(job.id, ""), shape=shape))
     lagging, registry_held = planning.lagging_ends(views, snap.registry_held, snap.recent_ends, now=now,
                                                    monotonic_now=snap.monotonic_now)
     planned = plan(now=now.timestamp(), pools=planning.pool_models(views),
                    free_now=planning.free_now(views, registry_held), releases=snap.releases + lagging,
                    candidates=candidates, depth=params.reservation_depth, max_starts=params.max_starts,
-                   windows=snap.windows, holds=snap.holds)
+                   windows=snap.windows, holds=snap.holds, domains=planning.domains(views))
     starts = {p.job_id: p for p in planned.starts}
     reserved = {p.job_id: p for p in planned.reservations}
     for position, job in enumerate(snap.picked, start=1):
@@ -312,6 +312,8 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
                 why = (f"in {job.account_name}'s advance reservation {held.hold} on {held.pool}: planned start "
                        f"{at.isoformat(timespec='seconds')}, as the reservation begins or its running jobs reach "
                        "their time limits")
+            elif wait := domain_wait(shapes[job.id], views[held.pool]):
+                why = f"{wait}. {why}"
             elif crossed:
                 why = (f"{crossed}. Reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, "
                        f"the earliest of the pools it may use ({', '.join(usable_of[job.id])}) as windows end "

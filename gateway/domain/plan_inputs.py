@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from gateway.domain.planner import Candidate, PoolModel, Release
-from gateway.domain.routing import PoolView
+from gateway.domain.routing import JobShape, PoolView
 
 
 def pool_models(views: Mapping[str, PoolView]) -> list[PoolModel]:
@@ -84,6 +84,12 @@ def free_now(views: Mapping[str, PoolView], held: Mapping[str, int]) -> dict[str
     return out
 
 
-def candidate(job, pools: tuple[str, ...], blocked: str = "") -> Candidate:
+def candidate(job, pools: tuple[str, ...], blocked: str = "", shape: JobShape | None = None) -> Candidate:
     return Candidate(id=job.id, workers=job.workers, gpus_per_worker=job.gpus_per_worker,
-                     time_limit_s=float(job.time_limit_s), pools=pools, blocked=blocked, account=job.account_name)
+                     time_limit_s=float(job.time_limit_s), pools=pools, blocked=blocked, account=job.account_name,
+                     topology=shape.topology if shape is not None and shape.topology_required else "")
+
+
+def domains(views: Mapping[str, PoolView]) -> dict[str, dict[str, dict[str, int]]]:
+    """Whole nodes idle now per topology domain, of the node-exclusive pools that declare any."""
+    return {name: v.domains for name, v in views.items() if v.domains and v.node_exclusive and v.capacity is not None}

@@ -123,6 +123,7 @@ class Candidate:
     pools: tuple[str, ...]
     blocked: str = ""
     account: str = ""  # whose holds it may use
+    topology: str = ""  # a level of which ONE domain must hold the whole gang ("": any nodes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +155,26 @@ class Plan:
         return None
 
 
+def take_domains(domains: dict[str, dict[str, int]], workers: int, required: str = "") -> None:
+    """A gang of ``workers`` whole nodes leaves the domains' idle counts: at each level, the
+    fullest domain that holds it all (best fit), else the emptiest first. ``required``: that
+    level's domain must hold it all (the caller checked one does)."""
+    for level, idle in domains.items():
+        fits = sorted((n, name) for name, n in idle.items() if n >= workers)
+        if fits:
+            idle[fits[0][1]] -= workers
+            continue
+        if level == required:
+            continue
+        left = workers
+        for n, name in sorted(((n, name) for name, n in idle.items()), reverse=True):
+            took = min(n, left)
+            idle[name] -= took
+            left -= took
+            if left <= 0:
+                break
+
+
 class Profile:
     """Free units over time: a step function, ``free[i]`` from ``times[i]`` on."""
 
@@ -176,13 +197,14 @@ class Profile:
     def free_now(self) -> int:
         return self.free[0]
 
-    def earliest(self, need: int, duration: float) -> float:
-        """The first moment from which ``need`` units stay free for ``duration``; INF if never."""
+    def earliest(self, need: int, duration: float, after: float | None = None) -> float:
+        """The first moment (later than ``after``, if given: a step of the profile) from which
+        ``need`` units stay free for ``duration``; INF if never."""
         if need > self.total:
             return INF
         times, free = self.times, self.free
         n = len(times)
-        i = 0
+        i = 0 if after is None else bisect.bisect_right(times, after)
         while i < n:
             if free[i] < need:
                 i += 1
@@ -218,7 +240,8 @@ class Profile:
 def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
          releases: Iterable[Release], candidates: Iterable[Candidate], depth: int = 8,
          policy: str = "reservation", max_starts: int | None = None, max_examined: int | None = None,
-         windows: Iterable[Outage] = (), holds: Iterable[Hold] = ()) -> Plan:
+         windows: Iterable[Outage] = (), holds: Iterable[Hold] = (),
+         domains: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None) -> Plan:
     """One scheduling round (see the module docstring).
 
     Args:
@@ -233,6 +256,10 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         max_examined: look at no more than this many candidates (a bounded round).
         windows: maintenances and reservations (see :class:`Outage`).
         holds: advance reservations for accounts (see :class:`Hold`).
+        domains: pool -> topology level -> domain -> whole nodes idle now (node-exclusive
+            pools that declare a topology). A candidate with ``topology`` starts now only
+            where one domain of that level holds it all; else its planned start is the pool's
+            next release at the earliest (the domain's own future is not modelled).
     """
     if policy not in ("reservation", "greedy", "fifo"):
         raise ValueError(f"unknown policy {policy!r}")
@@ -280,6 +307,15 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         out += [h.words for h, _ in kept if h.pool in names and account not in h.accounts and h.start < now + limit]
         return tuple(out)
 
+    idle = {p: {level: dict(d) for level, d in levels.items()} for p, levels in (domains or {}).items()}
+
+    def when(c: Candidate, pool: str, prof: Profile, need: int) -> float:
+        """The earliest start on ``prof`` (a pool's or a hold's), with the gang's domain rule."""
+        at = prof.earliest(need, c.time_limit_s)
+        if at <= now and c.topology and not any(n >= need for n in idle.get(pool, {}).get(c.topology, {}).values()):
+            at = prof.earliest(need, c.time_limit_s, after=now)
+        return at
+
     planned_ahead = bool(of_pool or kept)  # only then can a start now cross anything
     out = Plan()
     for c in candidates:
@@ -299,7 +335,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
                 if c.account not in h.accounts or h.pool not in c.pools:
                     continue
                 need = by_name[h.pool].units(c.workers, c.gpus_per_worker)
-                at = prof.earliest(need, c.time_limit_s)
+                at = when(c, h.pool, prof, need)
                 rank = c.pools.index(h.pool)
                 if at < INF and (best is None or (at, rank) < (best[0], best[2])):
                     best = (at, 0, rank, h.pool, need, prof, h.id)
@@ -310,7 +346,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             if best is not None and best[0] == now:
                 break  # nothing starts earlier than now
             need = pool.units(c.workers, c.gpus_per_worker)
-            at = profiles[name].earliest(need, c.time_limit_s)
+            at = when(c, name, profiles[name], need)
             if at < INF and (best is None or (at, 1, rank) < best[:3]):
                 best = (at, 1, rank, name, need, profiles[name], "")
         if best is None:
@@ -323,6 +359,8 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         at, _, _, name, need, prof, hold = best
         if at <= now:
             prof.book(now, c.time_limit_s, need)
+            if name in idle and by_name[name].node_exclusive:
+                take_domains(idle[name], need, c.topology)
             where = f" in hold {hold}" if hold else ""
             out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}{where}", hold=hold))
             continue

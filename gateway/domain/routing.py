@@ -19,6 +19,7 @@ import json
 from collections.abc import Mapping
 
 from adapters.base import Backend, BackendError, Capacity, Feature
+from gateway.domain.planner import take_domains
 from gateway.domain.shapes import normalise_gpu_type, parse_memory_mib
 from gateway.domain.storage import needed_storages, remounts
 
@@ -50,6 +51,10 @@ class PoolView:
     # and why it cannot show one at a path of the job's choosing ("" when it can).
     storages: frozenset[str] = frozenset()
     remount_unsupported: str = ""
+    # The pool's network domains (docs/planning.md, "Topology"): level -> {domain: idle nodes},
+    # moved by take() within a round; and level -> the largest domain's nodes (a static limit).
+    domains: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    topology_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
     # (shape, name) -> _excluded()'s note: it reads only what a round never changes (take()
     # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
     # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
@@ -67,7 +72,7 @@ class PoolView:
     # The facts never_fits() reads, which do not move from round to round: what a process
     # without a dispatcher judges a submission by (gateway/pools/service.py stored_views).
     LIMIT_FIELDS = ("total_gpus", "total_nodes", "gpus_per_node", "memory_mib_per_node", "cpus_per_node",
-                    "image_unsupported", "remount_unsupported")
+                    "image_unsupported", "remount_unsupported", "topology_sizes")
 
     def limits(self) -> dict | None:
         """The pool's static limits (None without a capacity snapshot: nothing is known)."""
@@ -83,6 +88,8 @@ class PoolView:
         none): enough for :func:`never_fits` and :func:`check_pinned`, never for routing."""
         meta = {k: v for k, v in dict(meta or {}).items() if k != "gpu_types"}
         known = {f: limits[f] for f in cls.LIMIT_FIELDS if f in limits}
+        if "topology_sizes" in known:
+            known["topology_sizes"] = dict(known["topology_sizes"] or {})
         return cls(name=name, backend=None, capacity=Capacity(backend=meta.get("kind", name), pools=()),
                    gpu_types=frozenset(limits.get("gpu_types") or ()), **known, **meta)
 
@@ -106,7 +113,12 @@ class PoolView:
             queue_depth=queue_depth,
             memory_mib_per_node=max((p.memory_mib_per_node for p in cap.pools), default=0),
             cpus_per_node=max((p.cpus_per_node for p in cap.pools), default=0),
+            **topology_of(d for p in cap.pools for d in p.topology),
         )
+
+    def for_round(self) -> "PoolView":
+        """A copy a round may move (take()), with domain counts of its own."""
+        return dataclasses.replace(self, domains={level: dict(d) for level, d in self.domains.items()})
 
     @property
     def node_exclusive(self) -> bool:
@@ -133,6 +145,16 @@ class PoolView:
         return f"{self.name}: {self.free_gpus} of {self.total_gpus} GPUs free"
 
 
+def topology_of(domains) -> dict:
+    """PoolView's ``domains`` and ``topology_sizes`` from the backend's TopologyDomains."""
+    idle: dict[str, dict[str, int]] = {}
+    sizes: dict[str, int] = {}
+    for d in domains:
+        idle.setdefault(d.level, {})[d.name] = d.idle_nodes
+        sizes[d.level] = max(sizes.get(d.level, 0), len(d.nodes))
+    return {"domains": idle, "topology_sizes": sizes}
+
+
 @dataclasses.dataclass(frozen=True)
 class JobShape:
     workers: int
@@ -145,6 +167,8 @@ class JobShape:
     pool_kind: str | None = None  # only pools of this kind
     storages: frozenset[str] = frozenset()  # only pools that provide all of these (mounts, checkpoint)
     remounts: bool = False  # a mount at a path of the job's choosing
+    topology: str = ""  # a network domain level the whole gang should sit in ("": any packing)
+    topology_required: bool = False  # True: it waits for one such domain; False: preferred
 
     def __hash__(self) -> int:
         # Kept once computed: a round looks a shape up once per pool (PoolView._excluded_memo).
@@ -153,7 +177,8 @@ class JobShape:
         except KeyError:
             h = self.__dict__["_hash"] = hash((self.workers, self.gpus_per_worker, self.total_gpus, self.image,
                                                self.gpu_type, self.memory_mib_per_worker, self.cpus_per_worker,
-                                               self.pool_kind, self.storages, self.remounts))
+                                               self.pool_kind, self.storages, self.remounts, self.topology,
+                                               self.topology_required))
             return h
 
     @classmethod
@@ -163,7 +188,9 @@ class JobShape:
                    image=spec.get("image"), gpu_type=spec.get("gpu_type"),
                    memory_mib_per_worker=parse_memory_mib(memory) if memory else 0,
                    cpus_per_worker=int(spec.get("cpus_per_worker") or 0), pool_kind=spec.get("pool_kind"),
-                   storages=needed_storages(spec), remounts=remounts(spec))
+                   storages=needed_storages(spec), remounts=remounts(spec),
+                   topology=(topo.get("required") or topo.get("preferred") or "") if (topo := spec.get("topology")) else "",
+                   topology_required=bool(topo and topo.get("required")))
 
 
 def never_fits(shape: JobShape, view: PoolView) -> str | None:
@@ -193,7 +220,48 @@ def never_fits(shape: JobShape, view: PoolView) -> str | None:
         return f"{shape.workers} workers need {shape.workers} whole nodes; the pool has {view.total_nodes}"
     if shape.total_gpus > view.total_gpus:
         return f"the gang needs {shape.total_gpus} GPUs; the pool has {view.total_gpus}"
+    if shape.topology_required:
+        size = view.topology_sizes.get(shape.topology)
+        if size is None:
+            has = ", ".join(sorted(view.topology_sizes)) or "none"
+            return f"no network domains of level {shape.topology!r} (levels: {has})"
+        if view.node_exclusive and shape.workers > size:
+            return f"{shape.workers} workers need one {shape.topology} of {shape.workers} nodes; the largest has {size}"
     return None
+
+
+def domains_needed(shape: JobShape, view: PoolView) -> int:
+    """How few domains of the pool's finest level the gang would take now (1: it fits in one;
+    0: the pool declares no domains). Routing prefers the pool where this is smallest."""
+    if not view.domains or not view.node_exclusive:
+        return 0
+    finest = min(view.domains, key=lambda level: view.topology_sizes.get(level, 0))
+    left, used = shape.workers, 0
+    for idle in sorted(view.domains[finest].values(), reverse=True):
+        if left <= 0:
+            break
+        left -= idle
+        used += 1
+    return used
+
+
+def domain_wait(shape: JobShape, view: PoolView) -> str:
+    """Why a gang that requires one domain cannot start on the pool now although it may have
+    idle nodes enough ("" when a domain has room, or the gang has no such rule)."""
+    if not shape.topology_required or not view.node_exclusive or view.capacity is None:
+        return ""
+    idle = view.domains.get(shape.topology)
+    if idle is None or _domain_for(shape, view) is not None:
+        return ""
+    each = ", ".join(f"{name} {n}" for name, n in sorted(idle.items()))
+    return f"no {shape.topology} of {view.name} has {shape.workers} idle nodes (idle: {each})"
+
+
+def _domain_for(shape: JobShape, view: PoolView) -> tuple[str, str] | None:
+    """The domain a gang that requires one would take now (the fullest one that fits:
+    best fit, as Slurm's topology plugins choose), or None."""
+    fits = [(idle, name) for name, idle in view.domains.get(shape.topology, {}).items() if idle >= shape.workers]
+    return (shape.topology, min(fits)[1]) if fits else None
 
 
 def held_gpus(shape: JobShape, view: PoolView) -> int:
@@ -213,6 +281,8 @@ def fits_now(shape: JobShape, view: PoolView) -> bool:
     if view.capacity is None:
         return False
     if view.node_exclusive:
+        if shape.topology_required and _domain_for(shape, view) is None:
+            return False
         return view.idle_nodes >= shape.workers
     return view.free_gpus >= shape.total_gpus
 
@@ -221,6 +291,7 @@ def take(shape: JobShape, view: PoolView) -> None:
     """Account for a placement within the round, so one snapshot is not handed out twice."""
     view.free_gpus = max(0, view.free_gpus - shape.total_gpus)
     if view.node_exclusive:
+        take_domains(view.domains, shape.workers, shape.topology if shape.topology_required else "")
         view.idle_nodes = max(0, view.idle_nodes - shape.workers)
         view.free_gpus = min(view.free_gpus, view.idle_nodes * view.gpus_per_node) if view.gpus_per_node else view.free_gpus
     view.queue_depth += 1
@@ -263,9 +334,11 @@ def _excluded_now(shape: JobShape, name: str, view: PoolView) -> str | None:
 
 
 def _score(shape: JobShape, name: str, view: PoolView, weights: Mapping[str, float]) -> float:
-    """A pool's score before the cost term: weight, plus the share left free, minus its queue."""
+    """A pool's score before the cost term: weight, plus the share left free, minus its queue,
+    minus a little for each network domain beyond one the gang would span there."""
     left = (view.free_gpus - shape.total_gpus) / view.total_gpus if view.total_gpus else 0.0
-    return view.weight * weights.get(name, 1.0) + left - 0.05 * view.queue_depth
+    spans = max(0, domains_needed(shape, view) - 1)
+    return view.weight * weights.get(name, 1.0) + left - 0.05 * view.queue_depth - 0.1 * spans
 
 
 def _by_score(scored: list[tuple[float, float, str]], cost_factor: float) -> list[str]:
@@ -318,6 +391,8 @@ def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
             notes.append(f"{name}: quota ({quota_refusals[name]})")
             continue
         notes.append(view.describe())
+        if wait := domain_wait(shape, view):
+            notes.append(wait)
         if only is not None and name != only:
             continue
         if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth):

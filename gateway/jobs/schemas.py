@@ -104,7 +104,8 @@ class Dependency(BaseModel):
 MAX_MOUNTS = 16
 # Fields left out of a stored spec while empty: a spec without them hashes as it did before
 # they existed (an earlier request replayed with its Idempotency-Key still matches).
-OPTIONAL_STORED = ("depends_on", "mounts", "checkpoint", "resume_from", "retry")
+OPTIONAL_STORED = ("depends_on", "mounts", "checkpoint", "resume_from", "retry", "topology")
+TOPOLOGY_LEVEL_RE = r"^[a-z][a-z0-9-]{0,30}$"
 STORAGE_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$"
 MOUNT_PATH_RE = r"^(/[A-Za-z0-9._+-]+)+$"
 
@@ -172,6 +173,33 @@ class Retry(BaseModel):
         return sorted(set(v)) if v is not None else None
 
 
+class Topology(BaseModel):
+    """One network domain for the whole gang (docs/planning.md, "Topology")."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"required": "block"},
+                                                                              {"preferred": "switch"}]})
+
+    required: Annotated[str | None, Field(
+        default=None, pattern=TOPOLOGY_LEVEL_RE,
+        description="The gang waits until one domain of this level (a pool's word: `block`, `switch`, `rack`) "
+                    "has room for all of it; pools without the level, or whose largest domain is too small, "
+                    "are not used.")]
+    preferred: Annotated[str | None, Field(
+        default=None, pattern=TOPOLOGY_LEVEL_RE,
+        description="The backend packs the gang into one domain of this level when it can, without waiting "
+                    "for one. Without `topology`, each pool packs gangs as tightly as it does by default.")]
+
+    @model_validator(mode="after")
+    def _one(self) -> "Topology":
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("give exactly one of required and preferred")
+        return self
+
+    @property
+    def level(self) -> str:
+        return self.required or self.preferred or ""
+
+
 class JobSpec(BaseModel):
     """What a user asks to run: one gang of ``workers`` identical workers."""
 
@@ -218,6 +246,8 @@ class JobSpec(BaseModel):
         description="With `checkpoint`: an earlier job of the same account whose checkpoint directory this job "
                     "continues.")]
 
+    topology: Topology | None = Field(default=None, description="Keep the gang inside one network domain "
+                                                                 "(a block, switch or rack; docs/planning.md).")
     retry: Retry | None = Field(default=None, description="Run the job again when an attempt fails "
                                                        "(docs/recovery.md). Default: the gateway's, up to "
                                                        "`ISTHMUS_RETRY_MAX_ATTEMPTS` attempts on `node_failure`, "

@@ -95,7 +95,8 @@ def shape_of(job: Any) -> JobShape:
     key = (job.workers, job.gpus_per_worker, job.total_gpus, spec.get("image"), spec.get("gpu_type"),
            spec.get("memory_per_worker"), spec.get("cpus_per_worker"), spec.get("pool_kind"),
            json.dumps(spec["mounts"], sort_keys=True) if spec.get("mounts") else None,
-           spec["checkpoint"].get("storage") if spec.get("checkpoint") else None)
+           spec["checkpoint"].get("storage") if spec.get("checkpoint") else None,
+           json.dumps(spec["topology"], sort_keys=True) if spec.get("topology") else None)
     try:
         shape = _SHAPES.get(key)
     except TypeError:  # an unhashable field in an old spec: not shared

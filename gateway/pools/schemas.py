@@ -36,6 +36,15 @@ class PoolOut(BaseModel):
     gpus_per_node: int = 0
     windows: list[WindowOut] = Field(default_factory=list, description="maintenances and reservations on it that "
                                      "have not ended, the gateway's and the backend's own (docs/planning.md)")
+    topology: list[DomainOut] = Field(default_factory=list, description="its network domains at the last probe, "
+                                      "every level; a job's `topology` names a level (docs/planning.md)")
+
+
+class DomainOut(BaseModel):
+    level: str = Field(description="the pool's word for the level: `block`, `switch`, `rack`")
+    name: str = Field(description="the backend's name for the domain")
+    nodes: list[str] = Field(description="the pool's nodes in it")
+    idle_nodes: int = Field(description="of those, idle at the last probe")
 
 
 class PoolList(BaseModel):

@@ -72,6 +72,11 @@ BAD = [
     ({"image": "UPPER/Case"}, "body.image"),
     ({"gpu_type": "h100", "gpus_per_worker": 0}, "body"),
     ({"unknown_field": 1}, "body.unknown_field"),
+    ({"topology": {}}, "body.topology"),
+    ({"topology": {"required": "block", "preferred": "block"}}, "body.topology"),
+    ({"topology": {"required": "Block!"}}, "body.topology.required"),
+    ({"topology": {"preferred": "block\nx"}}, "body.topology.preferred"),
+    ({"topology": {"rack": True}}, "body.topology.rack"),
 ]
 
 

@@ -113,3 +113,55 @@ def test_a_view_from_stored_limits_refuses_what_the_live_view_refuses():
     assert [v is None for v in verdicts] == [False, False, False, False, True]
     assert stored.free_gpus == 0 and stored.idle_nodes == 0  # never a basis for routing
     assert PoolView(name="x", backend=None, capacity=None).limits() is None  # no snapshot: nothing known
+
+
+# ---------------------------------------------------------------- topology (docs/planning.md)
+
+
+def topo_view(name: str, idle_per_domain: dict[str, int], size: int = 2, level: str = "block") -> PoolView:
+    v = view(name, nodes=size * len(idle_per_domain), idle=sum(idle_per_domain.values()))
+    return dataclasses.replace(v, kind="slurm", domains={level: dict(idle_per_domain)}, topology_sizes={level: size})
+
+
+def test_a_gang_that_requires_one_domain_waits_for_one_and_takes_the_fullest_that_fits():
+    from gateway.domain.routing import check_pinned, domains_needed, fits_now
+
+    one_block = JobShape(workers=2, gpus_per_worker=8, total_gpus=16, image=None, gpu_type=None,
+                         topology="block", topology_required=True)
+    scattered = {"s": topo_view("s", {"b1": 1, "b2": 1})}
+    assert not fits_now(one_block, scattered["s"]) and scattered["s"].idle_nodes == 2
+    assert fits_now(dataclasses.replace(one_block, topology_required=False), scattered["s"])  # preferred: spans
+    d = route(one_block, "s", scattered)
+    assert d.pool is None and not d.rejected  # waits in the gateway, not refused
+    assert "no block of s has 2 idle nodes (idle: b1 1, b2 1)" in d.reason
+    v = topo_view("s", {"b1": 2, "b2": 3, "b3": 4}, size=4)
+    assert fits_now(one_block, v)
+    take(one_block, v)
+    assert v.domains["block"] == {"b1": 0, "b2": 3, "b3": 4}  # best fit: the fullest that holds it
+    assert domains_needed(dataclasses.replace(one_block, workers=5), v) == 2
+    # A level the pool does not have, or whose largest domain is too small: refused with the reason
+    rack = dataclasses.replace(one_block, topology="rack")
+    assert "no network domains of level 'rack' (levels: block)" in check_pinned(rack, "s", scattered)
+    three = dataclasses.replace(one_block, workers=3, total_gpus=24)
+    assert "one block of 3 nodes; the largest has 2" in check_pinned(three, "s", scattered)
+    assert check_pinned(dataclasses.replace(three, topology_required=False), "s", scattered) is None
+
+
+def test_auto_routing_prefers_the_pool_where_the_gang_spans_fewer_domains():
+    gang = JobShape(workers=2, gpus_per_worker=8, total_gpus=16, image=None, gpu_type=None)
+    views = {"a": topo_view("a", {"b1": 1, "b2": 1, "b3": 2}), "b": topo_view("b", {"b1": 2, "b2": 1, "b3": 1})}
+    assert route(gang, "auto", views).pool == "a"  # both fit it in one block: the tie goes by name
+    views["a"].domains["block"]["b3"] = 1
+    views["a"].idle_nodes = 3  # the free share is left alone: only the spans differ
+    assert route(gang, "auto", views).pool == "b"  # b: one block; a: two
+
+
+def test_topology_is_a_stored_limit_and_reads_from_a_spec():
+    from gateway.domain.routing import check_pinned
+
+    live = topo_view("s", {"b1": 2, "b2": 2})
+    stored = PoolView.from_limits("s", live.limits(), {"kind": "slurm", "state": "active"})
+    shape = JobShape.of_spec(workers=3, gpus_per_worker=8, total_gpus=24, spec={"topology": {"required": "block"}})
+    assert (shape.topology, shape.topology_required) == ("block", True)
+    assert check_pinned(shape, "s", {"s": stored}) == check_pinned(shape, "s", {"s": live}) is not None
+    assert JobShape.of_spec(workers=1, gpus_per_worker=8, total_gpus=8, spec={}).topology == ""
