@@ -65,11 +65,17 @@ class PoolModel:
 
 @dataclasses.dataclass(frozen=True)
 class Release:
-    """Units a running gang gives back at ``at`` (its expected end)."""
+    """Units a running gang gives back at ``at`` (its expected end).
+
+    ``domains``: (level, domain, nodes) its nodes give back to each network domain, at every
+    level of the pool's topology, when the caller knows the gang's nodes; () when not (the
+    planner then falls back to the pool's next release for that pool's domain rule).
+    """
 
     pool: str
     units: int
     at: float
+    domains: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,24 +161,35 @@ class Plan:
         return None
 
 
-def take_domains(domains: dict[str, dict[str, int]], workers: int, required: str = "") -> None:
-    """A gang of ``workers`` whole nodes leaves the domains' idle counts: at each level, the
-    fullest domain that holds it all (best fit), else the emptiest first. ``required``: that
-    level's domain must hold it all (the caller checked one does)."""
+def pick_domains(domains: Mapping[str, Mapping[str, int]], workers: int,
+                 required: str = "") -> list[tuple[str, str, int]]:
+    """Where a gang of ``workers`` whole nodes goes, as (level, domain, nodes): at each level,
+    the fullest domain that holds it all (best fit, as Slurm's topology plugins choose), else
+    the emptiest first. ``required``: that level's domain must hold it all (the caller checked
+    one does; if none does, that level gets nothing)."""
+    out = []
     for level, idle in domains.items():
         fits = sorted((n, name) for name, n in idle.items() if n >= workers)
         if fits:
-            idle[fits[0][1]] -= workers
+            out.append((level, fits[0][1], workers))
             continue
         if level == required:
             continue
         left = workers
         for n, name in sorted(((n, name) for name, n in idle.items()), reverse=True):
             took = min(n, left)
-            idle[name] -= took
+            if took > 0:
+                out.append((level, name, took))
             left -= took
             if left <= 0:
                 break
+    return out
+
+
+def take_domains(domains: dict[str, dict[str, int]], workers: int, required: str = "") -> None:
+    """A gang of ``workers`` whole nodes leaves the domains' idle counts (:func:`pick_domains`)."""
+    for level, name, n in pick_domains(domains, workers, required):
+        domains[level][name] -= n
 
 
 class Profile:
@@ -197,19 +214,27 @@ class Profile:
     def free_now(self) -> int:
         return self.free[0]
 
-    def earliest(self, need: int, duration: float, after: float | None = None) -> float:
-        """The first moment (later than ``after``, if given: a step of the profile) from which
-        ``need`` units stay free for ``duration``; INF if never."""
+    def earliest(self, need: int, duration: float, after: float | None = None,
+                 not_before: float | None = None) -> float:
+        """The first moment (later than ``after``, if given: a step of the profile; no earlier
+        than ``not_before``, if given: any moment) from which ``need`` units stay free for
+        ``duration``; INF if never."""
         if need > self.total:
             return INF
         times, free = self.times, self.free
         n = len(times)
-        i = 0 if after is None else bisect.bisect_right(times, after)
+        lo = -INF
+        if after is not None:
+            i = bisect.bisect_right(times, after)
+        elif not_before is not None:
+            i, lo = max(0, bisect.bisect_right(times, not_before) - 1), not_before
+        else:
+            i = 0
         while i < n:
             if free[i] < need:
                 i += 1
                 continue
-            start = times[i]
+            start = max(times[i], lo)
             end = start + duration
             j = i + 1
             while j < n and times[j] < end and free[j] >= need:
@@ -218,6 +243,17 @@ class Profile:
                 return start
             i = j + 1  # free[j] < need: no start before times[j] can span it
         return INF
+
+    def least(self, start: float, end: float) -> int:
+        """The fewest units free at any moment of ``[start, end)``."""
+        times, free = self.times, self.free
+        i = max(0, bisect.bisect_right(times, start) - 1)
+        m = free[i]
+        for j in range(i + 1, len(times)):
+            if times[j] >= end:
+                break
+            m = min(m, free[j])
+        return m
 
     def book(self, start: float, duration: float, units: int) -> None:
         """Take ``units`` over ``[start, start + duration)``."""
@@ -235,6 +271,40 @@ class Profile:
         self.times.insert(k, at)
         self.free.insert(k, self.free[k - 1])
         return k
+
+
+class Domains:
+    """A pool's network domains over time: a :class:`Profile` of idle nodes per domain.
+
+    Each starts at the domain's idle nodes now and gains what the releases that name it give
+    back (:attr:`Release.domains`). ``futures``: every release of the pool named its domains,
+    so a domain's profile is its whole future; else only now is known (the fallback).
+    Bookings go through :func:`pick_domains`, the one placement rule (routing's too).
+    """
+
+    __slots__ = ("levels", "futures")
+
+    def __init__(self, now: float, idle: Mapping[str, Mapping[str, int]], releases: Sequence[Release], total: int):
+        steps: dict[tuple[str, str], list[tuple[float, int]]] = {}
+        for r in releases:
+            for level, name, n in r.domains:
+                steps.setdefault((level, name), []).append((r.at, n))
+        self.futures = all(r.domains for r in releases if r.units > 0)
+        self.levels = {level: {name: Profile(now, n, steps.get((level, name), ()), total) for name, n in d.items()}
+                       for level, d in idle.items()}
+
+    def earliest(self, level: str, need: int, duration: float, not_before: float) -> float:
+        """The first moment from ``not_before`` on at which one domain of ``level`` has ``need``
+        idle nodes for ``duration`` (INF: never, or no such level)."""
+        return min((p.earliest(need, duration, not_before=not_before)
+                    for p in self.levels.get(level, {}).values()), default=INF)
+
+    def book(self, start: float, duration: float, workers: int, required: str = "") -> None:
+        """The gang's nodes leave its domains over ``[start, start + duration)``."""
+        end = start + duration
+        idle = {level: {name: p.least(start, end) for name, p in d.items()} for level, d in self.levels.items()}
+        for level, name, n in pick_domains(idle, workers, required):
+            self.levels[level][name].book(start, duration, n)
 
 
 def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
@@ -257,9 +327,11 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         windows: maintenances and reservations (see :class:`Outage`).
         holds: advance reservations for accounts (see :class:`Hold`).
         domains: pool -> topology level -> domain -> whole nodes idle now (node-exclusive
-            pools that declare a topology). A candidate with ``topology`` starts now only
-            where one domain of that level holds it all; else its planned start is the pool's
-            next release at the earliest (the domain's own future is not modelled).
+            pools that declare a topology). A candidate with ``topology`` starts only where
+            one domain of that level holds it all for its whole time limit. When every release
+            of the pool names its domains (:class:`Domains`), its planned start is the first
+            such moment, and it is booked into that domain; else (the fallback) it starts now
+            only if one domain is idle enough now, and is planned from the pool's next release.
     """
     if policy not in ("reservation", "greedy", "fifo"):
         raise ValueError(f"unknown policy {policy!r}")
@@ -267,9 +339,11 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         depth = 0
     by_name = {p.name: p for p in pools}
     per_pool: dict[str, list[tuple[float, int]]] = {p.name: [] for p in pools}
+    released: dict[str, list[Release]] = {p.name: [] for p in pools}
     for r in releases:
         if r.pool in per_pool:
             per_pool[r.pool].append((r.at, r.units))
+            released[r.pool].append(r)
     taken: list[Outage] = []
     of_pool: dict[str, list[Outage]] = {}
     live = [h for h in holds if h.pool in per_pool and h.end > now and h.units > 0]
@@ -307,13 +381,25 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         out += [h.words for h, _ in kept if h.pool in names and account not in h.accounts and h.start < now + limit]
         return tuple(out)
 
-    idle = {p: {level: dict(d) for level, d in levels.items()} for p, levels in (domains or {}).items()}
+    doms = {p: Domains(now, levels, released[p], by_name[p].total_units)
+            for p, levels in (domains or {}).items() if p in by_name and by_name[p].node_exclusive}
 
     def when(c: Candidate, pool: str, prof: Profile, need: int) -> float:
         """The earliest start on ``prof`` (a pool's or a hold's), with the gang's domain rule."""
-        at = prof.earliest(need, c.time_limit_s)
-        if at <= now and c.topology and not any(n >= need for n in idle.get(pool, {}).get(c.topology, {}).values()):
-            at = prof.earliest(need, c.time_limit_s, after=now)
+        limit = c.time_limit_s
+        at = prof.earliest(need, limit)
+        d = doms.get(pool)
+        if not c.topology or at == INF:
+            return at
+        if d is None or not d.futures:  # only now is known: wait at least for the pool's next release
+            if at <= now and (d is None or d.earliest(c.topology, need, limit, now) > now):
+                at = prof.earliest(need, limit, after=now)
+            return at
+        while at < INF:  # the first moment both the pool (windows, holds) and one domain have room
+            first = d.earliest(c.topology, need, limit, at)
+            if first == at or first == INF:
+                return first
+            at = prof.earliest(need, limit, not_before=first)
         return at
 
     planned_ahead = bool(of_pool or kept)  # only then can a start now cross anything
@@ -359,8 +445,8 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         at, _, _, name, need, prof, hold = best
         if at <= now:
             prof.book(now, c.time_limit_s, need)
-            if name in idle and by_name[name].node_exclusive:
-                take_domains(idle[name], need, c.topology)
+            if name in doms:
+                doms[name].book(now, c.time_limit_s, need, c.topology)
             where = f" in hold {hold}" if hold else ""
             out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}{where}", hold=hold))
             continue
@@ -372,6 +458,8 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             break
         if len(out.reservations) < depth:
             prof.book(at, c.time_limit_s, need)
+            if name in doms:
+                doms[name].book(at, c.time_limit_s, need, c.topology)
             out.reservations.append(Placement(c.id, name, at, True, f"reserved on {name} " + (
                 f"in hold {hold}" if hold else "from its planned start"), crossed, hold))
         else:

@@ -36,6 +36,15 @@ window's start and end. Advance reservations (``holds``) too: a gang the plan st
 is counted in it while it runs, and each hold's start checks that its units were free then
 (``SimResult.holds_honoured``).
 
+Topology (docs/planning.md, "Topology"): a pool may have network blocks (``SimPool.blocks``,
+level ``block``) and a job may require one (``TraceJob.topology``). The replay keeps each
+block's idle nodes, gives them to every round's plan (``domains``), and places every start as
+the backend does, by the planner's own rule (``pick_domains``: best fit, else spread). A
+gang that requires a block and finds none with room at its start is placed anyway and
+counted (``SimResult.topology_violations``: the planner's rule says it never happens). With
+``domain_futures`` each running gang's release names the blocks its nodes free, so the
+planner knows which block frees when; without, releases are the pool's alone (the fallback).
+
 Used by ``bench/simulate.py`` (the policy table in docs/benchmarks.md), by
 ``bench/simulate_windows.py`` (windows) and by the tests.
 """
@@ -49,7 +58,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.domain.fairshare import compute_fairshare
-from gateway.domain.planner import INF, Candidate, Hold, Outage, PoolModel, Release, plan
+from gateway.domain.planner import INF, Candidate, Hold, Outage, PoolModel, Release, pick_domains, plan
 from gateway.domain.preempt import RATE_WINDOW_S, Room, Running, choose_eviction
 
 GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
@@ -63,6 +72,7 @@ class SimPool:
     nodes: int
     gpus_per_node: int
     storages: frozenset[str] = frozenset()  # the storages it provides (docs/storage.md)
+    blocks: tuple[int, ...] = ()  # nodes of each network block (level "block"), node-exclusive pools only
 
     @property
     def node_exclusive(self) -> bool:
@@ -92,6 +102,7 @@ class TraceJob:
     time_limit_s: float
     kinds: tuple[str, ...] = ("slurm", "kubernetes")  # pool kinds it may use
     storages: frozenset[str] = frozenset()  # only pools that provide all of these (its mounts)
+    topology: str = ""  # a level of which one domain must hold the whole gang ("block"; "": any nodes)
 
     @property
     def total_gpus(self) -> int:
@@ -117,6 +128,8 @@ class JobOutcome:
     start: float | None = None  # its first start
     end: float | None = None
     first_estimate: float | None = None  # the first planned start the planner gave it
+    # The round at its arrival: its planned start (now if it started then); None: no estimate then.
+    submit_estimate: float | None = None
     held_gpus: int = 0
     attempts: int = 0
     evictions: int = 0
@@ -146,6 +159,8 @@ class SimResult:
     holds_honoured: dict[str, bool] = dataclasses.field(default_factory=dict)
     # hold id -> GPU-seconds its accounts' gangs ran inside it
     hold_used_gpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    # starts of gangs that require a domain with no domain of room for them (placed spread out)
+    topology_violations: int = 0
 
     @property
     def utilisation(self) -> float:
@@ -247,7 +262,7 @@ class _Replay:
                  policy: str, depth: int, half_life_s: float, fairshare_every_s: float, per_account: int,
                  max_examined: int, horizon: float | None, window: tuple[float, float] | None,
                  guarantees: Mapping[str, int] | None, reclaim: Reclaim, outages: Sequence[Outage] = (),
-                 holds: Sequence[Hold] = ()):
+                 holds: Sequence[Hold] = (), domain_futures: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         if policy in (HARD_CAPS, BORROW) and guarantees is None:
@@ -267,6 +282,12 @@ class _Replay:
         self.outcomes = {j.id: JobOutcome(j) for j in trace}
         self.waiting: dict[str, collections.deque[TraceJob]] = collections.defaultdict(collections.deque)
         self.free = {m.name: m.total_units for m in self.models}
+        # pool -> level -> block -> idle nodes; job id -> (level, block, nodes) it holds
+        self.idle = {p.name: {"block": {f"b{i}": n for i, n in enumerate(p.blocks)}}
+                     for p in pools if p.blocks and p.node_exclusive}
+        self.placed: dict[str, tuple[tuple[str, str, int], ...]] = {}
+        self.domain_futures = domain_futures
+        self.topology_violations = 0
         self.running: dict[str, tuple[str, int, float]] = {}  # job id -> (pool, units, expected end)
         self.started_at: dict[str, float] = {}  # job id -> this attempt's start
         self.done_s: dict[str, float] = collections.defaultdict(float)  # committed work (checkpoints)
@@ -312,7 +333,9 @@ class _Replay:
         for j in trace:  # never-fits, as routing applies it
             names = tuple(p.name for p, m in zip(pools, self.models) if p.kind in j.kinds
                           and j.storages <= p.storages and j.gpus_per_worker <= p.gpus_per_node
-                          and m.units(j.workers, j.gpus_per_worker) <= m.total_units)
+                          and m.units(j.workers, j.gpus_per_worker) <= m.total_units
+                          and (not j.topology or (j.topology == "block" and p.node_exclusive
+                                                  and max(p.blocks, default=0) >= j.workers)))
             self.eligible[j.id] = names
             self.gpus_on[j.id] = {n: self.by_name[n].gpus_of(self.model_of[n].units(j.workers, j.gpus_per_worker))
                                   for n in names}
@@ -363,7 +386,8 @@ class _Replay:
                 if capped and names:
                     names = tuple(p for p in names if self.gpus_on[j.id][p] <= room)
                     blocked = "" if names else "quota: over its account's cap"
-                yield Candidate(j.id, j.workers, j.gpus_per_worker, j.time_limit_s, names, blocked, j.account)
+                yield Candidate(j.id, j.workers, j.gpus_per_worker, j.time_limit_s, names, blocked, j.account,
+                                j.topology)
 
     # Starts and stops.
 
@@ -379,12 +403,26 @@ class _Replay:
         o.held_gpus = pool.gpus_of(units)
         o.attempts += 1
         self.running[j.id] = (pool_name, units, now + j.time_limit_s)
+        if pool_name in self.idle:
+            self._place(j, pool_name, units)
         self.started_at[j.id] = now
         self.held[j.account] += o.held_gpus
         if borrowed:
             self.borrowed.add(j.id)
         left = j.run_s - self.done_s[j.id]
         self.end_seq[j.id] = self._push(now + min(left, j.time_limit_s), "end", j.id)
+
+    def _place(self, j: TraceJob, pool: str, units: int) -> None:
+        """Put a start on nodes of the pool's blocks, as the backend would (the planner's rule)."""
+        idle = self.idle[pool]
+        picks = pick_domains(idle, units, j.topology)
+        if j.topology and not any(level == j.topology and n == units for level, _, n in picks):
+            self.topology_violations += 1  # no block had room: spread, and counted
+            picks = pick_domains(idle, units)
+        for level, name, n in picks:
+            idle[level][name] -= n
+            assert idle[level][name] >= 0, "a block over-committed"
+        self.placed[j.id] = tuple(picks)
 
     def _release(self, jid: str, now: float) -> None:
         """The attempt of ``jid`` stops now: its units go back (or to the gang its stop is for)."""
@@ -393,6 +431,8 @@ class _Replay:
         if hid is not None:
             self.hold_used[hid] += o.held_gpus * (now - self.started_at[jid])
         pool, units, _ = self.running.pop(jid)
+        for level, name, n in self.placed.pop(jid, ()):
+            self.idle[pool][level][name] += n
         start = self.started_at.pop(jid)
         self.borrowed.discard(jid)
         self.end_seq.pop(jid, None)
@@ -454,8 +494,8 @@ class _Replay:
             self.holds_honoured[h.id] = others <= total - h.units
 
     def _releases(self) -> list[Release]:
-        out = [Release(pool, units, end) for jid, (pool, units, end) in self.running.items()
-               if jid not in self.stopping]
+        out = [Release(pool, units, end, self.placed.get(jid, ()) if self.domain_futures else ())
+               for jid, (pool, units, end) in self.running.items() if jid not in self.stopping]
         for gid, pend in self.pending.items():
             # The victims' units go to the gang at its start, the rest back to the pool then.
             coming = pend.held + sum(self.running[v][1] for v in pend.victims)
@@ -559,6 +599,7 @@ class _Replay:
             now = events[0][0]
             if self.horizon is not None and now > self.horizon:
                 break
+            arrived: list[str] = []
             while events and events[0][0] == now:
                 _, seq, kind, jid = heapq.heappop(events)
                 if kind == "tick":  # a window or hold starts or ends: only the round below
@@ -571,6 +612,7 @@ class _Replay:
                         o.refused = "larger than its account's cap"
                         continue
                     self.waiting[o.job.account].append(o.job)
+                    arrived.append(jid)
                 elif kind == "end":
                     if self.end_seq.get(jid) != seq:
                         continue  # an attempt that was stopped
@@ -588,11 +630,17 @@ class _Replay:
             self.rounds += 1
             p = plan(now=now, pools=self.models, free_now=self.free, releases=self._releases(),
                      candidates=self._candidates(), depth=self.depth, policy=self.plan_policy,
-                     max_examined=self.max_examined, windows=self.outages, holds=self._holds_now())
+                     max_examined=self.max_examined, windows=self.outages, holds=self._holds_now(),
+                     domains=self.idle or None)
             for r in p.reservations:
                 o = self.outcomes[r.job_id]
                 if o.first_estimate is None:
                     o.first_estimate = r.start
+            if arrived:
+                planned = {r.job_id: r.start for r in p.reservations}
+                planned.update((s.job_id, now) for s in p.starts)
+                for jid in arrived:
+                    self.outcomes[jid].submit_estimate = planned.get(jid)
             for s in p.starts:
                 j = self.outcomes[s.job_id].job
                 gpus = self.gpus_on[j.id][s.pool]
@@ -619,7 +667,7 @@ class _Replay:
                          evictions=self.evictions, reclaim_starts=self.reclaim_starts,
                          lost_in_window_gpu_seconds=self.lost_in_window, eviction_log=self.eviction_log,
                          used_gpu_seconds=self.used, spans=self.spans, holds_honoured=dict(self.holds_honoured),
-                         hold_used_gpu_s=dict(self.hold_used))
+                         hold_used_gpu_s=dict(self.hold_used), topology_violations=self.topology_violations)
 
 
 def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mapping[str, int], *,
@@ -627,7 +675,7 @@ def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mappin
              fairshare_every_s: float = 300, per_account: int = 32, max_examined: int = 2000,
              horizon: float | None = None, window: tuple[float, float] | None = None,
              guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim(),
-             outages: Sequence[Outage] = (), holds: Sequence[Hold] = ()) -> SimResult:
+             outages: Sequence[Outage] = (), holds: Sequence[Hold] = (), domain_futures: bool = True) -> SimResult:
     """Replay ``trace`` (sorted by arrival) and return what happened to every job.
 
     ``per_account`` bounds how many of one account's waiting jobs a round looks at (the
@@ -635,9 +683,10 @@ def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mappin
     ``guarantees`` (GPUs per account) is what ``hard-caps`` caps at and ``borrow`` borrows
     beyond; ``reclaim`` sets how ``borrow`` stops borrowed work; ``outages`` are the
     windows (maintenances, reservations) every round plans around; ``holds`` the advance
-    reservations (their ``in_use`` is filled in by the replay).
+    reservations (their ``in_use`` is filled in by the replay); ``domain_futures``: releases
+    name the blocks their gangs free (module docstring, "Topology").
     """
     return _Replay(trace, pools, shares, policy=policy, depth=depth, half_life_s=half_life_s,
                    fairshare_every_s=fairshare_every_s, per_account=per_account, max_examined=max_examined,
                    horizon=horizon, window=window, guarantees=guarantees, reclaim=reclaim,
-                   outages=outages, holds=holds).run()
+                   outages=outages, holds=holds, domain_futures=domain_futures).run()

@@ -193,3 +193,70 @@ def test_a_start_takes_its_domain_so_the_next_gang_does_not_count_it_twice():
              candidates=[first, second, third], domains=doms)
     assert [s.job_id for s in p.starts] == ["first", "second"]
     assert doms["slurm-a"]["block"] == {"b1": 2, "b2": 1}  # the caller's counts are not moved
+
+
+# ---------------------------------------------------------------- domains over time
+
+
+def blocks_pool(total=8):
+    return [PoolModel("slurm-a", node_exclusive=True, total_units=total, gpus_per_node=8)]
+
+
+def test_a_gang_that_requires_a_block_is_planned_when_its_block_frees_not_at_the_next_release():
+    """One idle node in each block; b2 frees a node at 100 (the pool's next release), b1 frees
+    three at 200. A 3-node gang that requires a block can start at 200 in b1, not at 100."""
+    doms = {"slurm-a": {"block": {"b1": 1, "b2": 1}}}
+    named = [Release("slurm-a", 1, 100, (("block", "b2", 1),)), Release("slurm-a", 3, 200, (("block", "b1", 3),))]
+    need_block = Candidate("blk", 3, 8, 50.0, ("slurm-a",), topology="block")
+    p = plan(now=0, pools=blocks_pool(), free_now={"slurm-a": 2}, releases=named, candidates=[need_block], domains=doms)
+    assert not p.starts and (p.reservations[0].job_id, p.reservations[0].start) == ("blk", 200)
+    # Releases that do not name their blocks: the fallback, the pool's next release.
+    bare = [Release(r.pool, r.units, r.at) for r in named]
+    p = plan(now=0, pools=blocks_pool(), free_now={"slurm-a": 2}, releases=bare, candidates=[need_block], domains=doms)
+    assert p.reservations[0].start == 100
+
+
+def test_the_block_that_frees_first_is_too_small_so_the_gang_waits_for_the_bigger_one():
+    """b1 (3 nodes) frees at 100, b2 (5 nodes, one idle) frees four at 300. A 4-node gang
+    needs b2: 300, though the pool has four nodes free from 100. It is booked into b2, so a
+    second 4-node gang sees b2 taken until the first one's limit ends, while the pool as a
+    whole would have room for it at 300 too."""
+    doms = {"slurm-a": {"block": {"b1": 0, "b2": 1}}}
+    rel = [Release("slurm-a", 3, 100, (("block", "b1", 3),)), Release("slurm-a", 4, 300, (("block", "b2", 4),))]
+    first = Candidate("first", 4, 8, 1000.0, ("slurm-a",), topology="block")
+    second = Candidate("second", 4, 8, 1000.0, ("slurm-a",), topology="block")
+    small_one = Candidate("small", 3, 8, 1000.0, ("slurm-a",), topology="block")
+    p = plan(now=0, pools=blocks_pool(), free_now={"slurm-a": 1}, releases=rel,
+             candidates=[first, second, small_one], domains=doms)
+    got = {r.job_id: r.start for r in p.reservations}
+    assert got == {"first": 300, "second": 1300, "small": 100}
+    assert doms["slurm-a"]["block"] == {"b1": 0, "b2": 1}  # the caller's counts are not moved
+
+
+def test_a_gang_that_only_prefers_a_block_is_not_delayed_by_the_domains():
+    """Scattered idle nodes: a gang without the requirement (preferred is the backend's
+    packing, not a wait) starts now, also behind a required gang's reservation it ends before."""
+    doms = {"slurm-a": {"block": {"b1": 1, "b2": 1}}}
+    rel = [Release("slurm-a", 2, 200, (("block", "b1", 2),))]
+    need_block = Candidate("blk", 3, 8, 500.0, ("slurm-a",), topology="block")
+    preferred = Candidate("pref", 2, 8, 150.0, ("slurm-a",))
+    p = plan(now=0, pools=blocks_pool(4), free_now={"slurm-a": 2}, releases=rel, candidates=[need_block, preferred],
+             domains=doms)
+    assert [s.job_id for s in p.starts] == ["pref"]
+    assert (p.reservations[0].job_id, p.reservations[0].start) == ("blk", 200)
+
+
+def test_the_simulator_starts_every_required_gang_inside_one_block():
+    pools = [SimPool("slurm", "slurm", 8, 8, blocks=(4, 4))]
+    rng = random.Random(3)
+    trace, t = [], 0.0
+    for i in range(300):
+        t += rng.expovariate(1 / 120)
+        w = rng.choice([1, 1, 2, 3, 4])
+        run = rng.uniform(60, 3000)
+        trace.append(TraceJob(f"j{i}", t, rng.choice("ab"), w, 8, run, run * 1.5, ("slurm",),
+                              topology="block" if w >= 2 and rng.random() < 0.5 else ""))
+    for futures in (True, False):
+        res = simulate(trace, pools, {"a": 1, "b": 1}, domain_futures=futures)
+        assert res.topology_violations == 0
+        assert all(o.start is not None for o in res.outcomes)
