@@ -282,7 +282,7 @@ class Domains:
     Bookings go through :func:`pick_domains`, the one placement rule (routing's too).
     """
 
-    __slots__ = ("levels", "futures")
+    __slots__ = ("futures", "levels")
 
     def __init__(self, now: float, idle: Mapping[str, Mapping[str, int]], releases: Sequence[Release], total: int):
         steps: dict[tuple[str, str], list[tuple[float, int]]] = {}

@@ -58,7 +58,16 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from gateway.domain.fairshare import compute_fairshare
-from gateway.domain.planner import INF, Candidate, Hold, Outage, PoolModel, Release, pick_domains, plan
+from gateway.domain.planner import (
+    INF,
+    Candidate,
+    Hold,
+    Outage,
+    PoolModel,
+    Release,
+    pick_domains,
+    plan,
+)
 from gateway.domain.preempt import RATE_WINDOW_S, Room, Running, choose_eviction
 
 GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
