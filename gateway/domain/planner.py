@@ -299,11 +299,23 @@ class Domains:
         return min((p.earliest(need, duration, not_before=not_before)
                     for p in self.levels.get(level, {}).values()), default=INF)
 
-    def book(self, start: float, duration: float, workers: int, required: str = "") -> None:
-        """The gang's nodes leave its domains over ``[start, start + duration)``."""
-        end = start + duration
+    def _picks(self, start: float, end: float, workers: int, required: str) -> list[tuple[str, str, int]]:
         idle = {level: {name: p.least(start, end) for name, p in d.items()} for level, d in self.levels.items()}
-        for level, name, n in pick_domains(idle, workers, required):
+        return pick_domains(idle, workers, required)
+
+    def fits_now(self, now: float, duration: float, workers: int, required: str = "") -> bool:
+        """Whether a start now, where the backend puts it (by the idle nodes of this moment),
+        keeps its nodes for its whole limit without taking any a booked gang's domain needs."""
+        picks = self._picks(now, now, workers, required)
+        if required and not any(level == required for level, _, _ in picks):
+            return False
+        return all(self.levels[level][name].least(now, now + duration) >= n for level, name, n in picks)
+
+    def book(self, start: float, duration: float, workers: int, required: str = "", now: bool = False) -> None:
+        """The gang's nodes leave its domains over ``[start, start + duration)``: where its whole
+        limit fits (a planned start), or, ``now``, where the backend puts a start: by the idle
+        nodes of this moment (the backend knows nothing of the plan's later bookings)."""
+        for level, name, n in self._picks(start, start if now else start + duration, workers, required):
             self.levels[level][name].book(start, duration, n)
 
 
@@ -389,13 +401,21 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         limit = c.time_limit_s
         at = prof.earliest(need, limit)
         d = doms.get(pool)
-        if not c.topology or at == INF:
+        if at == INF or (d is None and not c.topology):
             return at
         if d is None or not d.futures:  # only now is known: wait at least for the pool's next release
-            if at <= now and (d is None or d.earliest(c.topology, need, limit, now) > now):
+            if c.topology and at <= now and (d is None or d.earliest(c.topology, need, limit, now) > now):
                 at = prof.earliest(need, limit, after=now)
             return at
         while at < INF:  # the first moment both the pool (windows, holds) and one domain have room
+            if at <= now:
+                # A start now goes where the backend puts it: not onto a booked gang's domain.
+                if d.fits_now(now, limit, need, c.topology):
+                    return at
+                at = prof.earliest(need, limit, after=now)
+                continue
+            if not c.topology:
+                return at  # where a later start lands is the backend's choice then
             first = d.earliest(c.topology, need, limit, at)
             if first == at or first == INF:
                 return first
@@ -446,7 +466,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         if at <= now:
             prof.book(now, c.time_limit_s, need)
             if name in doms:
-                doms[name].book(now, c.time_limit_s, need, c.topology)
+                doms[name].book(now, c.time_limit_s, need, c.topology, now=True)
             where = f" in hold {hold}" if hold else ""
             out.starts.append(Placement(c.id, name, now, False, f"starts now on {name}{where}", hold=hold))
             continue
@@ -458,7 +478,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             break
         if len(out.reservations) < depth:
             prof.book(at, c.time_limit_s, need)
-            if name in doms:
+            if c.topology and name in doms:  # the others may start on any nodes then: the pool's profile holds them
                 doms[name].book(at, c.time_limit_s, need, c.topology)
             out.reservations.append(Placement(c.id, name, at, True, f"reserved on {name} " + (
                 f"in hold {hold}" if hold else "from its planned start"), crossed, hold))

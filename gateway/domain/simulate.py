@@ -139,6 +139,7 @@ class JobOutcome:
     first_estimate: float | None = None  # the first planned start the planner gave it
     # The round at its arrival: its planned start (now if it started then); None: no estimate then.
     submit_estimate: float | None = None
+    blocks: int = 0  # the network blocks its first start spread over (0: a pool without blocks)
     held_gpus: int = 0
     attempts: int = 0
     evictions: int = 0
@@ -432,6 +433,9 @@ class _Replay:
             idle[level][name] -= n
             assert idle[level][name] >= 0, "a block over-committed"
         self.placed[j.id] = tuple(picks)
+        o = self.outcomes[j.id]
+        if not o.blocks:
+            o.blocks = len({name for level, name, _ in picks if level == "block"})
 
     def _release(self, jid: str, now: float) -> None:
         """The attempt of ``jid`` stops now: its units go back (or to the gang its stop is for)."""

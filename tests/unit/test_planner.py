@@ -260,3 +260,17 @@ def test_the_simulator_starts_every_required_gang_inside_one_block():
         res = simulate(trace, pools, {"a": 1, "b": 1}, domain_futures=futures)
         assert res.topology_violations == 0
         assert all(o.start is not None for o in res.outcomes)
+
+
+def test_a_start_now_does_not_land_on_the_block_a_planned_gang_is_booked_into():
+    """b1 has one idle node and frees three at 100; b2 has two idle. A 4-node block gang is
+    booked into b1 from 100. A 1-node job would go where the backend puts it: by best fit, b1's
+    idle node. It starts now only if it ends by 100; else it would delay the gang."""
+    doms = {"slurm-a": {"block": {"b1": 1, "b2": 2}}}
+    rel = [Release("slurm-a", 3, 100, (("block", "b1", 3),)), Release("slurm-a", 2, 10_000, (("block", "b2", 2),))]
+    need_block = Candidate("blk", 4, 8, 1000.0, ("slurm-a",), topology="block")
+    for limit, starts in ((500.0, []), (50.0, ["one"])):
+        p = plan(now=0, pools=blocks_pool(), free_now={"slurm-a": 3}, releases=rel,
+                 candidates=[need_block, Candidate("one", 1, 8, limit, ("slurm-a",))], domains=doms)
+        assert [s.job_id for s in p.starts] == starts
+        assert p.reservations[0].job_id == "blk" and p.reservations[0].start == 100
