@@ -9,7 +9,10 @@ higher job's reservation (docs/dispatch.md, "Reservations and backfill"):
   less what the registry's gangs there hold or are about to (a job just dispatched may
   not show in the snapshot yet; one that does is not counted twice);
 * releases: every gang the registry has on a pool gives its units back at its expected
-  end: its start plus its time limit (not started yet: now plus its time limit);
+  end: its start plus its time limit (not started yet: now plus its time limit). On a pool
+  with network domains, when the registry knows every gang's nodes (``Job.nodes``, from the
+  backend's status), each release names the domains those nodes free (``Release.domains``),
+  so the planner knows which domain frees when (docs/planning.md, "Topology");
 * candidates: the round's pending jobs in fair-share order, each with the pools it may use
   (never-fits and quota refusals removed), or blocked with the reason (budget, quota).
 
@@ -19,6 +22,7 @@ gateway/domain/plan_inputs.py.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -63,7 +67,41 @@ def releases(session: Session, views: Mapping[str, PoolView], *, now: datetime) 
         units = int(workers if node_exclusive else gpus)  # whole nodes, else the GPUs it holds
         held[pool] = held.get(pool, 0) + units
         merged[(pool, at)] = merged.get((pool, at), 0) + units
-    return [Release(pool, units, at) for (pool, at), units in merged.items()], held
+    named = _named_releases(session, views, t_now, soon)
+    out = [Release(pool, units, at) for (pool, at), units in merged.items() if pool not in named]
+    return out + [r for rs in named.values() for r in rs], held
+
+
+def _node_domains(view: PoolView) -> dict[str, list[tuple[str, str]]]:
+    """Node -> (level, domain) of every domain it is in, from the pool's capacity snapshot."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for p in view.capacity.pools if view.capacity is not None else ():
+        for d in p.topology:
+            for node in d.nodes:
+                out.setdefault(node, []).append((d.level, d.name))
+    return out
+
+
+def _named_releases(session: Session, views: Mapping[str, PoolView], t_now: float,
+                    soon: float) -> dict[str, list[Release]]:
+    """Pool -> its releases naming the domains each gang's nodes free, for the pools with
+    domains on which the registry knows the nodes of every gang (a gang in flight has none
+    yet: that pool keeps its plain releases, the planner's fallback). Ends as :func:`_gang_rows`."""
+    maps = {name: m for name, view in views.items()
+            if view.node_exclusive and view.domains and (m := _node_domains(view))}
+    if not maps:
+        return {}
+    out: dict[str, list[Release]] = {name: [] for name in maps}
+    for pool, _, workers, _, _, end, _, nodes in _gangs(session, t_now, soon, Job.pool.in_(sorted(maps))):
+        if pool not in out:
+            continue
+        m = maps[pool]
+        if not nodes or len(nodes) != workers or any(n not in m for n in nodes):
+            del out[pool]
+            continue
+        counts = Counter(key for n in nodes for key in m[n])
+        out[pool].append(Release(pool, int(workers), end, tuple((lvl, dom, k) for (lvl, dom), k in sorted(counts.items()))))
+    return out
 
 
 _GANG_STATES = [s.value for s in HOLDING + IN_FLIGHT + ENDING]
@@ -80,22 +118,22 @@ def _gang_rows(session: Session, t_now: float, soon: float):
     another backfill in front of a reservation for ever. Unknown: now. A gang being
     cancelled ends soon.
     """
-    for pool, _, workers, gpus, _, end, _ in _gangs(session, t_now, soon):
+    for pool, _, workers, gpus, _, end, _, _ in _gangs(session, t_now, soon):
         yield pool, workers, gpus, end
 
 
 def _gangs(session: Session, t_now: float, soon: float, *where):
-    """(pool, account, workers, GPUs held, base, expected end, being cancelled) of every gang
-    (``where``: more conditions); base and end as :func:`_gang_rows` says."""
+    """(pool, account, workers, GPUs held, base, expected end, being cancelled, nodes) of every
+    gang (``where``: more conditions); base and end as :func:`_gang_rows` says."""
     stmt = select(Job.pool, Job.account_name, Job.state, Job.workers, Job.total_gpus, Job.held_gpus, Job.started_at,
-                  Job.updated_at, Job.time_limit_s).where(Job.state.in_(_GANG_STATES), *where)
-    for pool, account, state, workers, total, gpus_held, started, updated, limit in session.execute(stmt).all():
+                  Job.updated_at, Job.time_limit_s, Job.nodes).where(Job.state.in_(_GANG_STATES), *where)
+    for pool, account, state, workers, total, gpus_held, started, updated, limit, nodes in session.execute(stmt).all():
         at = started if state in _HOLDING_STATES else updated
         base = as_utc(at).timestamp() if at is not None else t_now
         ending = state in _ENDING_STATES
         # A gang being cancelled is gone once the backend confirms the cancel.
         end = soon if ending else max(soon, base + limit)
-        yield pool, account, workers, gpus_held or total, base, end, ending
+        yield pool, account, workers, gpus_held or total, base, end, ending, nodes
 
 
 # The same rows computed by Postgres, so a round does not build two datetimes per gang in
@@ -133,7 +171,7 @@ def hold_gangs(session: Session, views: Mapping[str, PoolView], planned: Sequenc
         return []
     t_now = now.timestamp()
     out = []
-    for pool, account, workers, gpus, began, end, ending in _gangs(
+    for pool, account, workers, gpus, began, end, ending, _ in _gangs(
             session, t_now, t_now + 1.0, Job.pool.in_(sorted({h.pool for h in planned})),
             Job.account_name.in_(sorted({h.account for h in planned}))):
         view = views.get(pool)
