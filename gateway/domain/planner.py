@@ -36,6 +36,15 @@ could start elsewhere. A hold has its own profile (its units from its start, min
 accounts' gangs in it, none after its end). A gang already running in a hold (``in_use``)
 is counted there and not twice on the pool.
 
+Topology (docs/planning.md): a node-exclusive pool may have network domains (``domains``:
+idle nodes per domain now). A gang that requires a level starts only where one domain of it
+holds the whole gang for its whole time limit. When every release of the pool names the
+domains it frees (:class:`Release`), each domain has a profile of its own (:class:`Domains`):
+the gang is planned from the first moment its domain and the pool both have room, and booked
+into that domain; a start now goes where the backend would put it and must not take a booked
+gang's domain. Otherwise only now is known, and a waiting gang is planned from the pool's next
+release (the fallback). :func:`pick_domains` is the one placement rule.
+
 ``depth=0`` is the old greedy policy (whatever fits now starts; nothing waits for a gang),
 and ``policy="fifo"`` stops at the first job that cannot start now.
 """
