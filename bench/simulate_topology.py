@@ -166,7 +166,7 @@ start, over all seeds and both required rows). Without the requirement,
 {med(ref, 'one_block'):.0%} of the same gangs happened to land in one block. The requirement
 makes their mean wait {mean_ratio} the reference (p99 {p99_ratio}; {p50_ratio}), and costs
 {util_cost:.1f} points of GPU utilisation (same traces, same run). "Estimate error" is
-|actual start - the planned start at submit|, over the block gangs that did not start at once
+the gap between the actual start and the planned start at submit, over the block gangs that did not start at once
 and got a planned start in their first round (beyond the planner's 8 reservations a job has
 none); with domain futures it is {err_ratio} the error with pool releases only. Most of it is
 not the domain model: a job ends when its work is done, long before its time limit (the trace
