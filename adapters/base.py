@@ -226,6 +226,9 @@ class TopologyDomain:
     name: str
     nodes: tuple[str, ...]  # the pool's nodes in it
     idle_nodes: int  # of those, idle in this snapshot (free for a whole-node gang)
+    # GPUs free on each of ``nodes`` (same order) on a pool that places GPUs one by one
+    # (Kubernetes); empty on a node-exclusive pool, whose room is its idle nodes.
+    free_gpus: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

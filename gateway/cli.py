@@ -614,20 +614,24 @@ def whoami(url, token, as_json) -> None:
 
 POOLS_COLUMNS = [("name", "POOL"), ("kind", "KIND"), ("state", "STATE"), ("health", "HEALTH"),
                  ("gpu_types", "GPU_TYPES"), ("gpus", "FREE/TOTAL_GPUS"), ("queue_depth", "QUEUED"),
-                 ("cost", "COST"), ("reason", "REASON")]
+                 ("cost", "COST"), ("domains", "DOMAINS"), ("reason", "REASON")]
 
 
 @main.command()
 @client_options
 def pools(url, token, as_json) -> None:
-    """The gateway's pools: kind, state, health, GPU types, capacity now and queue depth."""
+    """The gateway's pools: kind, state, health, GPU types, capacity now, queue depth and network domains."""
+    from gateway.domain.routing import topology_words
+
     data = Client(url, token).call("GET", "/v1/pools")
 
     def render(d: dict) -> str:
         if not d["items"]:
             return d["note"]
         return _table([{**p, "health": "ok" if p["healthy"] else "UNAVAILABLE",
-                        "gpu_types": ",".join(p["gpu_types"]) or "-", "gpus": f"{p['free_gpus']}/{p['total_gpus']}"}
+                        "gpu_types": ",".join(p["gpu_types"]) or "-", "gpus": f"{p['free_gpus']}/{p['total_gpus']}",
+                        "domains": topology_words((d["level"], d["name"], d["idle_nodes"], len(d["nodes"]))
+                                                  for d in p.get("topology") or []) or "-"}
                        for p in d["items"]], POOLS_COLUMNS)
 
     _emit(data, as_json, render)

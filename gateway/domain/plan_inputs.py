@@ -91,5 +91,15 @@ def candidate(job, pools: tuple[str, ...], blocked: str = "", shape: JobShape | 
 
 
 def domains(views: Mapping[str, PoolView]) -> dict[str, dict[str, dict[str, int]]]:
-    """Whole nodes idle now per topology domain, of the node-exclusive pools that declare any."""
-    return {name: v.domains for name, v in views.items() if v.domains and v.node_exclusive and v.capacity is not None}
+    """Room now per topology domain, in the planner's units of each pool that declares any:
+    whole idle nodes on a node-exclusive pool, free GPUs on one that places GPUs one by one
+    (an upper bound: routing's room() counts whole workers per node before anything starts)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for name, v in views.items():
+        if not v.domains or v.capacity is None:
+            continue
+        if v.node_exclusive:
+            out[name] = v.domains
+        elif v.domain_gpus:
+            out[name] = {level: {d: sum(free) for d, free in per.items()} for level, per in v.domain_gpus.items()}
+    return out

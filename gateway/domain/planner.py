@@ -347,8 +347,9 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         max_examined: look at no more than this many candidates (a bounded round).
         windows: maintenances and reservations (see :class:`Outage`).
         holds: advance reservations for accounts (see :class:`Hold`).
-        domains: pool -> topology level -> domain -> whole nodes idle now (node-exclusive
-            pools that declare a topology). A candidate with ``topology`` starts only where
+        domains: pool -> topology level -> domain -> room now in the pool's units (whole idle
+            nodes on a node-exclusive pool, free GPUs on one that places GPUs one by one), for
+            the pools that declare a topology. A candidate with ``topology`` starts only where
             one domain of that level holds it all for its whole time limit. When every release
             of the pool names its domains (:class:`Domains`), its planned start is the first
             such moment, and it is booked into that domain; else (the fallback) it starts now
@@ -402,8 +403,10 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
         out += [h.words for h, _ in kept if h.pool in names and account not in h.accounts and h.start < now + limit]
         return tuple(out)
 
+    # In each pool's units: whole nodes on a node-exclusive pool, free GPUs on one that places
+    # GPUs one by one (gateway/domain/plan_inputs.py domains(); its releases name no domains).
     doms = {p: Domains(now, levels, released[p], by_name[p].total_units)
-            for p, levels in (domains or {}).items() if p in by_name and by_name[p].node_exclusive}
+            for p, levels in (domains or {}).items() if p in by_name}
 
     def when(c: Candidate, pool: str, prof: Profile, need: int) -> float:
         """The earliest start on ``prof`` (a pool's or a hold's), with the gang's domain rule."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from adapters.base import Backend, BackendError, Capacity, Feature
 from gateway.domain.planner import take_domains
@@ -55,6 +55,9 @@ class PoolView:
     # moved by take() within a round; and level -> the largest domain's nodes (a static limit).
     domains: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     topology_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # On a pool that places GPUs one by one: level -> {domain: GPUs free on each of its nodes},
+    # moved by take() too; a domain's room for a gang is whole workers per node (room()).
+    domain_gpus: dict[str, dict[str, list[int]]] = dataclasses.field(default_factory=dict)
     # (shape, name) -> _excluded()'s note: it reads only what a round never changes (take()
     # moves free GPUs, idle nodes and the queue), so a round asks it once per job shape and
     # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
@@ -118,7 +121,9 @@ class PoolView:
 
     def for_round(self) -> "PoolView":
         """A copy a round may move (take()), with domain counts of its own."""
-        return dataclasses.replace(self, domains={level: dict(d) for level, d in self.domains.items()})
+        return dataclasses.replace(self, domains={level: dict(d) for level, d in self.domains.items()},
+                                   domain_gpus={level: {name: list(f) for name, f in d.items()}
+                                                for level, d in self.domain_gpus.items()})
 
     @property
     def node_exclusive(self) -> bool:
@@ -149,10 +154,33 @@ def topology_of(domains) -> dict:
     """PoolView's ``domains`` and ``topology_sizes`` from the backend's TopologyDomains."""
     idle: dict[str, dict[str, int]] = {}
     sizes: dict[str, int] = {}
+    gpus: dict[str, dict[str, list[int]]] = {}
     for d in domains:
         idle.setdefault(d.level, {})[d.name] = d.idle_nodes
         sizes[d.level] = max(sizes.get(d.level, 0), len(d.nodes))
-    return {"domains": idle, "topology_sizes": sizes}
+        if d.free_gpus:
+            gpus.setdefault(d.level, {})[d.name] = list(d.free_gpus)
+    return {"domains": idle, "topology_sizes": sizes, "domain_gpus": gpus}
+
+
+def topology_words(domains: Iterable[tuple[str, str, int, int]]) -> str:
+    """A pool's domains as the CLI and the dashboard show them, from (level, name, idle nodes,
+    nodes): "rack: r1 1/2 idle, r2 2/2 idle" ("" for a pool without domains)."""
+    by_level: dict[str, list[str]] = {}
+    for level, name, idle, total in domains:
+        by_level.setdefault(level, []).append(f"{name} {idle}/{total} idle")
+    return "; ".join(f"{level}: {', '.join(items)}" for level, items in by_level.items())
+
+
+def room(shape: JobShape, view: PoolView, level: str) -> dict[str, int]:
+    """How many of the gang's workers each domain of ``level`` holds now: its idle nodes on a
+    node-exclusive pool (a worker takes a whole node), else the whole workers its nodes' free
+    GPUs make, node by node (a worker's GPUs are on one node)."""
+    per_node = view.domain_gpus.get(level) if not view.node_exclusive else None
+    if not per_node:
+        return dict(view.domains.get(level, {}))
+    g = shape.gpus_per_worker
+    return {name: sum(f // g for f in free) if g > 0 else shape.workers for name, free in per_node.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,17 +255,21 @@ def never_fits(shape: JobShape, view: PoolView) -> str | None:
             return f"no network domains of level {shape.topology!r} (levels: {has})"
         if view.node_exclusive and shape.workers > size:
             return f"{shape.workers} workers need one {shape.topology} of {shape.workers} nodes; the largest has {size}"
+        per_node = view.gpus_per_node // shape.gpus_per_worker if shape.gpus_per_worker and view.gpus_per_node else 0
+        if not view.node_exclusive and per_node and shape.workers > size * per_node:
+            return (f"{shape.workers} workers of {shape.gpus_per_worker} GPUs need one {shape.topology}; the largest "
+                    f"has {size} nodes of {view.gpus_per_node} GPUs")
     return None
 
 
 def domains_needed(shape: JobShape, view: PoolView) -> int:
     """How few domains of the pool's finest level the gang would take now (1: it fits in one;
     0: the pool declares no domains). Routing prefers the pool where this is smallest."""
-    if not view.domains or not view.node_exclusive:
+    if not view.domains:
         return 0
     finest = min(view.domains, key=lambda level: view.topology_sizes.get(level, 0))
     left, used = shape.workers, 0
-    for idle in sorted(view.domains[finest].values(), reverse=True):
+    for idle in sorted(room(shape, view, finest).values(), reverse=True):
         if left <= 0:
             break
         left -= idle
@@ -248,19 +280,21 @@ def domains_needed(shape: JobShape, view: PoolView) -> int:
 def domain_wait(shape: JobShape, view: PoolView) -> str:
     """Why a gang that requires one domain cannot start on the pool now although it may have
     idle nodes enough ("" when a domain has room, or the gang has no such rule)."""
-    if not shape.topology_required or not view.node_exclusive or view.capacity is None:
+    if not shape.topology_required or view.capacity is None or shape.topology not in view.domains:
         return ""
-    idle = view.domains.get(shape.topology)
-    if idle is None or _domain_for(shape, view) is not None:
+    if _domain_for(shape, view) is not None:
         return ""
-    each = ", ".join(f"{name} {n}" for name, n in sorted(idle.items()))
-    return f"no {shape.topology} of {view.name} has {shape.workers} idle nodes (idle: {each})"
+    each = ", ".join(f"{name} {n}" for name, n in sorted(room(shape, view, shape.topology).items()))
+    if view.node_exclusive:
+        return f"no {shape.topology} of {view.name} has {shape.workers} idle nodes (idle: {each})"
+    return (f"no {shape.topology} of {view.name} has room for {shape.workers} workers of {shape.gpus_per_worker} "
+            f"GPUs (room: {each})")
 
 
 def _domain_for(shape: JobShape, view: PoolView) -> tuple[str, str] | None:
     """The domain a gang that requires one would take now (the fullest one that fits:
     best fit, as Slurm's topology plugins choose), or None."""
-    fits = [(idle, name) for name, idle in view.domains.get(shape.topology, {}).items() if idle >= shape.workers]
+    fits = [(n, name) for name, n in room(shape, view, shape.topology).items() if n >= shape.workers]
     return (shape.topology, min(fits)[1]) if fits else None
 
 
@@ -284,6 +318,8 @@ def fits_now(shape: JobShape, view: PoolView) -> bool:
         if shape.topology_required and _domain_for(shape, view) is None:
             return False
         return view.idle_nodes >= shape.workers
+    if shape.topology_required and shape.topology in view.domains and _domain_for(shape, view) is None:
+        return False
     return view.free_gpus >= shape.total_gpus
 
 
@@ -294,7 +330,30 @@ def take(shape: JobShape, view: PoolView) -> None:
         take_domains(view.domains, shape.workers, shape.topology if shape.topology_required else "")
         view.idle_nodes = max(0, view.idle_nodes - shape.workers)
         view.free_gpus = min(view.free_gpus, view.idle_nodes * view.gpus_per_node) if view.gpus_per_node else view.free_gpus
+    elif view.domain_gpus and shape.gpus_per_worker:
+        _take_gpus(shape, view)
     view.queue_depth += 1
+
+
+def _take_gpus(shape: JobShape, view: PoolView) -> None:
+    """take() on a pool that places GPUs one by one: at each level, the gang's workers leave
+    the fullest domain that holds them all (best fit, as Kueue's TAS chooses), node by node,
+    fullest node first; a gang no domain holds leaves the counts as they are (the next
+    snapshot has them)."""
+    g = shape.gpus_per_worker
+    for level, per_node in view.domain_gpus.items():
+        fits = sorted((n, name) for name, n in room(shape, view, level).items() if n >= shape.workers)
+        if not fits:
+            continue
+        free, left = per_node[fits[0][1]], shape.workers
+        for i in sorted(range(len(free)), key=lambda i: -free[i]):
+            take_n = min(left, free[i] // g)
+            if take_n and view.domains.get(level, {}).get(fits[0][1], 0) and free[i] == view.gpus_per_node:
+                view.domains[level][fits[0][1]] -= 1  # an idle node is idle no longer
+            free[i] -= take_n * g
+            left -= take_n
+            if left <= 0:
+                break
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +454,8 @@ def route(shape: JobShape, requested: str, views: Mapping[str, PoolView], *,
             notes.append(wait)
         if only is not None and name != only:
             continue
-        if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth):
+        # A gang that must wait for one domain waits here, not in the backend's queue.
+        if fits_now(shape, view) or (view.capacity is not None and view.queue_depth < queue_depth and not wait):
             fitting.append((_score(shape, name, view, weights), view.cost, name))
     if fitting:
         chosen = _by_score(fitting, cost_factor)[0]

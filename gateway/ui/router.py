@@ -43,6 +43,7 @@ from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import repository as ledger_repo, service as ledger
 from gateway.pools import service as pools
 from gateway.pools import reservations as advance, windows as pool_windows
+from gateway.domain.routing import topology_words
 from gateway.domain.windows import hold_words, shortfall, words as window_words
 from gateway.ui import plots, session as ui_sessions
 from gateway.ui.headers import UiHeadersMiddleware
@@ -365,7 +366,10 @@ def pools_page(request: Request):
         windows = _windows(session, health)
     items = [{"name": name, "kind": h.kind, "ok": h.ok, "reason": h.reason, "total_gpus": h.view.total_gpus,
               "free_gpus": h.view.free_gpus, "total_nodes": h.view.total_nodes, "idle_nodes": h.view.idle_nodes,
-              "waiting": waiting.get(name, 0)} for name, h in health.items()]
+              "waiting": waiting.get(name, 0),
+              "topology": topology_words((d.level, d.name, d.idle_nodes, len(d.nodes))
+                                         for p in (h.view.capacity.pools if h.view.capacity else ()) for d in p.topology)}
+             for name, h in health.items()]
     return render(request, "pools.html", {"pools": items, "unrouted": waiting.get("auto", 0), "windows": windows},
                   principal=principal)
 

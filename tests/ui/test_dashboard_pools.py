@@ -209,6 +209,12 @@ def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_can
         pool_rows = {r.find_element(By.TAG_NAME, "td").text: r.find_element(By.CSS_SELECTOR, ".state").text
                      for r in driver.find_elements(By.CSS_SELECTOR, "#pools tbody tr")}
         assert pool_rows == {"slurm": "up", "kubernetes": "up"}, pool_rows
+        # The Slurm 22.05 cluster's leaf switches (topology/tree, stack/slurm/up.sh), in the words
+        # the CLI uses too; the a100 Kueue pool names no Topology.
+        domains = {r.find_element(By.TAG_NAME, "td").text: r.find_element(By.CSS_SELECTOR, ".domains").text
+                   for r in driver.find_elements(By.CSS_SELECTOR, "#pools tbody tr")}
+        assert domains["slurm"].startswith("switch: s1 ") and " s2 " in domains["slurm"], domains
+        assert domains["kubernetes"] == "–", domains
         shot(driver, "pools")
         driver.get(f"{base}/ui/accounts")
         assert driver.find_elements(By.ID, "account-team-a") and not driver.find_elements(By.ID, "account-team-b")

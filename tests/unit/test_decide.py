@@ -125,3 +125,31 @@ def test_the_plan_starts_what_fits_and_gives_the_rest_an_estimate_and_a_reason()
     assert reasons["small"].endswith("(fair-share position 2)")
     assert (estimates["small"].start, estimates["small"].pool) == (None, None)
     assert reasons["small"].endswith(f"; {estimates['small'].reason} (fair-share position 2)")
+
+
+def test_a_planned_round_keeps_a_one_rack_gang_off_a_gpu_pool_whose_racks_have_no_room_for_it():
+    # A Kueue-like pool (GPUs placed one by one) with two racks of two 8-GPU nodes: 16 GPUs are
+    # free, one whole node in each rack. The gang that requires one rack waits in the gateway
+    # (not in Kueue's queue, whatever queue_depth allows); a gang that only prefers one starts.
+    kube = dataclasses.replace(view("kube", nodes=4, idle=2), kind="kubernetes",
+                               domains={"rack": {"r1": 1, "r2": 1}}, topology_sizes={"rack": 2},
+                               domain_gpus={"rack": {"r1": [8, 0], "r2": [0, 8]}})
+    required = job("required", workers=2, pool="kube")
+    required.spec = {"command": ["true"], "topology": {"required": "rack"}}
+    preferred = job("preferred", workers=2, pool="kube")
+    preferred.spec = {"command": ["true"], "topology": {"preferred": "rack"}}
+    snap = snapshot(now=NOW, picked=[required, preferred], views={"kube": kube}, planned=True)
+    result = decide(snap, Ledger(), dataclasses.replace(PARAMS, queue_depth=5))
+    assert [c.job.id for c in result.claims] == ["preferred"]
+    [waiting] = result.waiting
+    assert waiting.job.id == "required"
+    assert "no rack of kube has room for 2 workers of 8 GPUs (room: r1 1, r2 1)" in waiting.reason, waiting.reason
+    # One rack frees (a gang there ended; more work runs elsewhere and ends later): the gang starts now.
+    from gateway.domain.planner import Release
+
+    kube = dataclasses.replace(view("kube", nodes=4, idle=2), kind="kubernetes", topology_sizes={"rack": 2},
+                               domains={"rack": {"r1": 2, "r2": 0}}, domain_gpus={"rack": {"r1": [8, 8], "r2": [0, 0]}})
+    snap = snapshot(now=NOW, picked=[required], views={"kube": kube}, planned=True,
+                    releases=[Release(pool="kube", units=16, at=NOW.timestamp() + 600)], registry_held={"kube": 16})
+    result = decide(snap, Ledger(), PARAMS)
+    assert [(c.job.id, c.pool) for c in result.claims] == [("required", "kube")], result.waiting

@@ -165,3 +165,49 @@ def test_topology_is_a_stored_limit_and_reads_from_a_spec():
     assert (shape.topology, shape.topology_required) == ("block", True)
     assert check_pinned(shape, "s", {"s": stored}) == check_pinned(shape, "s", {"s": live}) is not None
     assert JobShape.of_spec(workers=1, gpus_per_worker=8, total_gpus=8, spec={}).topology == ""
+
+
+def gpu_topo_view(name: str, free_per_domain: dict[str, list[int]], gpus_per_node: int = 8) -> PoolView:
+    """A pool that places GPUs one by one (Kueue TAS): each domain's nodes with their free GPUs."""
+    nodes = sum(len(f) for f in free_per_domain.values())
+    v = view(name, nodes=nodes, idle=sum(f == gpus_per_node for fs in free_per_domain.values() for f in fs))
+    return dataclasses.replace(
+        v, kind="kubernetes", free_gpus=sum(sum(f) for f in free_per_domain.values()),
+        domains={"rack": {d: sum(f == gpus_per_node for f in fs) for d, fs in free_per_domain.items()}},
+        domain_gpus={"rack": {d: list(fs) for d, fs in free_per_domain.items()}},
+        topology_sizes={"rack": max(len(f) for f in free_per_domain.values())})
+
+
+def test_on_a_gpu_pool_a_domains_room_is_whole_workers_per_node():
+    from gateway.domain.plan_inputs import domains
+    from gateway.domain.routing import check_pinned, fits_now, room
+
+    one_rack = JobShape(workers=2, gpus_per_worker=8, total_gpus=16, image=None, gpu_type=None,
+                        topology="rack", topology_required=True)
+    # 16 GPUs free in r1, but no node has 8 of them; one whole node in each rack.
+    scattered = {"k": gpu_topo_view("k", {"r1": [4, 4, 8], "r2": [8, 0, 0]})}
+    assert room(one_rack, scattered["k"], "rack") == {"r1": 1, "r2": 1}
+    assert not fits_now(one_rack, scattered["k"]) and scattered["k"].free_gpus >= 16
+    d = route(one_rack, "k", scattered, queue_depth=5)  # waits in the gateway, not in Kueue's queue
+    assert d.pool is None and not d.rejected
+    assert "no rack of k has room for 2 workers of 8 GPUs (room: r1 1, r2 1)" in d.reason, d.reason
+    half = dataclasses.replace(one_rack, gpus_per_worker=4, total_gpus=8)
+    assert room(half, scattered["k"], "rack") == {"r1": 4, "r2": 2} and fits_now(half, scattered["k"])
+    assert domains(scattered) == {"k": {"rack": {"r1": 16, "r2": 8}}}  # the planner's bound, in GPUs
+    # A gang takes its domain's GPUs node by node, so the next of the round sees them gone.
+    v = gpu_topo_view("k", {"r1": [8, 8], "r2": [8, 8, 8]})
+    assert route(one_rack, "k", {"k": v}).pool == "k"
+    take(one_rack, v)
+    assert v.domain_gpus["rack"] == {"r1": [0, 0], "r2": [8, 8, 8]} and v.domains["rack"]["r1"] == 0
+    assert not fits_now(one_rack, dataclasses.replace(v, free_gpus=24, domain_gpus={"rack": {"r1": [0, 0], "r2": [8, 0, 0]}}))
+    # More workers than the largest domain can ever hold: refused with the reason.
+    big = dataclasses.replace(one_rack, workers=4, total_gpus=32)
+    assert "4 workers of 8 GPUs need one rack; the largest has 3 nodes of 8 GPUs" in check_pinned(big, "k", {"k": v})
+
+
+def test_a_pools_domains_in_words():
+    from gateway.domain.routing import topology_words
+
+    assert topology_words([("rack", "r1", 1, 2), ("rack", "r2", 2, 2), ("host", "n1", 0, 1)]) == \
+        "rack: r1 1/2 idle, r2 2/2 idle; host: n1 0/1 idle"
+    assert topology_words([]) == ""
