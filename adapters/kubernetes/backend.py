@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from adapters.base import (
     SubmissionRejected,
     SubmitRequest,
     SubmitResult,
+    TopologyDomain,
     VolumeMount,
     register,
     site_gpu_type,
@@ -47,6 +49,7 @@ from .render import (
     job_name,
     label_value,
     render_job,
+    topology_levels,
 )
 from .settings import KubernetesSettings
 from .state import backend_job_id, derive_status, parse_time
@@ -58,6 +61,7 @@ POD_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 WORKER_CONTAINER = "worker"  # render.py names the one container so
 LOG_CHUNK_BYTES = 64 * 1024
 MANAGED_SELECTOR = f"{LABEL_MANAGED}={MANAGED_VALUE}"
+log = logging.getLogger(__name__)
 
 
 def _quantity(value: Any) -> float:
@@ -69,6 +73,25 @@ def _quantity(value: Any) -> float:
         if s.endswith(suf):
             return float(s[: -len(suf)]) * suffixes[suf]
     return float(s)
+
+
+def node_domains(levels: tuple[tuple[str, str], ...], node_labels: dict[str, dict[str, str]],
+                 idle: set[str], free: dict[str, int] | None = None) -> tuple[TopologyDomain, ...]:
+    """The pool's domains at each Topology level: its GPU nodes grouped by the level's node
+    label (a node without the label is in no domain of that level), with the idle ones and
+    each node's free GPUs (``free``)."""
+    out = []
+    for word, label in levels:
+        groups: dict[str, list[str]] = {}
+        for node, labels in node_labels.items():
+            if labels.get(label):
+                groups.setdefault(str(labels[label]), []).append(node)
+        for name, members in sorted(groups.items()):
+            members.sort()
+            out.append(TopologyDomain(level=word, name=name, nodes=tuple(members),
+                                      idle_nodes=sum(n in idle for n in members),
+                                      free_gpus=tuple(int((free or {}).get(n, 0)) for n in members)))
+    return tuple(out)
 
 
 @register
@@ -90,8 +113,9 @@ class KubernetesBackend(Backend):
         self._limits_cache: tuple[float, dict[str, float]] | None = None
         # Values of settings.gpu_type_label on the GPU nodes (learned from capacity()).
         self._gpu_types: tuple[str, ...] | None = None
-        # (expiry, nodeLabels of each ResourceFlavor of the ClusterQueue); see _queue_nodes.
-        self._flavor_cache: tuple[float, list[dict[str, str]]] | None = None
+        # (expiry, nodeLabels of each ResourceFlavor of the ClusterQueue, the TAS levels of its
+        # flavors' Topology as (the pool's word, node label)); see _queue_nodes and _levels.
+        self._flavor_cache: tuple[float, list[dict[str, str]], tuple[tuple[str, str], ...]] | None = None
 
     def config_problems(self) -> list[tuple[str, str]]:
         """(field, why) when the client configuration cannot be loaded (a kubeconfig that is
@@ -217,9 +241,23 @@ class KubernetesBackend(Backend):
         by label (e.g. the GPU product); a flavor without nodeLabels selects every node. The
         flavors are re-read at most every 30 s. A flavor that cannot be read selects all.
         """
+        selectors = self._flavors(api, cq)[0]
+        if not selectors or any(not sel for sel in selectors):
+            return nodes
+        return [n for n in nodes
+                if any(all((n["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())
+                       for sel in selectors)]
+
+    def _flavors(self, api: Any, cq: dict) -> tuple[list[dict[str, str]], tuple[tuple[str, str], ...]]:
+        """(nodeLabels of each flavor of the ClusterQueue, the pool's topology levels), re-read
+        at most every 30 s. The levels are those of the Topology object the first flavor with a
+        ``topologyName`` names (Kueue's Topology Aware Scheduling), highest first, each as (the
+        pool's word for it, its node label): docs/planning.md, "Topology". A Topology that
+        cannot be read gives no levels (the pool then takes no topology request)."""
         now = time.monotonic()
         if self._flavor_cache is None or self._flavor_cache[0] <= now:
             selectors: list[dict[str, str]] = []
+            topology_name = ""
             for grp in cq.get("spec", {}).get("resourceGroups") or []:
                 for fl in grp.get("flavors") or []:
                     try:
@@ -228,14 +266,30 @@ class KubernetesBackend(Backend):
                     except Exception:  # noqa: BLE001 - an unreadable flavor selects all nodes
                         selectors.append({})
                         continue
-                    selectors.append(dict((rf.get("spec") or {}).get("nodeLabels") or {}))
-            self._flavor_cache = (now + 30.0, selectors)
-        selectors = self._flavor_cache[1]
-        if not selectors or any(not sel for sel in selectors):
-            return nodes
-        return [n for n in nodes
-                if any(all((n["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())
-                       for sel in selectors)]
+                    spec = rf.get("spec") or {}
+                    selectors.append(dict(spec.get("nodeLabels") or {}))
+                    topology_name = topology_name or str(spec.get("topologyName") or "")
+            levels: tuple[tuple[str, str], ...] = ()
+            if topology_name:
+                try:
+                    topo = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                                     "topologies", topology_name)
+                    levels = topology_levels(lvl.get("nodeLabel", "") for lvl in (topo.get("spec") or {}).get("levels") or [])
+                except Exception as exc:  # noqa: BLE001 - no levels: the pool takes no topology request
+                    log.warning("Kueue Topology %s of ClusterQueue %s cannot be read: %s", topology_name,
+                                self.settings.cluster_queue, exc)
+            self._flavor_cache = (now + 30.0, selectors, levels)
+        return self._flavor_cache[1], self._flavor_cache[2]
+
+    def _levels(self) -> tuple[tuple[str, str], ...]:
+        """The pool's topology levels (see _flavors), reading the ClusterQueue when not cached."""
+        if self._flavor_cache is not None and self._flavor_cache[0] > time.monotonic():
+            return self._flavor_cache[2]
+        api = self._connect()
+        with self._errors(f"reading ClusterQueue {self.settings.cluster_queue}"):
+            cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                           "clusterqueues", self.settings.cluster_queue)
+        return self._flavors(api, cq)[1]
 
     @staticmethod
     def _split(backend_job_id: str) -> tuple[str | None, str]:
@@ -331,7 +385,7 @@ class KubernetesBackend(Backend):
             if self._gpu_types is None:
                 self.capacity()
             request = dataclasses.replace(request, gpu_type=site_gpu_type(request.gpu_type, self._gpu_types or ()))
-        body = render_job(request, self.settings)
+        body = render_job(request, self.settings, self._levels())
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         api = self._connect()
         try:
@@ -563,10 +617,14 @@ class KubernetesBackend(Backend):
         total = int(min(nominal, sum(gpu_nodes.values()))) if gpu_nodes else 0
         free = int(max(0.0, min(nominal - reserved, node_free, total)))
         idle = sum(1 for n in gpu_nodes if used.get(n, 0) == 0)
+        labels_of = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
+        topology = node_domains(self._flavors(api, cq)[1], {n: labels_of[n] for n in gpu_nodes},
+                                {n for n in gpu_nodes if used.get(n, 0) == 0},
+                                {n: max(0.0, cap - used.get(n, 0)) for n, cap in gpu_nodes.items()})
         per_node = int(max(gpu_nodes.values())) if gpu_nodes else 0
         pool = PoolCapacity(
             pool=cq_name, total_nodes=len(gpu_nodes), idle_nodes=idle, total_gpus=total, free_gpus=free,
-            gpus_per_node=per_node, gpu_types=self._gpu_types or (),
+            gpus_per_node=per_node, gpu_types=self._gpu_types or (), topology=topology,
             detail=f"ClusterQueue {cq_name}: {int(reserved)}/{int(nominal)} {g} reserved; "
                    f"{len(gpu_nodes)} GPU nodes, {idle} idle",
         )

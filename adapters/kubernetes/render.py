@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from adapters.base import SubmissionRejected, SubmitRequest
@@ -28,12 +29,42 @@ TOMBSTONE_FINALIZER = f"{GROUP}/cancel-tombstone"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"  # the Workload API the adapter reads
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+# Kueue's Topology Aware Scheduling: a PodSet's wish for one domain of a level (a node label).
+TAS_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+TAS_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 RESERVED_PREFIXES = (f"{GROUP}/managed-by", f"{GROUP}/gateway-job-id", f"{GROUP}/account",
                      f"{GROUP}/user", "kueue.x-k8s.io/", "batch.kubernetes.io/")
 # Set by the Job controller on its pods (legacy spellings of batch.kubernetes.io/*).
 RESERVED_KEYS = ("job-name", "controller-uid")
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+_LEVEL_WORD = re.compile(r"^[a-z][a-z0-9-]{0,30}$")  # gateway/jobs/schemas.py TOPOLOGY_LEVEL_RE
+
+
+def level_word(node_label: str) -> str:
+    """The pool's word for a Topology level (docs/planning.md, "Topology"): ``host`` for
+    ``kubernetes.io/hostname``, else the label's name without its prefix and without a leading
+    ``topology-`` (``cloud.provider.com/topology-rack`` -> ``rack``, ``example.com/block`` ->
+    ``block``). "" when that is not a level word (lower-case letters, digits, dashes)."""
+    if node_label == HOSTNAME_LABEL:
+        return "host"
+    word = node_label.rpartition("/")[2].lower()
+    word = word.removeprefix("topology-").removeprefix("topology.")
+    return word if _LEVEL_WORD.fullmatch(word) else ""
+
+
+def topology_levels(node_labels: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(word, node label) of each level of a Kueue Topology, highest first; a label without
+    a usable word, or whose word an earlier level has, is left out."""
+    out: dict[str, str] = {}
+    for label in node_labels:
+        word = level_word(str(label))
+        if word and word not in out:
+            out[word] = str(label)
+    return tuple(out.items())
 
 
 def _digest(value: str, n: int = 10) -> str:
@@ -127,8 +158,28 @@ def render_mkdir(request: SubmitRequest, settings: KubernetesSettings, uid: int 
     }
 
 
-def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str, Any]:
-    """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker."""
+def tas_annotation(request: SubmitRequest, levels: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The pod template's Topology Aware Scheduling annotation for the request (see render_job)."""
+    t = request.topology
+    if t is None:
+        return {TAS_PREFERRED: levels[0][1]} if levels else {}
+    labels = dict(levels)
+    if t.level not in labels:
+        have = ", ".join(w for w, _ in levels) or "none"
+        raise SubmissionRejected(f"this Kueue pool has no topology level {t.level!r} (levels: {have})",
+                                 backend="kubernetes")
+    return {TAS_REQUIRED if t.required else TAS_PREFERRED: labels[t.level]}
+
+
+def render_job(request: SubmitRequest, settings: KubernetesSettings,
+               levels: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker.
+
+    ``levels``: the pool's Kueue Topology levels, highest first, as (word, node label)
+    (backend.py ``_flavors``). A gang's ``topology`` wish becomes the Topology Aware Scheduling
+    annotation of its pod template with the level's node label; with no wish, a pool that has
+    levels packs the gang as tightly as it can: preferred at the highest level.
+    """
     # The gateway refuses these keys (422); an adapter used directly still never lets a
     # request's label pose as the gateway's, Kueue's or the Job controller's.
     labels = {k: v for k, v in request.labels.items()
@@ -214,6 +265,9 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings) -> dict[str
             {"type": "DisruptionTarget", "status": "True"}]}]},
         "template": {"metadata": {"labels": labels, "annotations": dict(annotations)}, "spec": pod_spec},
     }
+    tas = tas_annotation(request, levels)
+    if tas:
+        spec["template"]["metadata"]["annotations"].update(tas)
     if request.time_limit_s and request.time_limit_s > 0:
         # Counts from the (last) unsuspension, i.e. admission; a queued job does not age.
         spec["activeDeadlineSeconds"] = int(request.time_limit_s)

@@ -14,6 +14,10 @@ source "$HERE/versions.sh"
 CACHE_ROOT="${ISTHMUS_CACHE:-/var/cache/isthmus}"
 CACHE="$CACHE_ROOT/kube"
 mkdir -p "$CACHE"
+# One build at a time per cache: two clones (or a manual build beside stack/up.sh) would
+# otherwise write the same binaries at once; the second waits, then finds them built.
+exec 9>"$CACHE/.build.lock"
+flock -w 3600 9 || { echo "another build holds $CACHE/.build.lock" >&2; exit 1; }
 LOG="$CACHE/build.log"
 exec > >(tee -a "$LOG") 2>&1
 echo "=== build.sh $(date -u +%FT%TZ) k8s=$K8S_VERSION kueue=$KUEUE_VERSION kwok=$KWOK_VERSION"

@@ -32,6 +32,18 @@ H100_NODES="${ISTHMUS_KUBE_H100_NODES:-2}"
 H100_GPU_QUOTA="${ISTHMUS_KUBE_H100_GPU_QUOTA:-$((H100_NODES * GPUS_PER_NODE))}"
 H100_CLUSTER_QUEUE="${ISTHMUS_KUBE_H100_CLUSTER_QUEUE:-isthmus-h100}"
 H100_LOCAL_QUEUE="${ISTHMUS_KUBE_H100_LOCAL_QUEUE:-isthmus-h100}"
+# A third pool for Kueue's Topology Aware Scheduling (docs/planning.md, "Topology"): RACK_NODES
+# nodes of product RACK_PRODUCT, RACK_NODES_PER_RACK to a rack (node label RACK_LABEL), behind a
+# flavor whose topologyName is the Topology TOPOLOGY (levels: rack, host). Its own nodes, flavor
+# and queues: the other pools' placement and quota are unchanged.
+RACK_PRODUCT="${ISTHMUS_KUBE_RACK_PRODUCT:-gh200}"
+RACK_NODES="${ISTHMUS_KUBE_RACK_NODES:-4}"
+RACK_NODES_PER_RACK="${ISTHMUS_KUBE_RACK_NODES_PER_RACK:-2}"
+RACK_LABEL="${ISTHMUS_KUBE_RACK_LABEL:-topology.isthmus.io/topology-rack}"
+RACK_GPU_QUOTA="${ISTHMUS_KUBE_RACK_GPU_QUOTA:-$((RACK_NODES * GPUS_PER_NODE))}"
+RACK_CLUSTER_QUEUE="${ISTHMUS_KUBE_RACK_CLUSTER_QUEUE:-isthmus-rack}"
+RACK_LOCAL_QUEUE="${ISTHMUS_KUBE_RACK_LOCAL_QUEUE:-isthmus-rack}"
+TOPOLOGY="${ISTHMUS_KUBE_TOPOLOGY:-isthmus-racks}"
 TIMEOUT_S="${ISTHMUS_KUBE_UP_TIMEOUT_S:-180}"
 
 mkdir -p "$STATE"/{pids,logs,certs,kueue-certs}
@@ -244,8 +256,8 @@ start kueue env KUBECONFIG="$KUBECONFIG_FILE" "$KUEUE" --config="$STATE/kueue-co
 ISTHMUS_KUBE_STATE="$STATE" ISTHMUS_KUBE_KWOK_PORT="$KWOK_PORT" "$HERE/kwok.sh"
 
 # ---------------------------------------------------------------------- objects
-gpu_node() { # name product
-  local n=$1 product=$2
+gpu_node() { # name product [extra labels, "key: value, ..."]
+  local n=$1 product=$2 extra=${3:+, $3}
   apply "/api/v1/nodes/$n" <<Y
 apiVersion: v1
 kind: Node
@@ -253,7 +265,7 @@ metadata:
   name: $n
   annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
   labels: {kubernetes.io/hostname: $n, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok, isthmus.io/gpu: "true",
-           $GPU_TYPE_LABEL: $product}
+           $GPU_TYPE_LABEL: $product$extra}
 Y
   apply "/api/v1/nodes/$n/status" <<Y
 apiVersion: v1
@@ -270,16 +282,19 @@ Y
 }
 for i in $(seq 1 "$NODES"); do gpu_node "kwok-gpu-$i" "$A100_PRODUCT"; done
 for i in $(seq 1 "$H100_NODES"); do gpu_node "kwok-h100-$i" "$H100_PRODUCT"; done
+for i in $(seq 1 "$RACK_NODES"); do
+  gpu_node "kwok-rack-$i" "$RACK_PRODUCT" "$RACK_LABEL: r$(( (i - 1) / RACK_NODES_PER_RACK + 1 ))"
+done
 
 # One flavor per GPU product, selecting its nodes by the product label (Kueue adds the
 # label to the admitted pods' nodeSelector), and one ClusterQueue per flavor: two pools.
-pool_objects() { # flavor product cluster-queue nodes gpu-quota
-  local flavor=$1 product=$2 cq=$3 nodes=$4 quota=$5
+pool_objects() { # flavor product cluster-queue nodes gpu-quota [topology]
+  local flavor=$1 product=$2 cq=$3 nodes=$4 quota=$5 topology=${6:+, topologyName: $6}
   apply "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/$flavor" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: ResourceFlavor
 metadata: {name: $flavor}
-spec: {nodeLabels: {$GPU_TYPE_LABEL: $product}}
+spec: {nodeLabels: {$GPU_TYPE_LABEL: $product}$topology}
 Y
   apply "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$cq" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
@@ -301,6 +316,18 @@ Y
 }
 pool_objects isthmus-gpu-flavor "$A100_PRODUCT" "$CLUSTER_QUEUE" "$NODES" "$GPU_QUOTA"
 pool_objects isthmus-h100-flavor "$H100_PRODUCT" "$H100_CLUSTER_QUEUE" "$H100_NODES" "$H100_GPU_QUOTA"
+# TAS: the Topology (levels are node labels, highest first; the hostname level lets Kueue name
+# each pod's node), then the third pool's flavor that names it.
+apply "/apis/kueue.x-k8s.io/v1beta2/topologies/$TOPOLOGY" <<Y
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: Topology
+metadata: {name: $TOPOLOGY}
+spec:
+  levels:
+  - {nodeLabel: $RACK_LABEL}
+  - {nodeLabel: kubernetes.io/hostname}
+Y
+pool_objects isthmus-rack-flavor "$RACK_PRODUCT" "$RACK_CLUSTER_QUEUE" "$RACK_NODES" "$RACK_GPU_QUOTA" "$TOPOLOGY"
 # The gateway's priority levels (adapter default mapping: <0 low, 0 normal, >0 high).
 for pc in "isthmus-low 100" "isthmus-normal 1000" "isthmus-high 10000"; do
   set -- $pc
@@ -320,7 +347,7 @@ apiVersion: v1
 kind: Namespace
 metadata: {name: $ns, labels: {isthmus.io/account: $a}}
 Y
-  for lq in "$LOCAL_QUEUE:$CLUSTER_QUEUE" "$H100_LOCAL_QUEUE:$H100_CLUSTER_QUEUE"; do
+  for lq in "$LOCAL_QUEUE:$CLUSTER_QUEUE" "$H100_LOCAL_QUEUE:$H100_CLUSTER_QUEUE" "$RACK_LOCAL_QUEUE:$RACK_CLUSTER_QUEUE"; do
     apply "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/${lq%%:*}" <<Y
 apiVersion: kueue.x-k8s.io/v1beta2
 kind: LocalQueue
@@ -333,14 +360,14 @@ done
 # ---------------------------------------------------------------------- readiness
 ready_cond() { api "$URL$1" | tr -d ' \n' | grep -q "\"type\":\"$2\",\"status\":\"True\"\|\"status\":\"True\",[^}]*\"type\":\"$2\""; }
 export -f ready_cond api; export URL C
-for n in $(seq -f kwok-gpu-%g 1 "$NODES") $(seq -f kwok-h100-%g 1 "$H100_NODES"); do
+for n in $(seq -f kwok-gpu-%g 1 "$NODES") $(seq -f kwok-h100-%g 1 "$H100_NODES") $(seq -f kwok-rack-%g 1 "$RACK_NODES"); do
   wait_until "node $n Ready" ready_cond "/api/v1/nodes/$n" Ready
 done
-for cq in "$CLUSTER_QUEUE" "$H100_CLUSTER_QUEUE"; do
+for cq in "$CLUSTER_QUEUE" "$H100_CLUSTER_QUEUE" "$RACK_CLUSTER_QUEUE"; do
   wait_until "ClusterQueue $cq active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/$cq" Active
 done
 for ns in "${namespaces[@]}"; do
-  for lq in "$LOCAL_QUEUE" "$H100_LOCAL_QUEUE"; do
+  for lq in "$LOCAL_QUEUE" "$H100_LOCAL_QUEUE" "$RACK_LOCAL_QUEUE"; do
     wait_until "LocalQueue $ns/$lq active" ready_cond "/apis/kueue.x-k8s.io/v1beta2/namespaces/$ns/localqueues/$lq" Active
   done
   wait_until "ServiceAccount $ns/default" api "$URL/api/v1/namespaces/$ns/serviceaccounts/default"
@@ -367,5 +394,11 @@ ISTHMUS_KUBE_H100_LOCAL_QUEUE=$H100_LOCAL_QUEUE
 ISTHMUS_KUBE_H100_GPU_TYPE=$H100_PRODUCT
 ISTHMUS_KUBE_H100_NODES=$H100_NODES
 ISTHMUS_KUBE_H100_GPU_QUOTA=$H100_GPU_QUOTA
+ISTHMUS_KUBE_RACK_CLUSTER_QUEUE=$RACK_CLUSTER_QUEUE
+ISTHMUS_KUBE_RACK_LOCAL_QUEUE=$RACK_LOCAL_QUEUE
+ISTHMUS_KUBE_RACK_GPU_TYPE=$RACK_PRODUCT
+ISTHMUS_KUBE_RACK_NODES=$RACK_NODES
+ISTHMUS_KUBE_RACK_NODES_PER_RACK=$RACK_NODES_PER_RACK
+ISTHMUS_KUBE_RACK_LABEL=$RACK_LABEL
 ENV
 say "ready: $URL (env: $STATE/env)"
