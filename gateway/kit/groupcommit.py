@@ -8,6 +8,13 @@ next transaction together. Under load a batch is about as large as the requests 
 so its fixed costs (``BEGIN``, the cap locks and reads, one multi-row insert, ``COMMIT``
 and its WAL flush) are paid once per batch, not once per request.
 
+Gathering under load: in a closed loop the requests of one batch come back together, but
+not at once. Started on the first of them, the next transaction would carry one request
+and the one after it the rest (measured: batches of 1, 15, 1, 15 ... with 16 clients). So
+when the last batch carried several requests, the next one waits until as many are queued,
+or for half the last batch's duration (at most ``max_wait_s``), whichever comes first. After
+a batch of one (an idle or lightly loaded worker) nothing waits.
+
 Failure isolation: ``run(items)`` returns one result per item, a value or the exception
 that item's request raises (a refusal of that request alone, written nothing). If ``run``
 itself raises for a batch of several (a database error, a bug), nothing of that
@@ -25,9 +32,14 @@ T = TypeVar("T")
 
 
 class GroupCommit(Generic[T]):
-    def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[Any]]], *, max_batch: int = 64):
+    def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[Any]]], *, max_batch: int = 64,
+                 max_wait_s: float = 0.005):
         self._run = run
         self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._last = (0, 0.0)  # the last batch's size and duration (s)
+        self._wanted = 0
+        self._enough: asyncio.Event | None = None
         self._queue: list[tuple[T, asyncio.Future]] = []
         self._draining = False
         self._task: asyncio.Task | None = None  # the drain, referenced so it is not collected
@@ -37,6 +49,8 @@ class GroupCommit(Generic[T]):
         """The item's result once its batch committed; raises what its request raises."""
         future = asyncio.get_running_loop().create_future()
         self._queue.append((item, future))
+        if self._enough is not None and len(self._queue) >= self._wanted:
+            self._enough.set()
         if not self._draining:
             self._draining = True
             self._task = asyncio.ensure_future(self._drain())
@@ -44,14 +58,32 @@ class GroupCommit(Generic[T]):
 
     async def _drain(self) -> None:
         try:
+            loop = asyncio.get_running_loop()
             while self._queue:
+                await self._gather()
                 batch, self._queue = self._queue[:self.max_batch], self._queue[self.max_batch:]
+                started = loop.time()
                 await self._run_batch(batch)
+                self._last = (len(batch), loop.time() - started)
         finally:
             self._draining = False
             if self._queue:  # left by a cancelled drain: start again
                 self._draining = True
                 self._task = asyncio.ensure_future(self._drain())
+
+    async def _gather(self) -> None:
+        """Under load, let the requests of the last batch come back before starting the next."""
+        size, took = self._last
+        wanted = min(size, self.max_batch)
+        if size <= 1 or len(self._queue) >= wanted:
+            return
+        self._wanted, self._enough = wanted, asyncio.Event()
+        try:
+            await asyncio.wait_for(self._enough.wait(), min(self.max_wait_s, took / 2))
+        except TimeoutError:
+            pass
+        finally:
+            self._enough = None
 
     async def _run_batch(self, batch: list[tuple[T, asyncio.Future]]) -> None:
         self.batches += 1

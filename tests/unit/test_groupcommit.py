@@ -99,3 +99,29 @@ def test_a_request_that_went_away_does_not_break_its_batch():
         return await kept
 
     assert run(main()) == 1
+
+
+def test_under_load_the_next_batch_waits_briefly_for_the_last_ones_size():
+    """Closed loop: the three requests of a batch come back one by one, 1 ms apart. Without
+    gathering, the first would go alone and the other two after it."""
+    seen: list[list[int]] = []
+
+    async def work(items):
+        seen.append(list(items))
+        await asyncio.sleep(0.02)
+        return list(items)
+
+    async def main():
+        gc = GroupCommit(work, max_wait_s=0.05)
+        await asyncio.gather(*(gc.submit(i) for i in range(3)))  # one batch of 1, then of 2
+        seen.clear()
+        await asyncio.gather(gc.submit(0), gc.submit(1))  # now the last batch had 2
+        seen.clear()
+        tasks = []
+        for i in range(2):
+            tasks.append(asyncio.ensure_future(gc.submit(10 + i)))
+            await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks)
+
+    run(main())
+    assert seen == [[10, 11]]
