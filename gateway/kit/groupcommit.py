@@ -93,7 +93,7 @@ class GroupCommit(Generic[T]):
             for _, future in batch:
                 future.cancel()
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure: re-run the members alone
             if len(batch) == 1:
                 if not batch[0][1].done():
                     batch[0][1].set_exception(exc)

@@ -13,6 +13,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
+async def four_at_once(work) -> list:
+    """Items 0-3 submitted together (one batch); each one's result or exception."""
+    gc = GroupCommit(work)
+    tasks = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def test_an_idle_worker_runs_a_request_at_once_and_alone():
     seen: list[list[int]] = []
 
@@ -53,12 +60,7 @@ def test_a_refusal_is_its_requests_alone():
     async def work(items):
         return [ValueError(f"bad {i}") if i == 2 else i for i in items]
 
-    async def main():
-        gc = GroupCommit(work)
-        tasks = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
-        return await asyncio.gather(*tasks, return_exceptions=True)
-
-    out = run(main())
+    out = run(four_at_once(work))
     assert out[0] == 0 and out[1] == 1 and out[3] == 3
     assert isinstance(out[2], ValueError) and str(out[2]) == "bad 2"
 
@@ -72,12 +74,7 @@ def test_a_failed_batch_is_run_again_member_by_member():
             raise RuntimeError("the transaction failed")
         return list(items)
 
-    async def main():
-        gc = GroupCommit(work)
-        tasks = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
-        return await asyncio.gather(*tasks, return_exceptions=True)
-
-    out = run(main())
+    out = run(four_at_once(work))
     assert out[0] == 0 and out[1] == 1 and out[3] == 3
     assert isinstance(out[2], RuntimeError)
     assert seen == [[0, 1, 2, 3], [0], [1], [2], [3]]
