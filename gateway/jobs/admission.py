@@ -179,7 +179,12 @@ def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
         from gateway.kit.timeutil import utcnow
         from gateway.pools.service import stored_views
 
-        views, configured = stored_views(session, now=utcnow(), storage=_catalog(app_state))
+        # Read once per transaction: a batch of submissions (group commit) shares it.
+        stored = session.info.get("isthmus.stored_views")
+        if stored is None:
+            stored = session.info["isthmus.stored_views"] = stored_views(session, now=utcnow(),
+                                                                         storage=_catalog(app_state))
+        views, configured = stored
         if not views or (spec.pool == "auto" and set(views) != configured) or \
                 (spec.pool != "auto" and spec.pool not in views):
             return
