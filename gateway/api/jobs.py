@@ -105,7 +105,12 @@ def _submissions(state) -> GroupCommit:
     held = getattr(state, "submissions", None)
     if held is None or held[0] is not loop:
         async def run(items: list[service.Submission]) -> list:
-            return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
+            try:
+                return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
+            except service.RefusedWhileWriting as exc:
+                if len(items) == 1:
+                    return [exc.refusal]  # rolled back: nothing of it is kept
+                raise  # the group commit re-runs each member alone
 
         held = state.submissions = (loop, GroupCommit(run))
     return held[1]

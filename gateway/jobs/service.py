@@ -752,6 +752,15 @@ def time_limit_of(time_limit: str | None, *, default_s: int, max_s: int) -> int:
     return time_limit_s
 
 
+class RefusedWhileWriting(Exception):
+    """A submission refused after part of it was written (:func:`create_many`): its
+    transaction must be rolled back. ``refusal`` is the answer the request gets."""
+
+    def __init__(self, refusal: GatewayError):
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
 @dataclasses.dataclass
 class Submission:
     """One job to record (:func:`create_many`): who asks, what, with which Idempotency-Key.
@@ -780,9 +789,12 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
     chain the cap check read, root first, and returns why the job is held (its state reason
     becomes "held: ..."), or None; it may raise to refuse.
     """
-    (result,) = create_many(session, [Submission(principal, spec, idempotency_key, lineage, hold)],
-                            default_time_limit_s=default_time_limit_s, max_time_limit_s=max_time_limit_s, caps=caps,
-                            waiting_reason=waiting_reason)
+    try:
+        (result,) = create_many(session, [Submission(principal, spec, idempotency_key, lineage, hold)],
+                                default_time_limit_s=default_time_limit_s, max_time_limit_s=max_time_limit_s,
+                                caps=caps, waiting_reason=waiting_reason)
+    except RefusedWhileWriting as exc:
+        raise exc.refusal from None  # the caller's transaction rolls back
     if isinstance(result, BaseException):
         raise result
     return result
@@ -808,9 +820,10 @@ def create_many(session: Session, submissions: list[Submission], *, default_time
     at their turn, so a later duplicate key in the same call replays the first.
 
     Raises:
-        Only what is not a refusal of one submission (a database error, an insert that lost
-        its account meanwhile): the caller rolls back and may retry each submission alone,
-        where a lost account is the 422 of :func:`create`.
+        Only what is not a refusal of one submission before anything of it was written (a
+        database error, an insert that lost its account meanwhile, ``RefusedWhileWriting``):
+        the caller rolls back and may retry each submission alone, where a lost account is
+        the 422 of :func:`create`.
     """
     results: list[Any] = [None] * len(submissions)
     live: list[int] = []
@@ -860,13 +873,13 @@ def _admit_one(session: Session, index: int, sub: Submission, reads: dict, tally
         if existing is not None:
             return _replay(session, existing, digest), False
     time_limit_s = time_limit_of(spec.time_limit, default_s=default_time_limit_s, max_s=max_time_limit_s)
+    before = CapTally(tally)
     if caps is not None:
         read = reads[(spec.account, principal.username, principal.subject, key is not None)]
         if read is None:
             raise Invalid("body.account", f"unknown account {spec.account!r}")
         # Judged before the hold, as one request was: a refused job never reaches it. The
         # tally is taken back if the hold or the dependencies refuse the job after all.
-        before = CapTally(tally)
         admit(read, tally)
         try:
             held = sub.hold(read.chain[::-1]) if sub.hold is not None else None
@@ -896,8 +909,12 @@ def _admit_one(session: Session, index: int, sub: Submission, reads: dict, tally
         # caps, by the foreign key (an unknown account fails the insert, nothing is written).
         plain.append((index, {**values, "actor": principal.subject}))
         return None
-    before = CapTally(tally)
-    job, created = _write_orm(session, values, principal, key, digest, resolved)
+    try:
+        job, created = _write_orm(session, values, principal, key, digest, resolved)
+    except GatewayError as exc:
+        # Refused after some of it may have been written: not this member's refusal alone,
+        # the transaction must go (the caller re-runs the batch one by one).
+        raise RefusedWhileWriting(exc) from exc
     if not created:  # a concurrent request with the same key won: this one adds nothing
         tally.clear()
         tally.update(before)

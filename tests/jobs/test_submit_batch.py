@@ -217,3 +217,59 @@ def test_concurrent_api_submissions_share_transactions(gw, monkeypatch):
     assert sorted(a.json()["name"] for a in answers) == sorted(f"api{i}" for i in range(n))
     assert len({a.json()["id"] for a in answers}) == n and rows(gw) == n
     assert gw.app.state.submissions[1].batches < n
+
+
+GHOST = "0192f0c4-7d3e-7a51-8c3e-5b1f0d9a2c44"  # a job id no one has
+
+
+def test_a_member_refused_after_its_cap_check_gives_its_place_back(gw, site):
+    site(max_pending_jobs_per_user=2)
+    results = record(gw, [sub(name="a"), sub(name="dep", depends_on=[{"job": GHOST}]), sub(name="b")])
+    assert isinstance(results[1], Invalid) and results[1].errors[0].field.startswith("body.depends_on")
+    assert results[0][1] is True and results[2][1] is True
+    assert rows(gw) == 2
+
+
+def test_a_refusal_after_writing_rolls_back_that_request_and_spares_its_batch_mates(gw, monkeypatch):
+    """A keyed or dependent member is written at its turn; refused after that (here: its
+    dependency rows), its writes cannot stay. The batch is rolled back and re-run member by
+    member: the others are recorded, it gets its 422, nothing of it is kept."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlalchemy.util.concurrency import await_only, in_greenlet
+
+    from gateway.jobs import graph
+
+    first = gw.client.post("/v1/jobs", json={**BODY, "name": "first"}, headers=gw.headers()).json()["id"]
+
+    def refuse(*args, **kw):
+        raise Invalid("body.depends_on", "refused after writing (test)")
+
+    monkeypatch.setattr(graph, "add_dependencies", refuse)
+    alone = gw.client.post("/v1/jobs", json={**BODY, "name": "dep", "depends_on": [{"job": first}]},
+                           headers=gw.headers())
+    assert alone.status_code == 422 and alone.headers["content-type"].startswith("application/problem+json")
+    assert rows(gw) == 1
+
+    insert = jobs._insert_new
+
+    def slow(session, new_rows):  # the first batch is in flight while the others queue
+        insert(session, new_rows)
+        if in_greenlet():
+            await_only(asyncio.sleep(0.2))
+        else:
+            time.sleep(0.2)
+
+    monkeypatch.setattr(jobs, "_insert_new", slow)
+    bodies = [{**BODY, "name": f"ok{i}"} for i in range(4)]
+    bodies.insert(2, {**BODY, "name": "dep", "depends_on": [{"job": first}]})
+
+    def post(body):
+        return gw.client.post("/v1/jobs", json=body, headers=gw.headers())
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(post, bodies))
+    assert [a.status_code for a in answers] == [202, 202, 422, 202, 202], [a.text for a in answers]
+    with gw.session() as s:
+        assert sorted(s.scalars(select(Job.name))) == ["first", "ok0", "ok1", "ok2", "ok3"]
