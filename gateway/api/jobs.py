@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
@@ -40,6 +41,7 @@ from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.domain.states import JobState
 from gateway.kit.db import DbSession, in_transaction
 from gateway.kit.errors import Invalid, NotFound, problem_responses
+from gateway.kit.groupcommit import GroupCommit
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
@@ -97,6 +99,23 @@ def _decode_cursor(cursor: str) -> str:
     return raw
 
 
+def _submissions(state) -> GroupCommit:
+    """This worker's group commit of submissions (one per event loop)."""
+    loop = asyncio.get_running_loop()
+    held = getattr(state, "submissions", None)
+    if held is None or held[0] is not loop:
+        async def run(items: list[service.Submission]) -> list:
+            try:
+                return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
+            except service.RefusedWhileWriting as exc:
+                if len(items) == 1:
+                    return [exc.refusal]  # rolled back: nothing of it is kept
+                raise  # the group commit re-runs each member alone
+
+        held = state.submissions = (loop, GroupCommit(run))
+    return held[1]
+
+
 def _wake_dispatcher(request: Request, background: BackgroundTasks) -> None:
     # Background tasks run after the response, hence after the commit: the round sees the job.
     dispatcher = getattr(request.app.state, "dispatcher", None)
@@ -130,23 +149,13 @@ async def submit_job(
 ) -> JobOut:
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
-    state = request.app.state
-    settings = state.settings
-
-    def record(session):
-        admission.refuse_early(session, state, principal, spec)
-        return service.create(session, principal=principal, spec=spec, idempotency_key=idempotency_key,
-                              lineage=admission.checkpoint_lineage(session, principal, spec),
-                              default_time_limit_s=settings.default_time_limit_s,
-                              max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
-                              waiting_reason=admission.waiting_reason(state),
-                              hold=admission.budget_hold(session, spec, settings))
-
-    # The transaction is this route's own, not DbSession's (issue #32): it commits as soon as
-    # the job is written, before the answer is built. On Postgres it runs on the event loop
-    # (kit/db.py in_transaction): no thread-pool hop for the whole submission.
+    # The transaction is not DbSession's (issue #32): the submission joins its worker's group
+    # commit (kit/groupcommit.py), which records every submission waiting for it in one
+    # transaction and commits before any answer is built. On Postgres it runs on the event
+    # loop (kit/db.py in_transaction): no thread-pool hop.
     await admission.look_up_user(principal)
-    job, created = await in_transaction(state, record)
+    job, created = await _submissions(request.app.state).submit(
+        service.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"

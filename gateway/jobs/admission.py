@@ -111,6 +111,22 @@ def set_waiting_reason(session, app_state, principal, spec: JobSpec) -> str:
     return f"held: {held}" if held else waiting_reason(app_state)
 
 
+def record_jobs(session, app_state, submissions: list[service.Submission]) -> list:
+    """``POST /v1/jobs``: admit and record ``submissions`` in one transaction (a group
+    commit's batch, gateway/kit/groupcommit.py; one request is a batch of one), judged in
+    order as if each were alone. One result each: ``(job, created)`` or its refusal."""
+    settings = app_state.settings
+
+    def prepare(session, sub: service.Submission) -> None:
+        refuse_early(session, app_state, sub.principal, sub.spec)
+        sub.lineage = checkpoint_lineage(session, sub.principal, sub.spec)
+        sub.hold = budget_hold(session, sub.spec, settings)
+
+    return service.create_many(session, submissions, default_time_limit_s=settings.default_time_limit_s,
+                               max_time_limit_s=settings.max_time_limit_s, caps=caps(settings),
+                               waiting_reason=waiting_reason(app_state), prepare=prepare)
+
+
 def caps(settings) -> service.SubmitCaps:
     return service.SubmitCaps(pending_per_user=settings.max_pending_jobs_per_user,
                               pending_per_account=settings.max_pending_jobs_per_account,
@@ -163,7 +179,12 @@ def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
         from gateway.kit.timeutil import utcnow
         from gateway.pools.service import stored_views
 
-        views, configured = stored_views(session, now=utcnow(), storage=_catalog(app_state))
+        # Read once per transaction: a batch of submissions (group commit) shares it.
+        stored = session.info.get("isthmus.stored_views")
+        if stored is None:
+            stored = session.info["isthmus.stored_views"] = stored_views(session, now=utcnow(),
+                                                                         storage=_catalog(app_state))
+        views, configured = stored
         if not views or (spec.pool == "auto" and set(views) != configured) or \
                 (spec.pool != "auto" and spec.pool not in views):
             return

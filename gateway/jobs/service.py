@@ -6,6 +6,7 @@ transaction, so the history is complete.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
@@ -15,13 +16,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import String, bindparam, func, literal, null, select
+from sqlalchemy import String, bindparam, func, literal, null, select, union
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, object_session
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
-from gateway.accounts.tree import subtree_names, up_cte
+from gateway.accounts.tree import subtree_names, up_cte, up_many_cte
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
 from gateway.models.jobs import IdempotencyKey, Job, JobAttempt, JobEvent, WaitingCount
@@ -29,7 +31,7 @@ from gateway.domain.shapes import parse_duration_s
 from gateway.jobs.schemas import JobSpec
 from gateway.domain.states import JobState, check_transition
 from gateway.kit import bulk
-from gateway.kit.errors import Conflict, Forbidden, Invalid, LimitExceeded, NotFound
+from gateway.kit.errors import Conflict, Forbidden, GatewayError, Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import new_id, utcnow
 
 log = logging.getLogger("isthmus.jobs")
@@ -579,35 +581,141 @@ _CAP_READ = (
 _HINT = "wait for jobs to start or cancel some"
 
 # Postgres: the cap check's serialisation (issue #27 finding 3). Transaction-scoped advisory
-# locks, held until the submission commits, so a second submission counts only after the
-# first one's jobs are visible: first the user's (the per-user caps span every account),
-# then the root of the account's tree (every account cap, on the account or an ancestor,
-# counts inside that tree). Always user before account, so two submissions never wait for
-# each other both ways; nothing else takes these locks. The user lock is taken in the
-# inner query, which the outer row needs first: the order is fixed by the plan's shape, not
-# by the order the select list happens to be evaluated in. Keys are a stable hash of
-# namespaced names; a collision only serialises two unrelated submissions.
-_LOCK_UP = up_cte("cap_lock_chain")
-_BY_USER = select(func.pg_advisory_xact_lock(func.hashtextextended(
-    literal("isthmus.caps.user:", String) + bindparam("username", type_=String), 0)).label("locked")).offset(0)
-_CAP_LOCK = (select(func.pg_advisory_xact_lock(func.hashtextextended(
-    literal("isthmus.caps.account:", String) + _LOCK_UP.c.name, 0)))
-    .select_from(_BY_USER.subquery("by_user")).join(_LOCK_UP, literal(True)).where(_LOCK_UP.c.parent.is_(None)))
+# locks, held until the submissions commit, so a later transaction counts only after the
+# earlier one's jobs are visible: the users' (the per-user caps span every account), then
+# the roots of the accounts' trees (every account cap, on the account or an ancestor,
+# counts inside that tree). One statement takes every lock a transaction needs (a batch of
+# submissions: several users and trees) in one global order, users before trees and each
+# kind by key, so two transactions never wait for each other both ways; nothing else takes
+# these locks. The order is fixed by the sorted sub-select the locks are taken over, not by
+# the order a select list happens to be evaluated in. Keys are a stable hash of namespaced
+# names; a collision only serialises two unrelated submissions.
+_LOCK_UP = up_many_cte("cap_lock_chain", bindparam("leaves", expanding=True))
+_LOCK_USERS = func.unnest(bindparam("users", type_=ARRAY(String))).table_valued("u").render_derived(name="lock_users")
+_LOCK_KEYS = union(
+    select(literal(0).label("kind"), func.hashtextextended(
+        literal("isthmus.caps.user:", String) + _LOCK_USERS.c.u, 0).label("k")).select_from(_LOCK_USERS),
+    select(literal(1), func.hashtextextended(literal("isthmus.caps.account:", String) + _LOCK_UP.c.name, 0))
+    .where(_LOCK_UP.c.parent.is_(None)),
+).subquery("lock_keys")
+_LOCK_ORDER = select(_LOCK_KEYS.c.k).order_by(_LOCK_KEYS.c.kind, _LOCK_KEYS.c.k).offset(0).subquery("lock_order")
+_CAP_LOCK = select(func.pg_advisory_xact_lock(_LOCK_ORDER.c.k))
 
 
-def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
-               with_key: bool, now=None, adding: int = 1) -> list[Any]:
-    """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15).
+def lock_caps(session: Session, pairs) -> None:
+    """Postgres: take the cap locks of every ``(account, username)`` about to be counted, held
+    to the end of the transaction (one statement, see ``_CAP_LOCK``). SQLite serialises
+    writers itself."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    pairs = list(pairs)
+    session.connection().execute(_CAP_LOCK, {"leaves": sorted({a for a, _ in pairs}),
+                                             "users": sorted({u for _, u in pairs})})
+
+
+@dataclasses.dataclass
+class CapRead:
+    """One read of an account chain's caps and the counts they limit (:func:`read_caps`).
+
+    ``counts`` maps a counter (``("user", name)``, ``("account", name)``, ``("tree", name)``,
+    ``("tree_user", name, user)``, ``("keys", subject)``) to what the database held;
+    ``checks`` are the limits on them in the order they are judged; ``touches`` the counters
+    one more job of this account and user adds to.
+    """
+
+    chain: list[Any]
+    counts: dict[tuple, int]
+    checks: list[tuple[tuple, int, str, bool]]  # counter, limit, message with {n}, hinted
+    touches: tuple[tuple, ...]
+    key_counter: tuple | None
+
+
+class CapTally(collections.Counter):
+    """What a transaction admitted since it read the counts: a batch's earlier members."""
+
+
+def read_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
+              with_key: bool, now=None) -> CapRead | None:
+    """The caps on ``account``'s chain and the counts they limit; None for an unknown account.
 
     One round trip unless an admin set a cap on the account or an ancestor (then two).
     The pending counts are read from ``waiting_count``, which triggers keep in each writer's
     transaction (issue #32): a few rows per account and user, so the cost does not grow
     with the jobs that wait or with history. The idempotency-key count is an index range
-    scan stopped at its cap. ``adding`` jobs are about to be
-    written (an array's tasks). On Postgres one more statement first takes the user's and
-    the account tree's advisory locks (``_CAP_LOCK``), held to the end of the transaction:
-    concurrent submissions are counted one after another and never pass a cap together.
-    SQLite serialises writers itself.
+    scan stopped at its cap. Counts are only exact under the locks of :func:`lock_caps`.
+    """
+    now = now or utcnow()
+    # Without a key, "since" is in the future: the key count is an empty index probe.
+    since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
+    chain = session.connection().execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
+                                        "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
+                                        "cap_keys": caps.keys_per_user, "keys_since": since}).all()
+    if not chain:
+        return None  # unknown account
+    first = chain[0]
+    user, own = ("user", username), ("account", account)
+    counts = {user: first.n_user, own: first.n_account}
+    checks: list[tuple[tuple, int, str, bool]] = [
+        (user, caps.pending_per_user, (f"user {username} has {{n}} of {caps.pending_per_user} pending jobs allowed "
+                                       f"per user (ISTHMUS_MAX_PENDING_JOBS_PER_USER)"), True)]
+    if all(row.max_queued_jobs is None for row in chain):
+        checks.append((own, caps.pending_per_account, (f"{account}: {{n}} of {caps.pending_per_account} pending jobs "
+                                                       f"allowed per account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT)"),
+                       True))
+    subtree: list[tuple[Any, tuple, int, str]] = []
+    for i, row in enumerate(chain):
+        if row.max_queued_jobs is None and row.max_queued_jobs_per_user is None:
+            continue  # no admin-set cap here: no subtree to build (the common case)
+        in_subtree = _WC.account_name.in_(subtree_names(row.name, name=f"cap_sub_{i}"))  # caps the subtree
+        if row.max_queued_jobs is not None:
+            subtree.append((_waiting(in_subtree), ("tree", row.name), row.max_queued_jobs,
+                            (f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of "
+                             f"{row.name})")))
+        if row.max_queued_jobs_per_user is not None:
+            subtree.append((_waiting(in_subtree, _WC.username == username), ("tree_user", row.name, username),
+                            row.max_queued_jobs_per_user,
+                            (f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
+                             f"(max_queued_jobs_per_user of {row.name})")))
+    if subtree:
+        for n, (_, counter, limit, message) in zip(session.execute(select(*[q for q, *_ in subtree])).one(), subtree):
+            counts[counter] = n
+            checks.append((counter, limit, message, True))
+    key_counter = None
+    if with_key:
+        key_counter = ("keys", subject)
+        counts[key_counter] = first.n_keys
+        checks.append((key_counter, caps.keys_per_user,
+                       (f"{{n}} of {caps.keys_per_user} new idempotency keys allowed per caller in "
+                        f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing keys "
+                        f"still work"), False))
+    touches = (user, own, *(c for row in chain for c in (("tree", row.name), ("tree_user", row.name, username))))
+    return CapRead(chain=chain, counts=counts, checks=checks, touches=touches, key_counter=key_counter)
+
+
+def admit(read: CapRead, tally: CapTally, *, adding: int = 1) -> None:
+    """THE cap rule: refuse ``adding`` more jobs (and, when read with a key, one new key) that
+    would pass a cap, counting what was read plus what ``tally`` says this transaction
+    admitted since; else add them to ``tally``. Every entry point judges through here.
+
+    Raises:
+        LimitExceeded: 429 whose detail names the limit; ``tally`` is unchanged.
+    """
+    hint = _HINT if adding == 1 else f"this request adds {adding}; {_HINT}"
+    for counter, limit, message, hinted in read.checks:
+        n = read.counts[counter] + tally[counter]
+        if n + (1 if counter == read.key_counter else adding) > limit:
+            raise LimitExceeded(message.format(n=n) + (f"; {hint}" if hinted else ""))
+    for counter in read.touches:
+        tally[counter] += adding
+    if read.key_counter is not None:
+        tally[read.key_counter] += 1
+
+
+def check_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
+               with_key: bool, now=None, adding: int = 1) -> list[Any]:
+    """Refuse a submission that would exceed a cap (issue #12 finding 10, issue #15): the
+    locks (:func:`lock_caps`), the read (:func:`read_caps`) and the rule (:func:`admit`) for
+    one request. ``adding`` jobs are about to be written (an array's tasks).
 
     Returns:
         The account chain read, leaf first (name, caps, GPU-hour budget); empty for an
@@ -616,47 +724,13 @@ def check_caps(session: Session, *, account: str, username: str, subject: str, c
     Raises:
         LimitExceeded: 429 whose detail names the limit.
     """
-    now = now or utcnow()
-    hint = _HINT if adding == 1 else f"this request adds {adding}; {_HINT}"
-    # Without a key, "since" is in the future: the key count is an empty index probe.
-    since = now - timedelta(seconds=caps.key_window_s) if with_key else now + timedelta(days=1)
-    if session.get_bind().dialect.name == "postgresql":
-        session.connection().execute(_CAP_LOCK, {"leaf": account, "username": username})
-    chain = session.connection().execute(_CAP_READ, {"leaf": account, "username": username, "subject": subject,
-                                        "cap_user": caps.pending_per_user, "cap_account": caps.pending_per_account,
-                                        "cap_keys": caps.keys_per_user, "keys_since": since}).all()
-    if not chain:
+    lock_caps(session, [(account, username)])
+    read = read_caps(session, account=account, username=username, subject=subject, caps=caps, with_key=with_key,
+                     now=now)
+    if read is None:
         return []  # unknown account: the insert refuses it with its own message
-    first = chain[0]
-    if first.n_user + adding > caps.pending_per_user:
-        raise LimitExceeded(f"user {username} has {first.n_user} of {caps.pending_per_user} pending jobs allowed "
-                            f"per user (ISTHMUS_MAX_PENDING_JOBS_PER_USER); {hint}")
-    if all(row.max_queued_jobs is None for row in chain) and first.n_account + adding > caps.pending_per_account:
-        raise LimitExceeded(f"{account}: {first.n_account} of {caps.pending_per_account} pending jobs allowed per "
-                            f"account (ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT); {hint}")
-    checks: list[tuple[Any, int, str]] = []
-    for i, row in enumerate(chain):
-        if row.max_queued_jobs is None and row.max_queued_jobs_per_user is None:
-            continue  # no admin-set cap here: no subtree to build (the common case)
-        in_subtree = _WC.account_name.in_(subtree_names(row.name, name=f"cap_sub_{i}"))  # caps the subtree
-        if row.max_queued_jobs is not None:
-            checks.append((_waiting(in_subtree), row.max_queued_jobs,
-                           f"{row.name}: {{n}} of {row.max_queued_jobs} pending jobs (max_queued_jobs of {row.name}); "
-                           f"{hint}"))
-        if row.max_queued_jobs_per_user is not None:
-            checks.append((_waiting(in_subtree, _WC.username == username), row.max_queued_jobs_per_user,
-                           f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
-                           f"(max_queued_jobs_per_user of {row.name}); {hint}"))
-    if checks:
-        counts = session.execute(select(*[c for c, _, _ in checks])).one()
-        for n, (_, limit, message) in zip(counts, checks):
-            if n + adding > limit:
-                raise LimitExceeded(message.format(n=n))
-    if with_key and first.n_keys + 1 > caps.keys_per_user:
-        raise LimitExceeded(f"{first.n_keys} of {caps.keys_per_user} new idempotency keys allowed per caller in "
-                            f"{caps.key_window_s} s (ISTHMUS_MAX_IDEMPOTENCY_KEYS_PER_USER); replays of existing "
-                            f"keys still work")
-    return chain
+    admit(read, CapTally(), adding=adding)
+    return read.chain
 
 
 def check_caller(principal: Principal, account: str) -> None:
@@ -678,6 +752,29 @@ def time_limit_of(time_limit: str | None, *, default_s: int, max_s: int) -> int:
     return time_limit_s
 
 
+class RefusedWhileWriting(Exception):
+    """A submission refused after part of it was written (:func:`create_many`): its
+    transaction must be rolled back. ``refusal`` is the answer the request gets."""
+
+    def __init__(self, refusal: GatewayError):
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
+@dataclasses.dataclass
+class Submission:
+    """One job to record (:func:`create_many`): who asks, what, with which Idempotency-Key.
+
+    ``lineage`` and ``hold`` are what admission found for it (``create``'s parameters of the
+    same names); a ``prepare`` callback of :func:`create_many` may set them."""
+
+    principal: Principal
+    spec: JobSpec
+    idempotency_key: str | None = None
+    lineage: str | None = None
+    hold: Callable[[list[Any]], str | None] | None = None
+
+
 def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
            max_time_limit_s: int, idempotency_key: str | None = None,
            caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch",
@@ -685,61 +782,168 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
            lineage: str | None = None) -> tuple[Job, bool]:
     """Record a new job in state ``pending``, ``waiting_reason`` as its state reason. Returns (job, created).
 
-    ``lineage``: the checkpoint lineage of a job resuming an earlier one's (admission's
-    ``checkpoint_lineage``); a job with a checkpoint and none starts its own (its id).
-    ``caps`` None checks no caps (internal callers); the API always passes them. ``hold``
-    (with ``caps``) gets the account chain the cap check read, root first, and returns why
-    the job is held (its state reason becomes "held: ..."), or None; it may raise to refuse.
+    A batch of one of :func:`create_many`: one implementation. ``lineage``: the checkpoint
+    lineage of a job resuming an earlier one's (admission's ``checkpoint_lineage``); a job
+    with a checkpoint and none starts its own (its id). ``caps`` None checks no caps
+    (internal callers); the API always passes them. ``hold`` (with ``caps``) gets the account
+    chain the cap check read, root first, and returns why the job is held (its state reason
+    becomes "held: ..."), or None; it may raise to refuse.
     """
-    check_caller(principal, spec.account)
-    digest = spec_hash(spec) if idempotency_key is not None else ""  # only a keyed request is compared
-    if idempotency_key is not None:
-        existing = repository.get_idempotency(session, principal.subject, idempotency_key)
+    try:
+        (result,) = create_many(session, [Submission(principal, spec, idempotency_key, lineage, hold)],
+                                default_time_limit_s=default_time_limit_s, max_time_limit_s=max_time_limit_s,
+                                caps=caps, waiting_reason=waiting_reason)
+    except RefusedWhileWriting as exc:
+        raise exc.refusal from None  # the caller's transaction rolls back
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def create_many(session: Session, submissions: list[Submission], *, default_time_limit_s: int,
+                max_time_limit_s: int, caps: SubmitCaps | None = None,
+                waiting_reason: str = "waiting for dispatch",
+                prepare: Callable[[Session, Submission], None] | None = None) -> list[tuple[Job, bool] | GatewayError]:
+    """Record ``submissions`` in the caller's transaction, judged one after another in order
+    as if each were alone (issue #32, group commit): one result each, ``(job, created)`` or
+    the refusal (403, 409, 422, 429) that the request gets. A refused submission writes
+    nothing and does not stop the others.
+
+    Statements per call, whatever the number of submissions: ``prepare`` (admission's
+    early refusals: reads only in uncommon cases), the cap locks of every account and user
+    at once (Postgres), one cap read per distinct account, user and key use (two when an
+    admin cap is set on the chain), and ONE insert of every plain job and its event
+    (Postgres; two executemany on SQLite). The caps stay exact: every count is read under the
+    locks before anything is written, and each submission is judged by :func:`admit` on
+    those counts plus the batch's earlier admissions (``CapTally``). Submissions with an
+    Idempotency-Key or dependencies take the ORM path (savepoint, key row, dependency rows)
+    at their turn, so a later duplicate key in the same call replays the first.
+
+    Raises:
+        Only what is not a refusal of one submission before anything of it was written (a
+        database error, an insert that lost its account meanwhile, ``RefusedWhileWriting``):
+        the caller rolls back and may retry each submission alone, where a lost account is
+        the 422 of :func:`create`.
+    """
+    results: list[Any] = [None] * len(submissions)
+    live: list[int] = []
+    for i, sub in enumerate(submissions):
+        try:
+            if prepare is not None:
+                prepare(session, sub)
+            check_caller(sub.principal, sub.spec.account)
+            live.append(i)
+        except GatewayError as exc:
+            results[i] = exc
+    reads: dict[tuple, CapRead | None] = {}
+    if caps is not None and live:
+        groups = sorted({(s.spec.account, s.principal.username, s.principal.subject, s.idempotency_key is not None)
+                         for s in (submissions[i] for i in live)})
+        lock_caps(session, [(account, username) for account, username, _, _ in groups])
+        now = utcnow()  # every count is read before anything is written
+        for account, username, subject, with_key in groups:
+            reads[(account, username, subject, with_key)] = read_caps(
+                session, account=account, username=username, subject=subject, caps=caps, with_key=with_key, now=now)
+    tally = CapTally()
+    plain: list[tuple[int, dict[str, Any]]] = []
+    for i in live:
+        sub = submissions[i]
+        try:
+            results[i] = _admit_one(session, i, sub, reads, tally, plain, caps=caps, waiting_reason=waiting_reason,
+                                    default_time_limit_s=default_time_limit_s, max_time_limit_s=max_time_limit_s)
+        except GatewayError as exc:
+            results[i] = exc
+    if plain:
+        _insert_new(session, [values for _, values in plain])
+        for i, values in plain:
+            results[i] = Job(**{k: v for k, v in values.items() if k != "actor"}), True
+    return results
+
+
+def _admit_one(session: Session, index: int, sub: Submission, reads: dict, tally: CapTally, plain: list, *,
+               caps: SubmitCaps | None, waiting_reason: str, default_time_limit_s: int,
+               max_time_limit_s: int) -> tuple[Job, bool] | None:
+    """One submission's turn in :func:`create_many`: a refusal raises before anything of it is
+    written (a GatewayError); a plain job is queued in ``plain`` (None), a keyed or dependent
+    one written now. An error while writing is not a refusal: it propagates as such."""
+    principal, spec, key = sub.principal, sub.spec, sub.idempotency_key
+    digest = spec_hash(spec) if key is not None else ""  # only a keyed request is compared
+    if key is not None:
+        existing = repository.get_idempotency(session, principal.subject, key)
         if existing is not None:
             return _replay(session, existing, digest), False
     time_limit_s = time_limit_of(spec.time_limit, default_s=default_time_limit_s, max_s=max_time_limit_s)
+    before = CapTally(tally)
     if caps is not None:
-        chain = check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
-                           caps=caps, with_key=idempotency_key is not None)
-        held = hold(chain[::-1]) if hold is not None and chain else None
-        if held:
-            waiting_reason = f"held: {held}"
-    resolved = None
-    if spec.depends_on:
-        from gateway.jobs import graph as flows
-
-        resolved = flows.resolve(session, principal=principal, depends_on=spec.depends_on)
-    normalised = spec.stored()
+        read = reads[(spec.account, principal.username, principal.subject, key is not None)]
+        if read is None:
+            raise Invalid("body.account", f"unknown account {spec.account!r}")
+        # Judged before the hold, as one request was: a refused job never reaches it. The
+        # tally is taken back if the hold or the dependencies refuse the job after all.
+        admit(read, tally)
+        try:
+            held = sub.hold(read.chain[::-1]) if sub.hold is not None else None
+            if held:
+                waiting_reason = f"held: {held}"
+            resolved = _resolve(session, sub)
+        except BaseException:
+            tally.clear()
+            tally.update(before)
+            raise
+    else:
+        resolved = _resolve(session, sub)
     now = utcnow()
     values = dict(
         id=new_id(), name=spec.name, account_name=spec.account, submitted_by=principal.subject,
         username=principal.username, requested_pool=spec.pool, pool=None,
-        state=JobState.PENDING.value, state_reason=waiting_reason, spec=normalised,
+        state=JobState.PENDING.value, state_reason=waiting_reason, spec=spec.stored(),
         workers=spec.workers, gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus,
         time_limit_s=time_limit_s, priority=spec.priority, routing_reason="", dispatch_attempts=0,
-        created_at=now, updated_at=now, lineage=lineage if spec.checkpoint else None,
+        created_at=now, updated_at=now, lineage=sub.lineage if spec.checkpoint else None,
     )
     if resolved is not None and not resolved.met:
         values.update(state=JobState.BLOCKED.value, state_reason=resolved.reason)
-    if idempotency_key is None and resolved is None:
-        # The hot path (bench/bench_api.py): Core inserts, and on Postgres the job and its
-        # first event in one statement. The account's existence is checked by the foreign
-        # key instead of a read first: an unknown account fails the insert and nothing is
-        # written.
-        _insert_new(session, values, actor=principal.subject)
-        return Job(**values), True
-    if session.get(Account, spec.account) is None:
-        raise Invalid("body.account", f"unknown account {spec.account!r}")
+    if key is None and resolved is None:
+        # The hot path (bench/bench_api.py): written with the batch's other plain jobs in
+        # one Core insert. The account's existence was checked by the cap read; without
+        # caps, by the foreign key (an unknown account fails the insert, nothing is written).
+        plain.append((index, {**values, "actor": principal.subject}))
+        return None
+    try:
+        job, created = _write_orm(session, values, principal, key, digest, resolved)
+    except GatewayError as exc:
+        # Refused after some of it may have been written: not this member's refusal alone,
+        # the transaction must go (the caller re-runs the batch one by one).
+        raise RefusedWhileWriting(exc) from exc
+    if not created:  # a concurrent request with the same key won: this one adds nothing
+        tally.clear()
+        tally.update(before)
+    return job, created
+
+
+def _resolve(session: Session, sub: Submission):
+    if not sub.spec.depends_on:
+        return None
+    from gateway.jobs import graph as flows
+
+    return flows.resolve(session, principal=sub.principal, depends_on=sub.spec.depends_on)
+
+
+def _write_orm(session: Session, values: dict[str, Any], principal: Principal, key: str | None, digest: str,
+               resolved) -> tuple[Job, bool]:
+    """A keyed or dependent job: the ORM path (savepoint for the key, dependency rows)."""
+    if session.get(Account, values["account_name"]) is None:
+        raise Invalid("body.account", f"unknown account {values['account_name']!r}")
     job = Job(**values)
-    if idempotency_key is None:
+    if key is None:
         session.add(job)
         session.flush()
-    elif not _insert_with_key(session, job, principal, idempotency_key, digest):
+    elif not _insert_with_key(session, job, principal, key, digest):
         # A concurrent request with the same key won the race; answer as it did.
-        existing = repository.get_idempotency(session, principal.subject, idempotency_key)
+        existing = repository.get_idempotency(session, principal.subject, key)
         return _replay(session, existing, digest), False
     record_event(session, job, actor=principal.subject, kind="state", to_state=job.state,
-                 reason="submitted", data={"idempotency_key": idempotency_key} if idempotency_key else None)
+                 reason="submitted", data={"idempotency_key": key} if key else None)
     if resolved is not None:
         from gateway.jobs import graph as flows
 
@@ -750,27 +954,42 @@ def create(session: Session, *, principal: Principal, spec: JobSpec, default_tim
 _NEW_JOB_COLS = ("id", "name", "account_name", "submitted_by", "username", "requested_pool", "pool", "state",
                  "state_reason", "spec", "workers", "gpus_per_worker", "total_gpus", "time_limit_s", "priority",
                  "routing_reason", "dispatch_attempts", "created_at", "updated_at", "lineage")
-_SUBMIT = dict(from_state=None, to_state=JobState.PENDING, reason=literal("submitted", type_=String()), data=null())
-_INSERT_JOB = _JOB_T.insert().values({c: bindparam(f"j_{c}", type_=_JOB_T.c[c].type) for c in _NEW_JOB_COLS})
-_INSERT_EVENT = _event_insert(bindparam("j_id"), bindparam("j_created_at"), **_SUBMIT)
-# Postgres: WITH new_job AS (INSERT INTO job ... RETURNING id) INSERT INTO job_event SELECT ...
-_NEW_JOB_CTE = _INSERT_JOB.returning(_JOB_T.c.id, _JOB_T.c.created_at).cte("new_job")
-_INSERT_JOB_AND_EVENT_PG = _event_after(_NEW_JOB_CTE, _NEW_JOB_CTE.c.id, _NEW_JOB_CTE.c.created_at, **_SUBMIT)
+@functools.lru_cache(maxsize=4)
+def _insert_new_sql(dialect) -> Any:
+    """Postgres: new jobs and their first events in ONE statement over one JSON document
+    (``:rows``, gateway/kit/bulk.py), whatever their number; the events follow the rows' order."""
+    from sqlalchemy import text
+
+    record = ", ".join(f"{c} {_JOB_T.c[c].type.compile(dialect=dialect)}" for c in _NEW_JOB_COLS)
+    cols = ", ".join(_NEW_JOB_COLS)
+    return text(f"""WITH r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json))
+                               AS r({record}, actor {_EVENT_T.c.actor.type.compile(dialect=dialect)}, ord integer)),
+new_job AS (INSERT INTO job ({cols}) SELECT {cols} FROM r ORDER BY r.ord RETURNING id)
+INSERT INTO job_event (job_id, at, actor, kind, from_state, to_state, reason, data)
+SELECT r.id, r.created_at, r.actor, 'state', NULL, r.state, 'submitted', NULL
+FROM r JOIN new_job ON new_job.id = r.id ORDER BY r.ord""")
 
 
-def _insert_new(session: Session, values: dict[str, Any], *, actor: str) -> None:
+def _insert_new(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Write new plain jobs (``_NEW_JOB_COLS`` and the submitter as ``actor``) with their
+    ``submitted`` events: one statement on Postgres, two executemany on SQLite.
+
+    An unknown account fails the foreign key and nothing is written: for one job that is the
+    422 naming ``body.account``; for several the error propagates (the caller retries each
+    alone)."""
     conn = session.connection()
-    params = {f"j_{k}": v for k, v in values.items()}
-    params["e_actor"] = actor
     try:
         if conn.dialect.name == "postgresql":
-            conn.execute(_INSERT_JOB_AND_EVENT_PG, params)
+            conn.execute(_insert_new_sql(conn.dialect), {"rows": bulk.document(
+                [{**{c: row[c] for c in _NEW_JOB_COLS}, "actor": row["actor"], "ord": i} for i, row in enumerate(rows)])})
         else:
-            conn.execute(_INSERT_JOB, params)
-            conn.execute(_INSERT_EVENT, params)
+            conn.execute(_JOB_T.insert(), [{c: row[c] for c in _NEW_JOB_COLS} for row in rows])
+            conn.execute(_EVENT_T.insert(), [
+                {"job_id": row["id"], "at": row["created_at"], "actor": row["actor"], "kind": "state",
+                 "from_state": None, "to_state": row["state"], "reason": "submitted", "data": None} for row in rows])
     except IntegrityError as exc:
-        if _is_foreign_key_violation(exc):
-            raise Invalid("body.account", f"unknown account {values['account_name']!r}") from None
+        if len(rows) == 1 and _is_foreign_key_violation(exc):
+            raise Invalid("body.account", f"unknown account {rows[0]['account_name']!r}") from None
         raise
 
 

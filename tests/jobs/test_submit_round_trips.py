@@ -26,7 +26,7 @@ def _statements(gw, body, **kw) -> tuple[int, list[str]]:
     seen: list[str] = []
 
     def note(conn, cursor, statement, parameters, context, executemany):
-        seen.append(" ".join(statement.split())[:80])
+        seen.append(" ".join(statement.split()))
 
     submit(gw, body, **kw)  # warm: first-use reads (e.g. settings caches) are not the hot path
     event.listen(engine, "before_cursor_execute", note)
