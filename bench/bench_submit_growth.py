@@ -71,7 +71,8 @@ def grow(url_db: str, template: str, *, history: int, pending: int) -> float:
     eng = create_engine(url_db)
     with eng.begin() as c:
         cols = [r[0] for r in c.execute(text(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'job' ORDER BY ordinal_position"))]
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'job' "
+            "AND table_schema = current_schema() ORDER BY ordinal_position"))]
         kept = [col for col in cols if col not in _SET]
         names = ", ".join(kept + ["id", "state", "created_at", "updated_at", "started_at", "ended_at", "state_reason"])
         copied = ", ".join(f"t.{col}" for col in kept)
