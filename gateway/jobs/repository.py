@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import Select, String, and_, column, or_, select, true, values
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy import Select, and_, or_, select
+from sqlalchemy.orm import Session
 
 from gateway.identity.principal import Principal
 from gateway.models.jobs import IdempotencyKey, Job, JobEvent
@@ -35,51 +35,18 @@ def get_for_update(session: Session, job_id: str) -> Job | None:
 def list_readable(session: Session, principal: Principal, *, states: Sequence[str] = (),
                   account: str | None = None, pool: str | None = None,
                   after_id: str | None = None, limit: int = 50, job_set: str | None = None) -> list[Job]:
-    """The caller's jobs, newest first (``after_id``: older than that one)."""
     stmt = readable_jobs(principal)
     if job_set:
         stmt = stmt.where(Job.job_set_id == job_set)
+    if states:
+        stmt = stmt.where(Job.state.in_(list(states)))
     if account:
         stmt = stmt.where(Job.account_name == account)
     if pool:
         stmt = stmt.where(or_(Job.pool == pool, and_(Job.pool.is_(None), Job.requested_pool == pool)))
     if after_id:
         stmt = stmt.where(Job.id < after_id)
-    accounts = [account] if account else (None if principal.is_admin else sorted(principal.accounts))
-    if states and accounts and len(accounts) * len(states) <= MAX_LIST_PROBES \
-            and session.get_bind().dialect.name == "postgresql":
-        return _newest_per_account_state(session, stmt, accounts, states, limit)
-    if states:
-        stmt = stmt.where(Job.state.in_(list(states)))
     return list(session.scalars(stmt.order_by(Job.id.desc()).limit(limit)))
-
-
-# A state filter on Postgres walks ix_job_account_state_id once per (account, state) pair, up
-# to this many pairs; beyond, the plain query.
-MAX_LIST_PROBES = 64
-
-
-def _newest_per_account_state(session: Session, stmt, accounts: Sequence[str], states: Sequence[str],
-                              limit: int) -> list[Job]:
-    """``stmt``'s jobs in ``states``, newest first, read as the newest ``limit`` of each
-    (account, state) pair through ix_job_account_state_id, then merged (issue #32).
-
-    Asked as one ``state IN (...) ORDER BY id DESC``, Postgres walks the primary key backwards
-    and filters, since most of the table is in a history state: it then reads every newer job of
-    another state first (every pending job, for a list of succeeded ones), a cost that grows with
-    the work waiting (or it walks the account's index, with the same filter). Here the pair is
-    a lateral parameter, so the order the index gives (account, state, id) is the only one
-    that needs no sort: at most ``limit`` index entries per pair, whatever the registry holds
-    (tests/jobs/test_list_by_state.py reads the plan back)."""
-    pairs = values(column("a", String), column("s", String), name="v").data(
-        [(a, s) for a in accounts for s in states])
-    # OFFSET 0 keeps the pairs a subquery of their own: pulled up into the query, a single pair
-    # would become constants again, and the plain plan with them.
-    keys = select(pairs.c.a, pairs.c.s).offset(0).subquery("k")
-    inner = (stmt.where(Job.account_name == keys.c.a, Job.state == keys.c.s)
-             .order_by(Job.account_name.desc(), Job.state.desc(), Job.id.desc()).limit(limit).lateral("j"))
-    job = aliased(Job, inner)
-    return list(session.scalars(select(job).select_from(keys).join(inner, true()).order_by(job.id.desc()).limit(limit)))
 
 
 def list_events(session: Session, job_id: str, *, after_id: int = 0, limit: int = 500) -> list[JobEvent]:
