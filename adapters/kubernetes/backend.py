@@ -281,14 +281,18 @@ class KubernetesBackend(Backend):
             self._flavor_cache = (now + 30.0, selectors, levels)
         return self._flavor_cache[1], self._flavor_cache[2]
 
+    def _cluster_queue(self, api: Any) -> dict:
+        """The pool's ClusterQueue object, read now."""
+        with self._errors(f"reading ClusterQueue {self.settings.cluster_queue}"):
+            return self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
+                             "clusterqueues", self.settings.cluster_queue)
+
     def _levels(self) -> tuple[tuple[str, str], ...]:
         """The pool's topology levels (see _flavors), reading the ClusterQueue when not cached."""
         if self._flavor_cache is not None and self._flavor_cache[0] > time.monotonic():
             return self._flavor_cache[2]
         api = self._connect()
-        with self._errors(f"reading ClusterQueue {self.settings.cluster_queue}"):
-            cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
-                           "clusterqueues", self.settings.cluster_queue)
+        cq = self._cluster_queue(api)
         return self._flavors(api, cq)[1]
 
     @staticmethod
@@ -312,9 +316,7 @@ class KubernetesBackend(Backend):
         g = self.settings.gpu_resource
         with self._errors("reading nodes"):
             nodes = self._raw(api.core.list_node)["items"]
-        with self._errors(f"reading ClusterQueue {self.settings.cluster_queue}"):
-            cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
-                           "clusterqueues", self.settings.cluster_queue)
+        cq = self._cluster_queue(api)
         nodes = self._queue_nodes(api, cq, nodes)
         limits = {"node_gpu": 0.0, "node_cpu": 0.0, "node_memory": 0.0}
         for n in nodes:
@@ -585,9 +587,7 @@ class KubernetesBackend(Backend):
     def capacity(self) -> Capacity:
         api = self._connect()
         g, cq_name = self.settings.gpu_resource, self.settings.cluster_queue
-        with self._errors(f"reading ClusterQueue {cq_name}"):
-            cq = self._raw(api.custom.get_cluster_custom_object, KUEUE_GROUP, KUEUE_VERSION,
-                           "clusterqueues", cq_name)
+        cq = self._cluster_queue(api)
         with self._errors("reading nodes"):
             nodes = self._raw(api.core.list_node)["items"]
         with self._errors("listing pods"):
@@ -613,14 +613,14 @@ class KubernetesBackend(Backend):
                 req = sum(_quantity(((c.get("resources") or {}).get("requests") or {}).get(g, 0))
                           for c in p["spec"].get("containers") or [])
                 used[node] = used.get(node, 0) + req
-        node_free = sum(max(0.0, cap - used.get(n, 0)) for n, cap in gpu_nodes.items())
+        free_of = {n: max(0.0, cap - used.get(n, 0)) for n, cap in gpu_nodes.items()}
+        idle_nodes = {n for n in gpu_nodes if used.get(n, 0) == 0}
+        node_free = sum(free_of.values())
         total = int(min(nominal, sum(gpu_nodes.values()))) if gpu_nodes else 0
         free = int(max(0.0, min(nominal - reserved, node_free, total)))
-        idle = sum(1 for n in gpu_nodes if used.get(n, 0) == 0)
+        idle = len(idle_nodes)
         labels_of = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
-        topology = node_domains(self._flavors(api, cq)[1], {n: labels_of[n] for n in gpu_nodes},
-                                {n for n in gpu_nodes if used.get(n, 0) == 0},
-                                {n: max(0.0, cap - used.get(n, 0)) for n, cap in gpu_nodes.items()})
+        topology = node_domains(self._flavors(api, cq)[1], {n: labels_of[n] for n in gpu_nodes}, idle_nodes, free_of)
         per_node = int(max(gpu_nodes.values())) if gpu_nodes else 0
         pool = PoolCapacity(
             pool=cq_name, total_nodes=len(gpu_nodes), idle_nodes=idle, total_gpus=total, free_gpus=free,

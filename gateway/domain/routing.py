@@ -291,11 +291,12 @@ def domain_wait(shape: JobShape, view: PoolView) -> str:
             f"GPUs (room: {each})")
 
 
-def _domain_for(shape: JobShape, view: PoolView) -> tuple[str, str] | None:
-    """The domain a gang that requires one would take now (the fullest one that fits:
-    best fit, as Slurm's topology plugins choose), or None."""
-    fits = [(n, name) for name, n in room(shape, view, shape.topology).items() if n >= shape.workers]
-    return (shape.topology, min(fits)[1]) if fits else None
+def _domain_for(shape: JobShape, view: PoolView, level: str = "") -> tuple[str, str] | None:
+    """The domain of ``level`` (default: the one the gang requires) it would take now (the
+    fullest one that fits: best fit, as Slurm's topology plugins choose), or None."""
+    level = level or shape.topology
+    fits = [(n, name) for name, n in room(shape, view, level).items() if n >= shape.workers]
+    return (level, min(fits)[1]) if fits else None
 
 
 def held_gpus(shape: JobShape, view: PoolView) -> int:
@@ -342,14 +343,15 @@ def _take_gpus(shape: JobShape, view: PoolView) -> None:
     snapshot has them)."""
     g = shape.gpus_per_worker
     for level, per_node in view.domain_gpus.items():
-        fits = sorted((n, name) for name, n in room(shape, view, level).items() if n >= shape.workers)
-        if not fits:
+        chosen = _domain_for(shape, view, level)
+        if chosen is None:
             continue
-        free, left = per_node[fits[0][1]], shape.workers
+        name = chosen[1]
+        free, left = per_node[name], shape.workers
         for i in sorted(range(len(free)), key=lambda i: -free[i]):
             take_n = min(left, free[i] // g)
-            if take_n and view.domains.get(level, {}).get(fits[0][1], 0) and free[i] == view.gpus_per_node:
-                view.domains[level][fits[0][1]] -= 1  # an idle node is idle no longer
+            if take_n and view.domains.get(level, {}).get(name, 0) and free[i] == view.gpus_per_node:
+                view.domains[level][name] -= 1  # an idle node is idle no longer
             free[i] -= take_n * g
             left -= take_n
             if left <= 0:
