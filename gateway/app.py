@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import gc
 import logging
 from typing import Any
 
@@ -136,7 +137,18 @@ def _walk_schemas(node: Any) -> None:
             _walk_schemas(value)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_served_app() -> FastAPI:
+    """The app as ``isthmus serve`` runs it, once per worker process (uvicorn's factory)."""
+    return create_app(freeze_at_start=True)
+
+
+def create_app(settings: Settings | None = None, *, freeze_at_start: bool = False) -> FastAPI:
+    """``freeze_at_start``: once started, move every object made so far out of the cycle
+    collector's way (``gc.freeze``). A served worker's start-up leaves about 180,000 long-lived
+    objects (modules, the ORM's mappings, the OpenAPI models); each full collection walked them
+    all, 50-150 ms on this 2-core machine, a pause that every request in flight on that worker
+    waited out: the submission p99 (issue #32, docs/benchmarks.md). Off for apps made in-process
+    (tests, benchmarks' embedded apps), which are made many times in one process."""
     settings = settings or get_settings()
 
     @contextlib.asynccontextmanager
@@ -179,6 +191,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             app.state.webhooks = WebhookWorker(sessions=app.state.sessionmaker, settings=settings.webhooks)
             app.state.webhooks.start()
+        if freeze_at_start:
+            gc.collect()  # garbage of the start-up is freed, not kept forever
+            gc.freeze()
         try:
             yield
         finally:

@@ -72,7 +72,7 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
     # Body size and body timeouts are enforced by the app (gateway/identity/bodylimit.py); these
     # are the limits only the server can set (docs/security.md, finding 5). log_config=None:
     # each worker process configures logging itself (gateway/kit/logs.py).
-    uvicorn.run("gateway.app:create_app", factory=True, host=host, port=port, workers=workers,
+    uvicorn.run("gateway.app:create_served_app", factory=True, host=host, port=port, workers=workers,
                 log_level=settings.log_level, access_log=False, log_config=None, http="h11",
                 limit_concurrency=settings.max_connections, timeout_keep_alive=5,
                 timeout_worker_healthcheck=settings.worker_healthcheck_s,
