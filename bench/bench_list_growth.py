@@ -1,0 +1,110 @@
+"""Reads at a small and a grown registry, side by side in one process (issue #32).
+
+Usage: python bench/bench_list_growth.py [--requests 150] [--rounds 5] [--jobs 1000000] [--pending 50000]
+
+bench/bench_submit_growth.py measures reads through HTTP for 5 s each on the same 2 cores as
+the load generator; its reads that cannot depend on the registry's size (one job by id) moved
+by 0.76-1.32 between its runs. This one takes the server and the load generator out: two
+gateways in this process (the app with its middleware, through Starlette's test client, on
+the benchmark Postgres), one on a registry of `pending` waiting jobs and one page of history
+(100 finished jobs), the other grown to `jobs` jobs with the same waiting ones, grown in SQL
+as bench_submit_growth.py documents. Each round measures every read `requests` times on one
+registry and then on the other, in turns; the figure is the median request time of each read
+and the ratio small / grown (>= 0.9 is flat, as the issue asks). Writes docs/benchmarks.md,
+section "list-growth".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.bench_api import SPEC  # noqa: E402
+from bench.bench_submit_growth import HISTORY_PAGE, grow  # noqa: E402
+from bench.common import BIN, fresh_database, machine, write_section  # noqa: E402
+
+READS = {"list 50": "/v1/jobs?limit=50", "list 50 succeeded": "/v1/jobs?limit=50&state=succeeded",
+         "list 50 pending": "/v1/jobs?limit=50&state=pending", "list 50 failed": "/v1/jobs?limit=50&state=failed",
+         "one job": "/v1/jobs/{job}", "events": "/v1/jobs/{job}/events"}
+
+
+def gateway(stack: ExitStack, url: str, key: str):
+    """A started app on ``url`` and alice's headers."""
+    os.environ.update({"ISTHMUS_DATABASE_URL": url, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": key,
+                       "ISTHMUS_LOG_LEVEL": "warning"})
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.kit.settings import Settings
+
+    client = stack.enter_context(TestClient(create_app(Settings())))
+    token = subprocess.run([str(BIN / "isthmus"), "token", "--user", "alice", "--groups", "team-a"], env=os.environ,
+                           check=True, capture_output=True, text=True).stdout.strip()
+    return client, {"Authorization": f"Bearer {token}"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=150)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=1_000_000)
+    ap.add_argument("--pending", type=int, default=50_000)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    key = f"/tmp/bench-list-growth-{os.getpid()}.pem"
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        sides = {}
+        for side in ("small", "grown"):
+            url = stack.enter_context(fresh_database(migrated=True))
+            client, headers = gateway(stack, url, key)
+            first = client.post("/v1/jobs", json=SPEC, headers=headers)
+            first.raise_for_status()
+            job = first.json()["id"]
+            history = HISTORY_PAGE if side == "small" else args.jobs - args.pending - 1
+            grow(url, job, history=history, pending=args.pending)
+            sides[side] = (client, headers, job)
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.rounds):
+            for name, path in READS.items():
+                for side, (client, headers, job) in sides.items():
+                    u = path.format(job=job)
+                    for _ in range(args.requests):
+                        s = time.perf_counter()
+                        r = client.get(u, headers=headers)
+                        times.setdefault((name, side), []).append(time.perf_counter() - s)
+                    if r.status_code != 200:
+                        raise SystemExit(f"{name} on {side}: {r.status_code} {r.text[:200]}")
+    rows = []
+    for name in READS:
+        small = statistics.median(times[(name, "small")]) * 1e3
+        grown = statistics.median(times[(name, "grown")]) * 1e3
+        rows.append(f"| {name} | {small:.2f} | {grown:.2f} | {small / grown:.2f} |")
+        print(rows[-1], flush=True)
+    body = f"""## Reads at a small and a grown registry, in one process (issue #32)
+
+`python bench/bench_list_growth.py --requests {args.requests} --rounds {args.rounds} --jobs {args.jobs} --pending {args.pending}`
+({machine()}; run {time.strftime('%Y-%m-%d')}, {time.monotonic() - t0:.0f} s; Postgres of the test stack, nothing else running).
+Two gateways in one process through Starlette's test client (no server, no load generator):
+small = {args.pending:,} waiting jobs and {HISTORY_PAGE} finished, grown = {args.jobs:,} jobs of which {args.pending:,}
+waiting. Median time of one request over {args.rounds} rounds of {args.requests}, the two registries in turns;
+small / grown >= 0.9 is flat.
+
+| read | small: median ms | grown: median ms | small / grown |
+|---|---|---|---|
+""" + "\n".join(rows) + "\n"
+    print(body)
+    if not args.no_write:
+        write_section("list-growth", body)
+    if os.path.exists(key):
+        os.remove(key)
+
+
+if __name__ == "__main__":
+    main()
