@@ -6,7 +6,7 @@ bench/bench_submit_growth.py measures reads through HTTP for 5 s each on the sam
 the load generator; its reads that cannot depend on the registry's size (one job by id) moved
 by 0.76-1.32 between its runs. This one takes the server and the load generator out: two
 gateways in this process (the app with its middleware, through Starlette's test client, on
-the benchmark Postgres), one on a registry of `pending` waiting jobs and one page of history
+the benchmark Postgres; the dashboard's pages with a session made as its login makes one), one on a registry of `pending` waiting jobs and one page of history
 (100 finished jobs), the other grown to `jobs` jobs with the same waiting ones, grown in SQL
 as bench_submit_growth.py documents. Each round measures every read `requests` times on one
 registry and then on the other, in turns; the figure is the median request time of each read
@@ -25,28 +25,40 @@ import time
 from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.bench_api import SPEC  # noqa: E402
-from bench.bench_submit_growth import HISTORY_PAGE, grow  # noqa: E402
-from bench.common import BIN, fresh_database, machine, write_section  # noqa: E402
+from bench.bench_api import SPEC
+from bench.bench_submit_growth import HISTORY_PAGE, UI_SECRET, grow, ui_cookie
+from bench.common import BIN, fresh_database, machine, write_section
 
-READS = {"list 50": "/v1/jobs?limit=50", "list 50 succeeded": "/v1/jobs?limit=50&state=succeeded",
-         "list 50 pending": "/v1/jobs?limit=50&state=pending", "list 50 failed": "/v1/jobs?limit=50&state=failed",
-         "one job": "/v1/jobs/{job}", "events": "/v1/jobs/{job}/events"}
+# read: (path, who): alice's bearer token, the admin's, or alice's / the admin's dashboard session.
+READS = {"list 50": ("/v1/jobs?limit=50", "user"), "list 50 succeeded": ("/v1/jobs?limit=50&state=succeeded", "user"),
+         "list 50 pending": ("/v1/jobs?limit=50&state=pending", "user"),
+         "list 50 failed": ("/v1/jobs?limit=50&state=failed", "user"),
+         "one job": ("/v1/jobs/{job}", "user"), "events": ("/v1/jobs/{job}/events", "user"),
+         "usage report": ("/v1/admin/usage", "admin"), "page: jobs": ("/ui/", "user ui"),
+         "page: one job": ("/ui/jobs/{job}", "user ui"), "page: accounts": ("/ui/accounts", "user ui"),
+         "page: admin": ("/ui/admin", "admin ui")}
 
 
 def gateway(stack: ExitStack, url: str, key: str):
-    """A started app on ``url`` and alice's headers."""
+    """A started app on ``url`` and the headers of each caller of READS."""
     os.environ.update({"ISTHMUS_DATABASE_URL": url, "ISTHMUS_DEV_MODE": "true", "ISTHMUS_DEV_KEY_PATH": key,
-                       "ISTHMUS_LOG_LEVEL": "warning"})
+                       "ISTHMUS_LOG_LEVEL": "warning", "ISTHMUS_UI_SESSION_SECRET": UI_SECRET})
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
     from gateway.kit.settings import Settings
 
     client = stack.enter_context(TestClient(create_app(Settings())))
-    token = subprocess.run([str(BIN / "isthmus"), "token", "--user", "alice", "--groups", "team-a"], env=os.environ,
-                           check=True, capture_output=True, text=True).stdout.strip()
-    return client, {"Authorization": f"Bearer {token}"}
+
+    def token(*a: str) -> str:
+        return subprocess.run([str(BIN / "isthmus"), "token", *a], env=os.environ, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    user, adm = token("--user", "alice", "--groups", "team-a"), token("--user", "root-admin", "--admin")
+    headers = {"user": {"Authorization": f"Bearer {user}"}, "admin": {"Authorization": f"Bearer {adm}"}}
+    for who, (tok, subject) in {"user ui": (user, "alice"), "admin ui": (adm, "root-admin")}.items():
+        name, value = ui_cookie(url, tok, subject).removeprefix("Cookie: ").split("=", 1)
+        headers[who] = {"Cookie": f"{name}={value}"}
+    return client, headers
 
 
 def main() -> None:
@@ -55,8 +67,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=1_000_000)
     ap.add_argument("--pending", type=int, default=50_000)
+    ap.add_argument("--reads", default="", help="only these reads (comma-separated names of READS)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    reads = {k: v for k, v in READS.items() if not args.reads or k in args.reads.split(",")}
     key = f"/tmp/bench-list-growth-{os.getpid()}.pem"
     t0 = time.monotonic()
     with ExitStack() as stack:
@@ -64,7 +78,7 @@ def main() -> None:
         for side in ("small", "grown"):
             url = stack.enter_context(fresh_database(migrated=True))
             client, headers = gateway(stack, url, key)
-            first = client.post("/v1/jobs", json=SPEC, headers=headers)
+            first = client.post("/v1/jobs", json=SPEC, headers=headers["user"])
             first.raise_for_status()
             job = first.json()["id"]
             history = HISTORY_PAGE if side == "small" else args.jobs - args.pending - 1
@@ -72,17 +86,17 @@ def main() -> None:
             sides[side] = (client, headers, job)
         times: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
-            for name, path in READS.items():
+            for name, (path, who) in reads.items():
                 for side, (client, headers, job) in sides.items():
                     u = path.format(job=job)
                     for _ in range(args.requests):
                         s = time.perf_counter()
-                        r = client.get(u, headers=headers)
+                        r = client.get(u, headers=headers[who], follow_redirects=False)
                         times.setdefault((name, side), []).append(time.perf_counter() - s)
                     if r.status_code != 200:
                         raise SystemExit(f"{name} on {side}: {r.status_code} {r.text[:200]}")
     rows = []
-    for name in READS:
+    for name in reads:
         small = statistics.median(times[(name, "small")]) * 1e3
         grown = statistics.median(times[(name, "grown")]) * 1e3
         rows.append(f"| {name} | {small:.2f} | {grown:.2f} | {small / grown:.2f} |")
