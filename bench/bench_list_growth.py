@@ -19,15 +19,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_api import SPEC
-from bench.bench_submit_growth import HISTORY_PAGE, UI_SECRET, grow, ui_cookie
-from bench.common import BIN, fresh_database, machine, write_section
+from bench.bench_submit_growth import (
+    HISTORY_PAGE,
+    UI_SECRET,
+    dev_tokens,
+    grow,
+    ui_cookie,
+)
+from bench.common import fresh_database, machine, write_section
 
 # read: (path, who): alice's bearer token, the admin's, or alice's / the admin's dashboard session.
 READS = {"list 50": ("/v1/jobs?limit=50", "user"), "list 50 succeeded": ("/v1/jobs?limit=50&state=succeeded", "user"),
@@ -49,15 +54,11 @@ def gateway(stack: ExitStack, url: str, key: str):
     from gateway.kit.settings import Settings
 
     client = stack.enter_context(TestClient(create_app(Settings())))
-
-    def token(*a: str) -> str:
-        return subprocess.run([str(BIN / "isthmus"), "token", *a], env=os.environ, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    user, adm = token("--user", "alice", "--groups", "team-a"), token("--user", "root-admin", "--admin")
+    user, adm = dev_tokens(dict(os.environ))
     headers = {"user": {"Authorization": f"Bearer {user}"}, "admin": {"Authorization": f"Bearer {adm}"}}
     for who, (tok, subject) in {"user ui": (user, "alice"), "admin ui": (adm, "root-admin")}.items():
-        name, value = ui_cookie(url, tok, subject).removeprefix("Cookie: ").split("=", 1)
-        headers[who] = {"Cookie": f"{name}={value}"}
+        name, value = ui_cookie(url, tok, subject).split(": ", 1)  # "Cookie: ..."
+        headers[who] = {name: value}
     return client, headers
 
 

@@ -114,6 +114,14 @@ def registry(url_db: str) -> tuple[int, int]:
     return total, waiting
 
 
+def dev_tokens(env: dict[str, str]) -> tuple[str, str]:
+    """Tokens from the dev issuer ``env`` names: alice's (account team-a) and an admin's."""
+    def token(*a: str) -> str:
+        return subprocess.run([str(BIN / "isthmus"), "token", *a, "--lifetime", "7200"], env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    return token("--user", "alice", "--groups", "team-a"), token("--user", "root-admin", "--admin")
+
+
 def ui_cookie(url_db: str, token: str, subject: str) -> str:
     """A logged-in dashboard session as the login callback makes one (gateway/ui/session.py):
     its row, holding the access token, and the signed cookie naming it."""
@@ -142,10 +150,7 @@ def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]
            "ISTHMUS_LOG_LEVEL": "warning", "ISTHMUS_UI_SESSION_SECRET": UI_SECRET,
            "ISTHMUS_MAX_PENDING_JOBS_PER_USER": "10000000", "ISTHMUS_MAX_PENDING_JOBS_PER_ACCOUNT": "10000000"}
 
-    def token(*a: str) -> str:
-        return subprocess.run([str(BIN / "isthmus"), "token", *a, "--lifetime", "7200"], env=env, check=True,
-                              capture_output=True, text=True).stdout.strip()
-    user, adm = token("--user", "alice", "--groups", "team-a"), token("--user", "root-admin", "--admin")
+    user, adm = dev_tokens(env)
     gport, bport, hport = free_port(), free_port(), free_port()
     # The reference runs with the gateway's server settings (gateway/cli.py serve: h11, whose
     # header-size limit the gateway needs, docs/security.md finding 5; keep-alive 5 s). The
