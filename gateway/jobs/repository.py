@@ -47,8 +47,7 @@ def list_readable(session: Session, principal: Principal, *, states: Sequence[st
     if after_id:
         stmt = stmt.where(Job.id < after_id)
     if states and session.get_bind().dialect.name == "postgresql":
-        accounts = [account] if account else sorted(principal.accounts) if not principal.is_admin else list(
-            session.scalars(select(Account.name).order_by(Account.name).limit(MAX_LIST_PROBES + 1)))
+        accounts = _probed_accounts(session, principal, account)
         if accounts and len(accounts) * len(states) <= MAX_LIST_PROBES:
             ids = _newest_ids_per_account_state(stmt, accounts, list(states), limit)
             return list(session.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id.desc())))
@@ -61,6 +60,16 @@ def list_readable(session: Session, principal: Principal, *, states: Sequence[st
 # to this many pairs (an admin's list without an account: every account, from the account
 # table, which every job's account is in); beyond, the plain query.
 MAX_LIST_PROBES = 64
+
+
+def _probed_accounts(session: Session, principal: Principal, account: str | None) -> list[str]:
+    """The accounts a state-filtered list probes: the one named, else the caller's, else (an
+    admin) every account, read up to one past MAX_LIST_PROBES."""
+    if account:
+        return [account]
+    if not principal.is_admin:
+        return sorted(principal.accounts)
+    return list(session.scalars(select(Account.name).order_by(Account.name).limit(MAX_LIST_PROBES + 1)))
 
 
 def _newest_ids_per_account_state(stmt: Select, accounts: list[str], states: list[str], limit: int):
