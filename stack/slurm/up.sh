@@ -39,8 +39,9 @@ elif [ "$MODE" = prefix ]; then
     bash "$HERE/build-$VER.sh"
   fi
   apt_install munge
-  getent group slurm >/dev/null || groupadd --system slurm
-  getent passwd slurm >/dev/null || useradd --system -g slurm -M -d /nonexistent -s /usr/sbin/nologin slurm
+  ( flock -w 300 8 && { getent group slurm >/dev/null || groupadd --system slurm; } &&
+    { getent passwd slurm >/dev/null || useradd --system -g slurm -M -d /nonexistent -s /usr/sbin/nologin slurm; }
+  ) 8>/var/lock/isthmus-users.lock
   "$PREFIX/sbin/slurmctld" -V | awk '{print $2}' >"$CACHE/slurm-package-version"
 else
   apt_install debootstrap
@@ -63,7 +64,11 @@ ensure_users() {  # runs in the host or inside the chroot via "${CH[@]}"
       "${CH[@]}" useradd -M -d /nonexistent -s /bin/sh -u "$uid" -g "$uid" "$name"
   done
 }
-CH_SAVE=("${CH[@]}"); CH=(); ensure_users; CH=("${CH_SAVE[@]}")
+# The host's users are shared by the chains of stack/up.sh that run side by side: useradd
+# refuses while another holds /etc/passwd, so the host's part takes a machine-wide lock.
+CH_SAVE=("${CH[@]}"); CH=()
+( flock -w 300 8 && ensure_users ) 8>/var/lock/isthmus-users.lock
+CH=("${CH_SAVE[@]}")
 [ "$MODE" = chroot ] && ensure_users
 
 # ---------------------------------------------------------------------- mounts
