@@ -4,6 +4,9 @@
 # reach the checkout), its own port (ISTHMUS_PG_PORT, default 55432), loopback only.
 # The machine's long-lived cluster (pg_ctlcluster 15 main) is never used or touched.
 #
+# ISTHMUS_PG_STATE=<dir> (with ISTHMUS_PG_PORT) runs a private server in <dir> instead, for a
+# test that restarts or stops its server while other lanes use the stack's (tests/conftest.py
+# own_postgres_server); its URL goes to <dir>/env.
 # Usage: stack/postgres.sh [up|down|restart|status]. `up` is idempotent and prints the
 # server URL (the `isthmus` maintenance database; tests and benchmarks create their own
 # databases on it and drop them). The same URL is written to .stack/postgres/env.
@@ -21,6 +24,9 @@ log() { printf '[postgres] %s\n' "$*" >&2; }
 # Where the cluster lives. Postgres refuses to run as root, so the postgres user must be
 # able to reach the directory; a checkout under /root is not reachable by it.
 state_dir() {
+  if [ -n "${ISTHMUS_PG_STATE:-}" ]; then  # a private server (a test that restarts it: tests/conftest.py)
+    mkdir -p "$ISTHMUS_PG_STATE"; chmod 755 "$ISTHMUS_PG_STATE"; echo "$ISTHMUS_PG_STATE"; return
+  fi
   if [ -L "$link" ]; then readlink -f "$link"; return; fi
   if [ -d "$link" ]; then echo "$REPO/$link"; return; fi
   mkdir -p .stack
@@ -45,7 +51,7 @@ fi
 
 case $action in
   down|status|restart)
-    [ -e "$link" ] || { [ "$action" = down ] && exit 0; log "no cluster in $link"; exit 1; }
+    [ -e "$link" ] || [ -n "${ISTHMUS_PG_STATE:-}" ] || { [ "$action" = down ] && exit 0; log "no cluster in $link"; exit 1; }
     DATA="$(state_dir)/data"
     case $action in
       down) running && pgctl "stop -m fast -w" >/dev/null; exit 0 ;;
@@ -86,5 +92,7 @@ su postgres -s /bin/sh -c "$bin/psql -h '$STATE/run' -p $port -U isthmus -d post
   \"select 1 from pg_database where datname='isthmus'\"" | grep -q 1 ||
   su postgres -s /bin/sh -c "$bin/createdb -h '$STATE/run' -p $port -U isthmus isthmus"
 url="postgresql+psycopg://isthmus:isthmus@127.0.0.1:$port/isthmus"
-printf 'ISTHMUS_TEST_POSTGRES_URL=%s\nISTHMUS_PG_PORT=%s\nISTHMUS_PG_DATA=%s\n' "$url" "$port" "$DATA" >.stack/postgres/env
+envfile=.stack/postgres/env
+[ -n "${ISTHMUS_PG_STATE:-}" ] && envfile=$ISTHMUS_PG_STATE/env
+printf 'ISTHMUS_TEST_POSTGRES_URL=%s\nISTHMUS_PG_PORT=%s\nISTHMUS_PG_DATA=%s\n' "$url" "$port" "$DATA" >"$envfile"
 echo "$url"

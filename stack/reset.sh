@@ -63,6 +63,15 @@ if [ -n "$pids" ]; then
   pids=$(stale); [ -z "$pids" ] || kill -9 $pids 2>/dev/null
 fi
 
+# Private Postgres servers of tests that restart theirs (tests/conftest.py own_postgres_server)
+# that an interrupted run left: their daemons and their directories.
+for d in /var/tmp/isthmus-pg-private-*; do
+  [ -d "$d" ] || continue
+  pkill -f -- "-D $d/data" 2>/dev/null
+  sleep 0.5; pkill -KILL -f -- "-D $d/data" 2>/dev/null
+  rm -rf "$d"
+done
+
 # The Postgres cluster may live outside the checkout (stack/postgres.sh: /var/tmp/...).
 if [ -L .stack/postgres ]; then
   target=$(readlink -f .stack/postgres)

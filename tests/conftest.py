@@ -26,6 +26,7 @@ from adapters.envfile import read_env_file  # noqa: F401  (used by the suites)
 from stack.databases import recreate_database, server_url, temporary_database
 
 REPO = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.lanes"]  # which shared systems each test holds; settled clusters (tests/lanes.py)
 
 
 def stack_postgres_url() -> str:
@@ -316,3 +317,45 @@ def site(gw, monkeypatch):
         for k, v in kw.items():
             monkeypatch.setattr(gw.settings, k, v)
     return set_
+
+
+@dataclasses.dataclass
+class PostgresServer:
+    """A Postgres server of a test's own (stack/postgres.sh with ISTHMUS_PG_STATE)."""
+
+    url: str
+    state: Path
+
+    def run(self, action: str) -> None:
+        import subprocess
+
+        port = self.url.rsplit(":", 1)[1].split("/")[0]
+        subprocess.run(["bash", str(REPO / "stack" / "postgres.sh"), action], check=True, capture_output=True,
+                       env={**os.environ, "ISTHMUS_PG_STATE": str(self.state), "ISTHMUS_PG_PORT": port})
+
+
+@pytest.fixture(scope="module")
+def own_postgres_server() -> Iterator[PostgresServer]:
+    """A throw-away Postgres server for a module that restarts or stops its server.
+
+    The stack's server is shared by every lane (tests/lanes.py): restarting it would cut
+    the connections of the tests running beside this one. This one is the module's alone,
+    on a free port, in /var/tmp (the postgres user must reach it), removed afterwards."""
+    import subprocess
+
+    from tests.jobs.live import free_port
+
+    state = Path(f"/var/tmp/isthmus-pg-private-{uuid.uuid4().hex[:12]}")
+    port = free_port()
+    done = subprocess.run(["bash", str(REPO / "stack" / "postgres.sh"), "up"], capture_output=True, text=True,
+                          env={**os.environ, "ISTHMUS_PG_STATE": str(state), "ISTHMUS_PG_PORT": str(port)})
+    if done.returncode != 0:
+        shutil.rmtree(state, ignore_errors=True)
+        missing_system(f"could not start a private Postgres server: {done.stderr[-500:]}")
+    server = PostgresServer(done.stdout.strip().splitlines()[-1], state)
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.run("down")
+        shutil.rmtree(state, ignore_errors=True)

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from tests.conftest import REPO, missing_system, read_env_file
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.uses("podman")]
 CACHE = Path(os.environ.get("ISTHMUS_CACHE", "/var/cache/isthmus"))
 PODMAN_COMPOSE = CACHE / "podman-compose" / "bin" / "podman-compose"
 CONTAINER_UID = 10001  # the Dockerfile's non-root user

@@ -100,8 +100,12 @@ def job_state(gw: Gateway, job_id: str, *states: str, headers=None):
 
 
 @pytest.fixture(scope="module")
-def slurm22():
-    return slurm_env("22.05")
+def slurm_cluster(request):
+    """The env of the Slurm cluster the module is marked with: ``pytest.mark.slurm("24.11")``
+    (the first version named; 22.05 when none is). The marker is also what the module holds
+    while it runs (tests/lanes.py), so spreading modules over versions spreads the work."""
+    marker = request.node.get_closest_marker("slurm")
+    return slurm_env(str(marker.args[0]) if marker and marker.args else "22.05")
 
 
 @pytest.fixture(scope="module")

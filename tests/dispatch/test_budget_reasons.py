@@ -10,8 +10,8 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+def gw(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         admin = gw.headers("root", (), admin=True)
         r = gw.client.put("/v1/admin/accounts/team-a/quota", json={"budget_gpu_hours": 10}, headers=admin)
         assert r.status_code == 200, r.text

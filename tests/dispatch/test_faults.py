@@ -18,29 +18,31 @@ from sqlalchemy import create_engine, select
 
 from adapters.slurm import SlurmBackend, SlurmSettings
 from gateway.models.jobs import Job, JobEvent
-from tests.conftest import REPO, postgres_database
+from stack.databases import temporary_database
+from tests.conftest import REPO
 from tests.dispatch.conftest import slurm_backend_options, wired_gateway
 from tests.e2e.conftest import ISTHMUS
 
-pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm("24.11"), pytest.mark.postgres]
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
 @pytest.fixture
-def pg_url():
-    with postgres_database(migrated=True) as url:
+def pg_url(own_postgres_server):
+    """A database on the module's own server: test_postgres_restart_is_survived restarts it."""
+    with temporary_database(own_postgres_server.url, prefix="isthmus_faults", migrated=True) as url:
         yield url
 
 
 @pytest.fixture
-def slurm_backend(slurm22):
-    return SlurmBackend(SlurmSettings(**slurm_backend_options(slurm22)))
+def slurm_backend(slurm_cluster):
+    return SlurmBackend(SlurmSettings(**slurm_backend_options(slurm_cluster)))
 
 
 @pytest.fixture
-def gateway(pg_url, dev_key_path, slurm22):
+def gateway(pg_url, dev_key_path, slurm_cluster):
     """API only (no dispatcher in it): jobs are submitted over HTTP, workers dispatch."""
-    with wired_gateway(pg_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+    with wired_gateway(pg_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         yield gw
 
 
@@ -75,8 +77,8 @@ class Workers:
 
 
 @pytest.fixture
-def workers(pg_url, slurm22, tmp_path):
-    w = Workers(pg_url, slurm22, tmp_path)
+def workers(pg_url, slurm_cluster, tmp_path):
+    w = Workers(pg_url, slurm_cluster, tmp_path)
     yield w
     w.stop_all()
 
@@ -182,8 +184,8 @@ def test_two_workers_never_double_dispatch(gateway, workers, pg_url, slurm_backe
 
 
 def test_slurmrestd_outage_keeps_jobs_pending_then_dispatches_once(gateway, workers, pg_url, slurm_backend,
-                                                                    slurm22):
-    pidfile = Path(slurm22["SLURM_STACK_DIR"]) / "run" / "slurmrestd.pid"
+                                                                    slurm_cluster):
+    pidfile = Path(slurm_cluster["SLURM_STACK_DIR"]) / "run" / "slurmrestd.pid"
     os.kill(int(pidfile.read_text()), signal.SIGTERM)
     time.sleep(1)
     try:
@@ -196,7 +198,8 @@ def test_slurmrestd_outage_keeps_jobs_pending_then_dispatches_once(gateway, work
             jobs = s.scalars(select(Job).where(Job.id.in_(ids))).all()
             assert all("unavailable" in j.state_reason for j in jobs), [j.state_reason for j in jobs]
     finally:
-        subprocess.run(["bash", str(REPO / "stack/slurm/up.sh"), "22.05"], check=True, capture_output=True)
+        subprocess.run(["bash", str(REPO / "stack/slurm/up.sh"), slurm_cluster["SLURM_VERSION"]], check=True,
+                       capture_output=True)
     final = wait_states(pg_url, ids, FINAL, 120)
     assert set(final.values()) == {"succeeded"}, final
     for job in ids:
@@ -204,12 +207,12 @@ def test_slurmrestd_outage_keeps_jobs_pending_then_dispatches_once(gateway, work
     assert ledger_problems(gateway) == []
 
 
-def test_postgres_restart_is_survived(gateway, workers, pg_url, slurm_backend):
+def test_postgres_restart_is_survived(gateway, workers, pg_url, slurm_backend, own_postgres_server):
     ids = submit(gateway, n=4, command=("sleep", "3"))
     w = workers.start()
     wait_states(pg_url, ids, {"queued", "starting", "running", "succeeded"}, 60)
-    # The stack's own throw-away cluster (never the machine's): see stack/postgres.sh.
-    subprocess.run(["bash", str(REPO / "stack/postgres.sh"), "restart"], check=True)
+    # The module's own server (never the stack's, which the other lanes use, nor the machine's).
+    own_postgres_server.run("restart")
     final = wait_states(pg_url, ids, FINAL, 120)
     assert set(final.values()) == {"succeeded"}, final
     assert w.poll() is None, "the worker died with the database restart"

@@ -31,7 +31,6 @@ from tests.dispatch.conftest import (
     wired_gateway,
 )
 from tests.dispatch.test_reservations import FINAL, USERS, get, submit
-from tests.dispatch.test_watch import whole_pool
 
 
 @pytest.fixture(scope="module")
@@ -122,15 +121,15 @@ def test_a_held_half_of_a_slurm_pool_is_team_as_alone_in_a_real_slurm_reservatio
 
 
 @pytest.mark.slurm
-def test_a_pool_without_slurm_accounts_holds_it_in_the_gateway_alone(database_url, dev_key_path, slurm22):
+def test_a_pool_without_slurm_accounts_holds_it_in_the_gateway_alone(database_url, dev_key_path, slurm_cluster):
     """No account_map: Slurm could not tell team-a's jobs from others', so no Slurm reservation."""
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        scheduling_policy="reservation") as gw:
         scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved for team-a from ")
 
 
 @pytest.mark.kubernetes
 def test_a_held_half_of_a_kueue_pool_is_team_as_alone(database_url, dev_key_path, kube):
-    with whole_pool(), wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
+    with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
                                      scheduling_policy="reservation") as gw:
         scenario(gw, "kubernetes", {"gpus": 16}, "16 GPUs of kubernetes are reserved for team-a from ")

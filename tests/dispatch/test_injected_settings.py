@@ -17,9 +17,9 @@ pytestmark = pytest.mark.slurm
 FINAL = ("succeeded", "failed", "cancelled")
 
 
-def test_dispatch_charging_and_metrics_read_only_the_injected_settings(database_url, dev_key_path, slurm22,
+def test_dispatch_charging_and_metrics_read_only_the_injected_settings(database_url, dev_key_path, slurm_cluster,
                                                                       monkeypatch):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        fairshare_half_life_s=3600) as gw:
         import gateway.kit.settings as settings_module
 

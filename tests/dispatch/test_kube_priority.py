@@ -14,7 +14,6 @@ from tests.dispatch.conftest import (
     kube_backend_options,
     wired_gateway,
 )
-from tests.dispatch.test_watch import whole_pool
 
 pytestmark = pytest.mark.kubernetes
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.kubernetes
 @pytest.fixture
 def gw(database_url, dev_key_path, kube):
     # pool_queue_depth: hand jobs to Kueue even when the pool is full, so Kueue decides.
-    with whole_pool(), wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
+    with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
                                      pool_queue_depth=5) as gw:
         yield gw
 

@@ -20,8 +20,8 @@ POOL = "slurm-a100-frankfurt-production-" + "x" * 30 + "1"
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {POOL: {"kind": "slurm", **slurm_backend_options(slurm22)}},
+def gw(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {POOL: {"kind": "slurm", **slurm_backend_options(slurm_cluster)}},
                        scheduling_policy="reservation") as gw:
         yield gw
 

@@ -29,8 +29,8 @@ USERS = {"team-a": "alice", "team-b": "bob", "team-c": "carol"}
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22, kube):
-    backends = {"slurm": slurm_backend_options(slurm22), "kubernetes": kube_backend_options(kube)}
+def gw(database_url, dev_key_path, slurm_cluster, kube):
+    backends = {"slurm": slurm_backend_options(slurm_cluster), "kubernetes": kube_backend_options(kube)}
     with wired_gateway(database_url, dev_key_path, backends) as gw:
         yield gw
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from gateway.models.pools import Pool
-from tests.dispatch.conftest import slurm22  # noqa: F401  (fixture)
+from tests.dispatch.conftest import slurm_cluster  # noqa: F401  (fixture)
 from tests.dispatch.test_faults import gateway, pg_url, wait_states, workers  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]

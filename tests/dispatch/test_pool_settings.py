@@ -119,9 +119,9 @@ def test_an_invalid_kubeconfig_stops_serve_in_one_line_without_thread_tracebacks
     ({"rest_url": "http://127.0.0.1:1"}, "slurmrestd unreachable at http://127.0.0.1:1"),
     ({"partition": "nosuch"}, "partition 'nosuch' does not exist on this cluster (partitions: gpu)"),
 ])
-def test_a_pool_that_cannot_work_is_unhealthy_everywhere_and_never_idle(database_url, dev_key_path, slurm22,
+def test_a_pool_that_cannot_work_is_unhealthy_everywhere_and_never_idle(database_url, dev_key_path, slurm_cluster,
                                                                          override, why):
-    options = {**slurm_backend_options(slurm22), **override}
+    options = {**slurm_backend_options(slurm_cluster), **override}
     with wired_gateway(database_url, dev_key_path, {"slurm": options}) as gw:
         ready = gw.client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "degraded"
@@ -140,8 +140,8 @@ def test_a_pool_that_cannot_work_is_unhealthy_everywhere_and_never_idle(database
 
 
 @pytest.mark.slurm
-def test_a_healthy_pool_is_shown_with_its_capacity(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+def test_a_healthy_pool_is_shown_with_its_capacity(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         ready = gw.client.get("/readyz").json()
         assert ready["status"] == "ok" and ready["pools"]["slurm"]["ok"] is True
         (pool,) = gw.client.get("/v1/pools", headers=gw.headers()).json()["items"]
@@ -158,11 +158,11 @@ def test_build_backends_refuses_what_parse_refuses():
     ({"memory_per_worker": "64Gi"}, "a worker asks 65536 MiB of memory; the largest node has 64000 MiB"),
     ({"cpus_per_worker": 16}, "a worker asks 16 CPUs; the largest node has 8"),
 ])
-def test_a_job_bigger_than_any_node_is_refused_at_submit_with_the_numbers(database_url, dev_key_path, slurm22,
+def test_a_job_bigger_than_any_node_is_refused_at_submit_with_the_numbers(database_url, dev_key_path, slurm_cluster,
                                                                           ask, why):
     """The README's old 64Gi job: Slurm said "Requested node configuration is not available"
     after routing said "4/4 nodes idle" (#14, 1 and 4)."""
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         gw.app.state.dispatcher.views(fresh=True)
         body = {"name": "big", "account": "team-a", "command": ["true"], "workers": 2, "gpus_per_worker": 8, **ask}
         r = gw.client.post("/v1/jobs", json=body, headers=gw.headers())

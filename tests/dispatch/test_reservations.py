@@ -22,7 +22,6 @@ from tests.dispatch.conftest import (
     slurm_backend_options,
     wired_gateway,
 )
-from tests.dispatch.test_watch import whole_pool
 
 pytestmark = pytest.mark.slurm
 FINAL = ("succeeded", "failed", "cancelled")
@@ -30,15 +29,15 @@ USERS = {"team-a": "alice", "team-b": "bob"}
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+def gw(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        scheduling_policy="reservation") as gw:
         yield gw
 
 
 @pytest.fixture
 def kube_gw(database_url, dev_key_path, kube):
-    with whole_pool(), wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
+    with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
                                      scheduling_policy="reservation") as gw:
         yield gw
 

@@ -19,7 +19,7 @@ from tests.dispatch.test_faults import (  # noqa: F401  (fixtures)
     workers,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm("24.11"), pytest.mark.postgres]
 
 
 def test_sigterm_finishes_the_inflight_submission_and_claims_nothing_new(gateway, workers, pg_url, slurm_backend):

@@ -22,8 +22,8 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+def gw(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         yield gw
 
 
@@ -110,11 +110,11 @@ def test_orphans_are_reported_to_admins(gw):
         backend.cancel(result.backend_job_id)
 
 
-def test_submission_wakes_the_dispatcher(database_url, dev_key_path, slurm22):
+def test_submission_wakes_the_dispatcher(database_url, dev_key_path, slurm_cluster):
     """With a 60 s interval, a new job still reaches Slurm within seconds: submit wakes the loop."""
     import time
 
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        dispatch_interval_s=60) as gw:
         gw.app.state.dispatcher.start()
         try:
@@ -136,18 +136,18 @@ def scontrol(env: dict[str, str], *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm22):
+def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm_cluster):
     """An operator requeues a running job; it waits, runs again, and is cancelled. The
     ledger charges the two runs, never the time the job spent back in Slurm's queue."""
     job = submit(gw, command=["sleep", "300"])
     running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
     time.sleep(3)
-    scontrol(slurm22, "requeue", running["backend_job_id"])
+    scontrol(slurm_cluster, "requeue", running["backend_job_id"])
     requeued = drive_until(gw, lambda: job_state(gw, job, "requeued", "queued"), timeout_s=30)
     assert requeued["started_at"] is None, requeued
     time.sleep(5)  # back in the queue: not to be charged
     # Slurm holds a requeued job for about two minutes (BeginTime); let it go now.
-    scontrol(slurm22, "update", f"jobid={running['backend_job_id']}", "starttime=now")
+    scontrol(slurm_cluster, "update", f"jobid={running['backend_job_id']}", "starttime=now")
     again = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
     assert again["backend_job_id"] == running["backend_job_id"]
     time.sleep(3)
@@ -179,10 +179,10 @@ def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm22):
     assert charged <= 8 * (first_to_end - waited + 2), (charged, first_to_end, waited)
 
 
-def test_a_running_job_is_charged_while_it_runs_and_the_total_is_its_real_run(database_url, dev_key_path, slurm22):
+def test_a_running_job_is_charged_while_it_runs_and_the_total_is_its_real_run(database_url, dev_key_path, slurm_cluster):
     """Usage accrual: the account's usage and fair share see a running gang before it ends,
     and the end charges only the rest, so the total is still the real run on the cluster."""
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        usage_accrual_interval_s=1) as gw:
         h = gw.headers("alice", ("team-a",))
         job = submit(gw, command=["sleep", "8"])
@@ -214,7 +214,7 @@ def _ts(value: str) -> datetime:
     return as_utc(datetime.fromisoformat(value))
 
 
-def test_a_requeue_over_budget_cancels_the_job_and_the_budget_holds(gw, slurm22):
+def test_a_requeue_over_budget_cancels_the_job_and_the_budget_holds(gw, slurm_cluster):
     """The next run of a requeued job is admitted again: with no budget left for it, the job is
     cancelled with the budget's words, on Slurm too, and the account keeps its budget."""
     admin = gw.headers("root", (), admin=True)
@@ -224,7 +224,7 @@ def test_a_requeue_over_budget_cancels_the_job_and_the_budget_holds(gw, slurm22)
     job = submit(gw, command=["sleep", "300"])
     running = drive_until(gw, lambda: job_state(gw, job, "running"), timeout_s=60)
     time.sleep(3)
-    scontrol(slurm22, "requeue", running["backend_job_id"])
+    scontrol(slurm_cluster, "requeue", running["backend_job_id"])
     done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=40)
     assert done["state"] == "cancelled", done
     h = gw.headers("alice", ("team-a",))
@@ -244,7 +244,7 @@ def test_a_requeue_over_budget_cancels_the_job_and_the_budget_holds(gw, slurm22)
     assert 8 * 2 <= charged <= 8 * 30, charged  # the run before the requeue, not the time limit
 
 
-def test_a_requeue_and_restart_between_two_looks_charges_each_run_to_slurms_times(gw, slurm22):
+def test_a_requeue_and_restart_between_two_looks_charges_each_run_to_slurms_times(gw, slurm_cluster):
     """The gateway does not look while Slurm requeues the gang and starts it again. It still
     sees the requeue (Slurm's restart count and requeue time), charges the first run up to
     Slurm's requeue time, not the wait in the queue, and the second run from its own start."""
@@ -253,10 +253,10 @@ def test_a_requeue_and_restart_between_two_looks_charges_each_run_to_slurms_time
     backend = gw.app.state.backends["slurm"]
     bid = running["backend_job_id"]
     time.sleep(2)
-    scontrol(slurm22, "requeue", bid)
+    scontrol(slurm_cluster, "requeue", bid)
     requeued_at = datetime.now().astimezone()
     time.sleep(4)  # in the queue: not to be charged
-    scontrol(slurm22, "update", f"jobid={bid}", "starttime=now")
+    scontrol(slurm_cluster, "update", f"jobid={bid}", "starttime=now")
     deadline = time.monotonic() + 60
     while backend.status(bid).state is not BackendState.RUNNING:
         assert time.monotonic() < deadline, backend.status(bid)

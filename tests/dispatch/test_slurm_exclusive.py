@@ -23,8 +23,8 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+def gw(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         yield gw
 
 

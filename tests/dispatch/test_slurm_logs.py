@@ -28,9 +28,9 @@ SCRIPT = 'echo "w$SLURM_PROCID start"; for i in 1 2 3 4; do echo "w$SLURM_PROCID
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
+def gw(database_url, dev_key_path, slurm_cluster):
     # One database is enough (tests/conftest.py: cluster tests run on Postgres).
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         yield gw
 
 

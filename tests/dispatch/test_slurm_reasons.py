@@ -9,8 +9,8 @@ from tests.dispatch.conftest import drive_until, job_state, slurm_backend_option
 pytestmark = pytest.mark.slurm
 
 
-def test_a_user_without_a_posix_account_is_told_so_not_begintime(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+def test_a_user_without_a_posix_account_is_told_so_not_begintime(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         who = gw.headers("zed-no-account", ("team-a",))
         body = {"name": "nouser", "account": "team-a", "command": ["true"], "workers": 1, "gpus_per_worker": 1}
         job = gw.client.post("/v1/jobs", json=body, headers=who).json()["id"]
@@ -26,13 +26,13 @@ def test_a_user_without_a_posix_account_is_told_so_not_begintime(database_url, d
 
 
 def test_a_job_held_for_an_unknown_user_fails_after_the_bound_and_is_cancelled_on_slurm(
-        database_url, dev_key_path, slurm22):
+        database_url, dev_key_path, slurm_cluster):
     """#14 item 5: no wait forever; nothing left on the cluster; the reservation is released."""
     from adapters.base import BackendState, JobNotFound
     from gateway.ledger import service as ledger
     from gateway.models.ledger import Reservation
 
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)},
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        held_job_fail_after_s=3) as gw:
         who = gw.headers("zed-no-account", ("team-a",))
         body = {"name": "nouser-bound", "account": "team-a", "command": ["true"], "workers": 1, "gpus_per_worker": 1}

@@ -19,20 +19,11 @@ from adapters.kubernetes import KubernetesBackend, KubernetesSettings
 from gateway.ledger import service as ledger
 from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import KWOK_RUN_FOR, job_state, kube_backend_options, wired_gateway
-from tests.kube_lock import kube_pool_lock
 
 pytestmark = pytest.mark.kubernetes
 FINAL = ("succeeded", "failed", "cancelled")
 NO_POLLING = {"dispatch_interval_s": 60, "reconcile_resync_s": 3600}
 PROMPT_S = 30  # well inside the 60 s poll interval
-
-
-@contextlib.contextmanager
-def whole_pool():
-    """Hold .stack/kube/test.lock while a test needs the whole ClusterQueue (as the adapter
-    suite does; re-entrant in this process: tests/kube_lock.py)."""
-    with kube_pool_lock():
-        yield
 
 
 @contextlib.contextmanager
@@ -210,7 +201,7 @@ def test_preempted_gang_is_charged_for_its_runs_not_for_the_wait(database_url, d
     watch reports it, and the ledger charges the two runs but not the time in between.
     Priority classes are the accounts' (an admin setting, docs/kubernetes.md): team-a runs
     at the low class, team-b at the high one."""
-    with whole_pool(), running_gateway(database_url, dev_key_path, kube, pool_queue_depth=4) as gw:
+    with running_gateway(database_url, dev_key_path, kube, pool_queue_depth=4) as gw:
         admin = gw.headers("root", (), admin=True)
         for account, cls in (("team-a", "isthmus-low"), ("team-b", "isthmus-high")):
             r = gw.client.patch(f"/v1/admin/accounts/{account}", json={"priority_class": cls}, headers=admin)

@@ -1,3 +1,3 @@
 """The real pools' fixtures, shared with tests/dispatch."""
 
-from tests.dispatch.conftest import kube, slurm22  # noqa: F401
+from tests.dispatch.conftest import kube, slurm_cluster  # noqa: F401

@@ -20,8 +20,8 @@ HOLDING = ("dispatching", "queued", "starting", "running", "requeued", "cancelli
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22, kube):
-    backends = {"slurm": slurm_backend_options(slurm22), "kubernetes": kube_backend_options(kube)}
+def gw(database_url, dev_key_path, slurm_cluster, kube):
+    backends = {"slurm": slurm_backend_options(slurm_cluster), "kubernetes": kube_backend_options(kube)}
     with wired_gateway(database_url, dev_key_path, backends, max_pending_jobs_per_user=5000) as gw:
         yield gw
 
@@ -150,7 +150,7 @@ def test_sweep_of_200_points_each_task_gets_its_parameters_and_is_charged(gw):
         assert charged == set(ids)
 
 
-def test_sweep_on_slurm_each_task_sees_its_own_values(gw, slurm22):
+def test_sweep_on_slurm_each_task_sees_its_own_values(gw, slurm_cluster):
     body = {**step("echo", "slurm", ["sh", "-c", 'echo "lr=$LR idx=$ISTHMUS_ARRAY_INDEX arg=$0"', "{{ lr }}"]),
             "env": {"LR": "{{ lr }}"}, "sweep": {"lr": ["0.1", "0.01; rm -rf /", "$(id)"]}}
     js = post(gw, "/v1/job-sets", body)

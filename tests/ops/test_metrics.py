@@ -173,6 +173,7 @@ def wait_for(fn, timeout_s: float, what: str):
 
 
 @pytest.mark.slurm
+@pytest.mark.uses("prometheus")
 @pytest.mark.postgres
 def test_prometheus_scrapes_what_an_operator_charts(tmp_path, dev_key_path):
     prom = prometheus_binary()

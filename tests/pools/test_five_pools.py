@@ -20,7 +20,7 @@ import yaml
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, wired_gateway
 
-pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm("22.05", "24.11", "26.05"), pytest.mark.kubernetes, pytest.mark.postgres]
 
 FIVE = ("slurm-22", "slurm-24", "slurm-26", "kube-a100", "kube-h100")
 SLURM = FIVE[:3]

@@ -35,7 +35,7 @@ from tests.jobs.live import free_port, served
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
 from tests.ui.test_pages import SECRET as UI_SECRET, page_as
 
-pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm("24.11"), pytest.mark.postgres]
 
 SHARED = REPO / ".stack" / "shared"
 RUN = secrets.token_hex(4)

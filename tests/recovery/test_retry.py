@@ -32,7 +32,7 @@ from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_p
 from tests.ui.test_pages import SECRET as UI_SECRET  # the /ui session cookies of tests/ui
 from tests.ui.test_pages import page_as
 
-pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm("24.11", "26.05"), pytest.mark.postgres]
 
 SHARED = REPO / ".stack" / "shared"
 RUN = secrets.token_hex(4)

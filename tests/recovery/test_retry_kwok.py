@@ -14,7 +14,6 @@ import pytest
 from gateway.ledger import service as ledger
 from tests.conftest import postgres_database
 from tests.dispatch.conftest import drive_until, job_state, kube_backend_options, kube_env, wired_gateway
-from tests.kube_lock import kube_pool_lock
 from tests.pools.test_five_pools import FINAL
 from tests.storage.test_storage import k8s  # noqa: F401  (a fixture)
 
@@ -29,7 +28,7 @@ def gw(dev_key_path):
         pytest.skip("the stack's control plane has no h100 pool (re-run stack/kube/up.sh)")
     options = {**kube_backend_options(env), "cluster_queue": env["ISTHMUS_KUBE_H100_CLUSTER_QUEUE"],
                "local_queue": env["ISTHMUS_KUBE_H100_LOCAL_QUEUE"]}
-    with kube_pool_lock(), postgres_database(migrated=True) as url, \
+    with postgres_database(migrated=True) as url, \
             wired_gateway(url, dev_key_path, {POOL: {"kind": "kubernetes", **options}}) as gw:
         gw.admin = gw.headers("root", admin=True)
         yield gw

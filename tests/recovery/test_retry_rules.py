@@ -12,7 +12,7 @@ from gateway.ledger.repository import list_entries
 from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, slurm_env, wired_gateway
 from tests.pools.test_five_pools import FINAL
 
-pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]
+pytestmark = [pytest.mark.slurm("24.11"), pytest.mark.both_databases]
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,13 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
-def slurm22():
+def slurm_cluster():
     return slurm_env("22.05")
 
 
 @pytest.fixture
-def gw(database_url, dev_key_path, slurm22):
-    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm22)}) as gw:
+def gw(database_url, dev_key_path, slurm_cluster):
+    with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)}) as gw:
         yield gw
 
 
@@ -57,7 +57,7 @@ def wait_final(backend, backend_job_id: str, timeout_s: float = 60) -> None:
         time.sleep(0.5)
 
 
-def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm22):
+def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm_cluster):
     h = gw.headers("alice", ("team-a",))
     r = gw.client.post("/v1/jobs", headers=h, json={
         "name": "victim", "account": "team-a", "backend": "slurm", "command": ["sleep", "300"], "workers": 1,
@@ -68,7 +68,7 @@ def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm22):
     dispatcher.reconciler.LIST_THRESHOLD = 0  # follow through one listing, as with more than 5 jobs on Slurm
     running = drive_until(gw, lambda: job_state(gw, victim, "running"), timeout_s=60)
 
-    spoof = sbatch_as(slurm22, "bob", f"--comment=isthmus:{victim}", "--wrap", "sleep 1")
+    spoof = sbatch_as(slurm_cluster, "bob", f"--comment=isthmus:{victim}", "--wrap", "sleep 1")
     backend = gw.app.state.backends["slurm"]
     wait_final(backend, spoof)
     assert backend.status(spoof).gateway_job_id == victim  # the listing does carry the victim's id
@@ -107,14 +107,14 @@ def _request(gid: str, user: str = "alice", **kw) -> SubmitRequest:
                          time_limit_s=120, **kw)
 
 
-def test_adoption_requires_the_mapped_user_and_the_submit_window(slurm22):
+def test_adoption_requires_the_mapped_user_and_the_submit_window(slurm_cluster):
     """A re-driven submission (crash recovery) adopts only the gateway's own earlier submission:
     not another user's job with the id in its comment, nor one submitted before the job existed."""
-    backend = SlurmBackend(SlurmSettings(**slurm_backend_options(slurm22)))
+    backend = SlurmBackend(SlurmSettings(**slurm_backend_options(slurm_cluster)))
     gid = f"adopt-{uuid.uuid4().hex[:10]}"
     made: list[str] = []
     try:
-        spoof = sbatch_as(slurm22, "bob", f"--comment=isthmus:{gid}", "--wrap", "sleep 60")
+        spoof = sbatch_as(slurm_cluster, "bob", f"--comment=isthmus:{gid}", "--wrap", "sleep 60")
         made.append(spoof)
         first = backend.submit(_request(gid, submitted_after=datetime.now(timezone.utc), first_attempt=False))
         made.append(first.backend_job_id)

@@ -22,13 +22,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from gateway.cli import run_migrations
 from tests.browser import new_browser, off_loopback, requested_urls
-from tests.dispatch.conftest import (  # noqa: F401  (k8s, kube, slurm22: fixtures)
+from tests.dispatch.conftest import (  # noqa: F401  (k8s, kube, slurm_cluster: fixtures)
     KWOK_RUN_FOR,
     fake_container_output,
     k8s,
     kube,
     kube_backend_options,
-    slurm22,
+    slurm_cluster,
     slurm_backend_options,
     wired_gateway,
     worker_pods,
@@ -65,11 +65,11 @@ def kube_lines(worker: int) -> list[str]:
 
 
 @pytest.fixture
-def pooled(oidc_env, slurm22, kube, dev_key_path, tmp_path):  # noqa: F811
+def pooled(oidc_env, slurm_cluster, kube, dev_key_path, tmp_path):  # noqa: F811
     """A gateway on the real Slurm and Kueue pools, trusting the real Keycloak, served over HTTP."""
     url = f"sqlite:///{tmp_path}/gw.db"
     run_migrations(url)
-    backends = {"slurm": slurm_backend_options(slurm22), "kubernetes": kube_backend_options(kube)}
+    backends = {"slurm": slurm_backend_options(slurm_cluster), "kubernetes": kube_backend_options(kube)}
     with wired_gateway(url, dev_key_path, backends, oidc_issuers=json.dumps(issuer_configs(oidc_env)),
                        ui_oidc_issuer=oidc_env["OIDC_ISSUER"], ui_client_id=oidc_env["OIDC_CLIENT_ID"],
                        ui_session_secret="test-only-" + "p" * 32, output_keep_dir=str(tmp_path / "kept")) as gw:

@@ -16,7 +16,7 @@ from tests.dispatch.test_faults import (  # noqa: F401  (fixtures)
     wait_states,
     workers,
 )
-from tests.dispatch.conftest import slurm22  # noqa: F401  (fixture)
+from tests.dispatch.conftest import slurm_cluster  # noqa: F401  (fixture)
 from tests.webhooks.conftest import ALLOWLIST, verify
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres]

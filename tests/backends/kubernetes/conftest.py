@@ -149,17 +149,7 @@ class Kube:
 
 
 @pytest.fixture(scope="session")
-def kube_lock(kube_env):
-    """Hold .stack/kube/test.lock: these tests assert on the whole pool's quota, so they
-    must not overlap with another process's tests on the same control plane."""
-    from tests.kube_lock import kube_pool_lock
-
-    with kube_pool_lock():  # the same file as ENV_FILE.parent / "test.lock"
-        yield
-
-
-@pytest.fixture(scope="session")
-def kube(settings, kube_env, kube_lock):
+def kube(settings, kube_env):
     k = Kube(settings, kube_env["ISTHMUS_KUBE_NAMESPACES"].split(","))
     yield k
     k.api_client.close()

@@ -31,7 +31,7 @@ from adapters.slurm.pyslurm_transport import PyslurmTransport
 from .conftest import PYSLURM_VERSION, env_path, gid, missing, wait_for
 from .test_slurm_cluster import LONG, request
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.slurm("25.11")
 
 
 @pytest.fixture(scope="module")
