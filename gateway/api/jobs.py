@@ -292,8 +292,10 @@ _LOG_RESPONSES = {200: {"description": "The worker's output (stdout and stderr),
                 "`tail` starts at the last N lines; `follow=true` keeps the stream open and sends new "
                 "output until the job has ended. 409 while the job has no output yet "
                 "(pending, or its worker has not started); 501 when its pool's output cannot be read "
-                "by the gateway (docs/logs.md). A follow counts as one of the caller's open streams: 429 "
-                "beyond the limit per caller, 503 when the gateway's stream budget is spent.",
+                "by the gateway (docs/logs.md), or the file there is not a plain file of the job's own (a link, a "
+                "FIFO: 409 output-refused). Every read, plain or follow, counts as one of the caller's open "
+                "streams while it runs: 429 beyond the limit per caller, 503 when the gateway's stream budget "
+                "is spent.",
     response_class=StreamingResponse, responses=_LOG_RESPONSES,
 )
 def get_job_logs(
@@ -311,16 +313,11 @@ def get_job_logs(
         with sessions() as s:
             return repository.is_final(s, job_id, logs.FINAL_STATES)
 
-    # A follow is a stream: it counts against the caller's open streams (docs/logs.md).
-    permit = request.app.state.streams.acquire(principal.subject) if follow else None
-    try:
-        body = logs.open_output(getattr(request.app.state, "backends", None) or {}, job, worker,
-                                keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=follow,
-                                job_final=job_final)
-    except BaseException:
-        if permit is not None:
-            permit.release()
-        raise
+    # Every read is a stream: it counts against the caller's open streams (docs/logs.md).
+    body, permit = logs.open_held(request.app.state.streams, principal.subject,
+                                  getattr(request.app.state, "backends", None) or {}, job, worker,
+                                  keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=follow,
+                                  job_final=job_final)
     return HeldStreamingResponse(body, permit=permit, media_type="text/plain; charset=utf-8",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 

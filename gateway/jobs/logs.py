@@ -13,9 +13,11 @@ last ``output_keep_mib`` MiB of each worker in a file under ``output_keep_dir``
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from adapters.base import Backend, BackendError, BackendUnavailable, Feature, Jo
 from gateway.models.jobs import Job
 from gateway.kit.errors import BackendUnavailable as GatewayUnavailable
 from gateway.kit.errors import Conflict, GatewayError, Invalid
+from gateway.kit.streams import Permit, StreamLimiter
 
 # 1 MiB per read: one worker-thread hop per MiB (64 KiB halved the throughput, bench/bench_logs.py).
 CHUNK_BYTES = 1024 * 1024
@@ -43,6 +46,40 @@ FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 class OutputUnavailable(GatewayError):
     status, title, slug = 501, "Output not available", "output-unavailable"
+
+
+class OutputRefused(GatewayError):
+    """The file where a worker's output should be is not one the gateway reads (docs/security.md, 45.1-45.2)."""
+
+    status, title, slug = 409, "Output not readable", "output-refused"
+
+
+# Never follow a link, never block on a FIFO or a device, never become a controlling tty.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+def open_output_file(path: str) -> int:
+    """A descriptor of ``path`` for reading, if it is a plain file of its own; else OutputRefused.
+
+    A job's output sits where the job's own user can replace it. The gateway reads it with
+    its own rights, so it reads it only as what it should be: a regular file (not a link,
+    which the open refuses; not a FIFO, which would block a thread; not a device) with one
+    name (a hard link to another user's file has two). FileNotFoundError passes through.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        what = "a symbolic link" if exc.errno == errno.ELOOP else os.strerror(exc.errno or 0).lower()
+        raise OutputRefused(f"the output file is {what}: the gateway reads only a plain file") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file (a FIFO, a socket or a device)" if not stat.S_ISREG(st.st_mode) \
+            else f"a file with {st.st_nlink} names (a hard link)"
+        raise OutputRefused(f"the output file is {what}: the gateway reads only a plain file of its own")
+    return fd
 
 
 log = logging.getLogger("isthmus.logs")
@@ -139,12 +176,16 @@ def open_output(backends: dict[str, Backend], job: Job, worker: int, *, keep_dir
     final = job.state in FINAL_STATES
     if not backend.supports(Feature.OUTPUT_STREAM):
         path = output_path(backends, job, worker)
-        if not follow and not os.path.exists(path):
-            raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
-                           else f"worker {worker} left no output (the job {job.state})")
+        try:
+            os.close(open_output_file(path))  # refused now, with a problem, not half-way into a 200
+        except FileNotFoundError:
+            if not follow:
+                raise Conflict(f"worker {worker} has no output yet (the job is {job.state})" if not final
+                               else f"worker {worker} left no output (the job {job.state})") from None
         return stream(path, tail=tail, follow=follow and not final, job_final=job_final)
     kept = kept_path(keep_dir, job.id, worker)
     if final and kept.exists():
+        os.close(open_output_file(str(kept)))
         return stream(str(kept), tail=tail, follow=False, job_final=job_final)
     if job.backend_job_id is None:
         raise Conflict(f"worker {worker} has no output yet (the job is {job.state})")
@@ -160,6 +201,24 @@ def open_output(backends: dict[str, Backend], job: Job, worker: int, *, keep_dir
     return _relay(chunks, f"job {job.id} worker {worker}")
 
 
+def open_held(streams: StreamLimiter, subject: str, backends: dict[str, Backend], job: Job, worker: int, *,
+              keep_dir: str | os.PathLike, tail: int | None, follow: bool,
+              job_final: Callable[[], bool]) -> tuple[AsyncIterator[bytes], Permit]:
+    """:func:`open_output` under one of the caller's stream permits, for the API and the dashboard.
+
+    Every read holds one, a plain read as much as a follow: a read of a slow or hostile file
+    holds a thread and a connection too (docs/security.md, 45.2). The caller hands the permit
+    to its response (HeldStreamingResponse), which releases it when the stream ends; it is
+    released here if opening fails."""
+    permit = streams.acquire(subject)
+    try:
+        return open_output(backends, job, worker, keep_dir=keep_dir, tail=tail, follow=follow,
+                           job_final=job_final), permit
+    except BaseException:
+        permit.release()
+        raise
+
+
 def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
     """The file holding ``worker``'s output, or a problem saying why there is none."""
     backend = pool_backend(backends, job, worker)
@@ -171,7 +230,7 @@ def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
 
 def tail_offset(path: str, lines: int) -> int:
     """Byte offset where the last ``lines`` lines of the file start (reads backwards, in chunks)."""
-    with open(path, "rb") as f:
+    with os.fdopen(open_output_file(path), "rb") as f:
         end = f.seek(0, os.SEEK_END)
         if lines <= 0:
             return end
@@ -198,13 +257,18 @@ def tail_offset(path: str, lines: int) -> int:
         return max(pos, end - MAX_TAIL_BYTES)
 
 
-def _read(path: str, offset: int) -> bytes:
+def _read(path: str, offset: int) -> bytes | None:
+    """At most CHUNK_BYTES from ``offset``; b"" when there is nothing (yet); None when the file
+    was replaced by one the gateway does not read (the stream then ends)."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_output_file(path), "rb") as f:
             f.seek(offset)
             return f.read(CHUNK_BYTES)
     except FileNotFoundError:
         return b""
+    except OutputRefused as exc:
+        log.warning("output stream of %s ended: %s", path, exc.detail)
+        return None
 
 
 async def stream(path: str, *, tail: int | None, follow: bool, job_final: Callable[[], bool],
@@ -219,12 +283,17 @@ async def stream(path: str, *, tail: int | None, follow: bool, job_final: Callab
     """
     offset = 0
     if tail is not None and await anyio.to_thread.run_sync(os.path.exists, path):
-        offset = await anyio.to_thread.run_sync(tail_offset, path, tail)
+        try:
+            offset = await anyio.to_thread.run_sync(tail_offset, path, tail)
+        except (OutputRefused, FileNotFoundError):
+            return
     ended = False
     wait = poll_s
     next_check = 0.0
     while True:
         chunk = await anyio.to_thread.run_sync(_read, path, offset)
+        if chunk is None:
+            return
         if chunk:
             offset += len(chunk)
             wait = poll_s

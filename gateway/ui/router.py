@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -280,12 +280,13 @@ def output(request: Request, job_id: str,
             with sessions() as s:
                 return jobs_repo.is_final(s, job.id, logs.FINAL_STATES)
 
-        body = logs.open_output(getattr(request.app.state, "backends", None) or {}, job, worker,
-                                keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=False,
-                                job_final=job_final)
+        body, permit = logs.open_held(request.app.state.streams, principal.subject,
+                                      getattr(request.app.state, "backends", None) or {}, job, worker,
+                                      keep_dir=request.app.state.settings.output_keep_dir, tail=tail, follow=False,
+                                      job_final=job_final)
     except GatewayError as exc:
         return PlainTextResponse(exc.detail or exc.title, status_code=exc.status, headers=_TEXT_HEADERS)
-    return StreamingResponse(body, media_type="text/plain; charset=utf-8", headers=_TEXT_HEADERS)
+    return HeldStreamingResponse(body, permit=permit, media_type="text/plain; charset=utf-8", headers=_TEXT_HEADERS)
 
 
 # The output is whatever the job printed: never let a browser sniff it into HTML.
