@@ -9,7 +9,6 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy import text
 
@@ -22,6 +21,7 @@ from gateway.dispatch import Dispatcher
 from gateway.api.identity import router as identity_router
 from gateway.identity.seen import MembershipSeenRecorder
 from gateway.identity.setup import build_authenticator
+from gateway.kit.unicode import JSONResponse
 from gateway.api.flows import router as job_sets_router
 from gateway.api.jobs import router as jobs_router
 from gateway.api.jobs import events_router as job_events_router
@@ -210,7 +210,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
                 await app.state.async_engine.dispose()
 
     app = FastAPI(title="Isthmus", version=__version__, description=DESCRIPTION, openapi_tags=TAGS,
-                  servers=SERVERS, lifespan=lifespan, docs_url=None, redoc_url=None)
+                  servers=SERVERS, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  default_response_class=JSONResponse)
     app.state.settings = settings
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     check_metrics_access(settings)  # refuses to start with /metrics open outside dev mode

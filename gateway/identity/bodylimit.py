@@ -10,7 +10,9 @@ every request that may carry a body:
    principal is kept in the scope, so the route's dependency does not validate again);
 3. the body is read here, at most ``max_body_bytes`` (a chunked body that grows past the
    cap: 413) and within ``body_timeout_s`` from the first byte asked for (a client that
-   stalls or trickles: 408); then the app gets it from memory.
+   stalls or trickles: 408); a JSON body with a string that is not valid Unicode (a lone
+   UTF-16 surrogate) is refused with 422 naming the field (gateway/kit/unicode.py); then
+   the app gets it from memory.
 
 Every refusal is RFC 9457 problem+json and closes the connection (the unread rest of the
 body is never drained). Memory per request is therefore bounded by the cap.
@@ -29,6 +31,7 @@ from anyio import to_thread
 from gateway.identity.authn import InvalidToken
 from gateway.identity.dependency import JOB_CREDENTIAL_SCOPE_KEY, PRINCIPAL_SCOPE_KEY
 from gateway.kit.errors import PROBLEM_JSON, TYPE_BASE
+from gateway.kit.unicode import lone_surrogate_field
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AUTHENTICATED_PREFIX = "/v1/"
@@ -38,10 +41,12 @@ JOB_CREDENTIAL_PREFIX = "ijt1."
 
 
 class _Refusal(Exception):
-    def __init__(self, status: int, title: str, slug: str, detail: str, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, title: str, slug: str, detail: str, headers: dict[str, str] | None = None,
+                 errors: list[dict] | None = None):
         super().__init__(detail)
         self.status, self.title, self.slug, self.detail = status, title, slug, detail
         self.headers = headers or {}
+        self.errors = errors
 
 
 def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
@@ -73,6 +78,11 @@ class BodyLimitMiddleware:
                 else:
                     scope[PRINCIPAL_SCOPE_KEY] = await self._authenticate(scope)
             body = await self._read_body(receive)
+            if (field := lone_surrogate_field(body)) is not None:
+                raise _Refusal(422, "Invalid request", "validation-error",
+                               f"{field}: not valid Unicode (a lone UTF-16 surrogate)",
+                               errors=[{"field": field, "message": "not valid Unicode (a lone UTF-16 surrogate)",
+                                        "type": "unicode_error"}])
         except _Refusal as refusal:
             await _send_problem(send, refusal)
             return
@@ -166,8 +176,11 @@ class BodyLimitMiddleware:
 
 
 async def _send_problem(send, refusal: _Refusal) -> None:
-    payload = json.dumps({"type": TYPE_BASE + refusal.slug, "title": refusal.title, "status": refusal.status,
-                          "detail": refusal.detail}).encode()
+    problem = {"type": TYPE_BASE + refusal.slug, "title": refusal.title, "status": refusal.status,
+               "detail": refusal.detail}
+    if refusal.errors:
+        problem["errors"] = refusal.errors
+    payload = json.dumps(problem).encode()
     headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(payload)).encode()),
                (b"connection", b"close")]
     headers += [(k.lower().encode(), v.encode("latin-1")) for k, v in refusal.headers.items()]
