@@ -135,12 +135,15 @@ def report(session: Session, job: Job, *, attempt: int | None, at: datetime, act
 def _same_run(session: Session, job: Job, attempt: int) -> bool:
     """Whether the backend job of ``attempt`` is the one running now: a backend that requeued
     the job (Kueue's preemption, docs/recovery.md) runs the same backend job again as a new
-    attempt, with the environment, and so the credential, it was submitted with."""
+    attempt, with the environment, and so the credential, it was submitted with.
+
+    The same backend job is the same pool *and* the same id: a retry that landed on another
+    pool whose backend happened to hand out the same id is another run (issue #45, finding 5)."""
     if attempt > job.attempt or not job.backend_job_id:
         return False
-    later = list(session.scalars(select(JobAttempt.backend_job_id).where(
-        JobAttempt.job_id == job.id, JobAttempt.number >= attempt)))
-    return bool(later) and all(b == job.backend_job_id for b in later)
+    later = session.execute(select(JobAttempt.pool, JobAttempt.backend_job_id).where(
+        JobAttempt.job_id == job.id, JobAttempt.number >= attempt)).all()
+    return bool(later) and all((pool, b) == (job.pool, job.backend_job_id) for pool, b in later)
 
 
 def last_reports(session: Session, job_id: str, limit: int = 20) -> list[JobEvent]:
