@@ -6,7 +6,9 @@ Each victim recorded in ``job_preemption`` (gateway/jobs/preemption.py) is, in t
    Kubernetes: the Job suspended and its pods deleted with the grace period as their
    ``terminationGracePeriodSeconds``: ``SIGTERM`` now, ``SIGKILL`` at the deadline);
 2. **stopped** at its deadline, on a backend that does not stop it by itself (Slurm: the
-   gateway cancels it: ``SIGTERM`` to its steps, ``SIGKILL`` after the cluster's KillWait).
+   gateway cancels it: ``SIGTERM`` to its steps, ``SIGKILL`` after the cluster's KillWait),
+   unless the job it makes room for stopped waiting meanwhile: then the reclaim is **called
+   off** (an event on the victim says why) and the victim keeps running.
 
 The reconciler sees the attempt end and runs the job again under its retry policy
 (``Reconciler.apply_status``); a preemption whose job no longer runs that attempt is closed
@@ -39,13 +41,19 @@ class Preemptor:
         """Signal the victims not yet signalled, stop those past their deadline; returns the calls made."""
         with transaction(self.sessions) as s:
             work = [(p.job_id, p.attempt, as_utc(p.deadline), p.signalled_at, as_utc(p.stopped_at), job.state,
-                     job.attempt, job.backend_job_id, job.pool) for p, job in preemption.open_preemptions(s)]
+                     job.attempt, job.backend_job_id, job.pool,
+                     preemption.reason_gone(s, p) if p.stopped_at is None else None)
+                    for p, job in preemption.open_preemptions(s)]
         calls = 0
-        for job_id, attempt, deadline, signalled_at, stopped_at, state, current, backend_job_id, pool in work:
+        for job_id, attempt, deadline, signalled_at, stopped_at, state, current, backend_job_id, pool, gone in work:
             now = self.clock()
             if current != attempt or JobState(state).final:
                 with transaction(self.sessions) as s:  # ended (and retried) without the reconciler closing it
                     preemption.close(s, job_id, attempt, at=now)
+                continue
+            if gone is not None:  # the job it made room for stopped waiting: the victim is not stopped
+                with transaction(self.sessions) as s:
+                    preemption.call_off(s, job_id, attempt, at=now, actor=ACTOR, why=gone)
                 continue
             backend = self.backends.get(pool or "")
             if backend is None or not backend_job_id or state != JobState.RUNNING.value:

@@ -74,8 +74,9 @@ def open_preemptions(session: Session) -> list[tuple[JobPreemption, Job]]:
 
 
 def current(session: Session, job: Job) -> JobPreemption | None:
-    """The preemption of the job's current attempt, if the gateway chose to stop it."""
-    return session.get(JobPreemption, (job.id, job.attempt))
+    """The preemption of the job's current attempt, if the gateway chose to stop it and has not called it off."""
+    p = session.get(JobPreemption, (job.id, job.attempt))
+    return p if p is not None and p.ended_at is None else None
 
 
 def _mark(session: Session, job_id: str, attempt: int, **values: Any) -> None:
@@ -93,6 +94,34 @@ def stopped(session: Session, job_id: str, attempt: int, *, at: datetime, actor:
     """The backend was asked to stop the victim (the grace period is over)."""
     _mark(session, job_id, attempt, stopped_at=at)
     session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND, reason=words))
+
+
+# The states in which a preemptor still waits for the room its reclaim makes.
+WAITING = frozenset({JobState.PENDING, JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED})
+
+
+def reason_gone(session: Session, p: JobPreemption) -> str | None:
+    """Why the reclaim ``p`` no longer has a reason, or None while it still has one.
+
+    A reclaim stops a borrowed job so that a job within its guarantee can start. If that job
+    stopped waiting (cancelled, failed, held back, started elsewhere, deleted) before the
+    victim is stopped, stopping the victim would cost its owner an attempt for nothing (issue
+    #45, finding 3): the preemptor calls it off (:func:`call_off`)."""
+    if p.preemptor_id is None:
+        return f"{p.preemptor_account}'s job it made room for no longer exists"
+    state = session.scalar(select(Job.state).where(Job.id == p.preemptor_id))
+    if state is None:
+        return f"{p.preemptor_account}'s job {p.preemptor_id} no longer exists"
+    if JobState(state) in WAITING:
+        return None
+    return f"{p.preemptor_account}'s job {p.preemptor_id} is {state}: it no longer waits for this room"
+
+
+def call_off(session: Session, job_id: str, attempt: int, *, at: datetime, actor: str, why: str) -> None:
+    """The reclaim of the victim's attempt is over before it was stopped: the victim keeps running."""
+    _mark(session, job_id, attempt, ended_at=at)
+    session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND,
+                         reason=f"reclaim called off: {why}. This job keeps running", data={"called_off": True}))
 
 
 def close(session: Session, job_id: str, attempt: int, *, at: datetime) -> None:

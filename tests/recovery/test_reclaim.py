@@ -210,3 +210,40 @@ def _ts(iso: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_reclaim_is_called_off_when_the_job_it_makes_room_for_stops_waiting(gw, root):
+    """Issue #45, finding 3: team-a submits within its guarantee, a borrowed job of team-b is
+    chosen and signalled, then team-a cancels. Before the fix team-b's job was still cancelled
+    at the deadline, its attempt lost for nothing; now the reclaim is called off and it runs on."""
+    left = [j["id"] for j in gw.client.get("/v1/jobs", params={"limit": 500}, headers=gw.admin).json()["items"]
+            if j["state"] not in FINAL]
+    for job_id in left:  # what the test before left running: this one needs the pool to itself
+        gw.client.post(f"/v1/jobs/{job_id}/cancel", headers=gw.admin)
+    drive_until(gw, lambda: all(job_state(gw, j, *FINAL) for j in left), timeout_s=90)
+    a0 = submit(gw, root, "alice", "off-a0")
+    bs = [submit(gw, root, "bob", f"off-b{i}") for i in range(3)]
+    running = drive_until(gw, lambda: all(job_state(gw, j["id"], "running") for j in [a0, *bs]) and
+                          [get(gw, j) for j in bs], timeout_s=120)
+    while time.time() - min(_ts(j["started_at"]) for j in running) < MIN_RUNTIME_S + 1:
+        gw.app.state.dispatcher.run_once()
+        time.sleep(1)
+    a1 = submit(gw, root, "alice", "off-a1")
+    victim = drive_until(gw, lambda: next((j for j in bs if get(gw, j)["preemption"]), None), timeout_s=30)
+    assert gw.client.post(f"/v1/jobs/{a1['id']}/cancel", headers=gw.headers("alice", ("team-a",))).status_code == 202
+    deadline = time.monotonic() + GRACE_S + 8  # well past the victim's deadline
+    while time.monotonic() < deadline:
+        gw.app.state.dispatcher.run_once()
+        time.sleep(0.5)
+
+    after = get(gw, victim)
+    assert after["state"] == "running" and after["attempt"] == 1 and after["preemption"] is None, after
+    said = [e["reason"] for e in events(gw, victim)]
+    assert any(r.startswith(f"reclaim called off: team-a's job {a1['id']} is cancelled: it no longer waits "
+                            "for this room. This job keeps running") for r in said), said
+    assert not any("got TERM" in line for line in log_lines(after)), log_lines(after)
+    for j in (a0, *bs):
+        gw.client.post(f"/v1/jobs/{j['id']}/cancel", headers=gw.admin)
+    drive_until(gw, lambda: all(job_state(gw, j["id"], *FINAL) for j in (a0, *bs)), timeout_s=90)
+    with gw.app.state.sessionmaker() as s:
+        assert ledger.verify(s) == []
