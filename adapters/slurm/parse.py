@@ -332,7 +332,9 @@ def node_idle(node: Mapping[str, Any], *, reserved: Collection[str] = (), held: 
     """Free for a whole-node gang (see :func:`pool_capacity` for ``reserved`` and ``held``)."""
     st = node_states(node)
     if node.get("name") in held:
-        st = st - {"RESERVED"}
+        # Idle in the holder's own reservation: free for the holder, whatever Slurm plans on it
+        # for jobs that cannot run there before the reservation ends (issue #45, finding 6).
+        st = st - {"RESERVED", "PLANNED"}
     return ("IDLE" in st and not (st & _BUSY_OR_GONE) and not number(node.get("alloc_cpus"))
             and node.get("name") not in reserved)
 

@@ -21,7 +21,7 @@ import pytest
 
 from adapters.base import GATEWAY_RESERVATION_PREFIX
 from adapters.slurm import parse
-from tests.backends.slurm.test_reservations import scontrol
+from tests.backends.slurm.test_reservations import scontrol, slurm_command
 from tests.dispatch.conftest import (
     drive_until,
     job_state,
@@ -31,6 +31,7 @@ from tests.dispatch.conftest import (
     wired_gateway,
 )
 from tests.dispatch.test_reservations import FINAL, USERS, get, submit
+from tests.security.test_backend_identity import sbatch_as
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +134,38 @@ def test_a_held_half_of_a_kueue_pool_is_team_as_alone(database_url, dev_key_path
     with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
                                      scheduling_policy="reservation") as gw:
         scenario(gw, "kubernetes", {"gpus": 16}, "16 GPUs of kubernetes are reserved for team-a from ")
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("version", ["22.05", "24.11", "25.11", "26.05"])
+def test_a_foreign_job_planned_on_a_reserved_node_does_not_keep_its_holder_out(database_url, dev_key_path, version):
+    """Issue #45, finding 6: a job sent to Slurm directly, which can never run on team-a's
+    reserved nodes, waits for one of them and Slurm marks it IDLE+RESERVED+PLANNED. An idle
+    node of the holder's own reservation is free for the holder whatever Slurm plans for
+    others: team-a's 2-node gang starts in its reservation at once."""
+    env = slurm_env(version)
+    options = {**slurm_backend_options(env), "account_map": "same"}
+    with wired_gateway(database_url, dev_key_path, {"slurm": options}, scheduling_policy="reservation") as gw:
+        drive_until(gw, lambda: (v := gw.app.state.dispatcher.views(fresh=True)["slurm"]).total_nodes
+                    and v.idle_nodes == v.total_nodes, timeout_s=120, interval_s=1)
+        now = datetime.now(timezone.utc)
+        r = gw.client.post("/v1/admin/reservations", headers=gw.headers("root", admin=True), json={
+            "account": "team-a", "pool": "slurm", "nodes": 2, "start": (now - timedelta(minutes=1)).isoformat(),
+            "end": (now + timedelta(hours=1)).isoformat(), "reason": "deadline"})
+        assert r.status_code == 201, r.text
+        held = r.json()
+        reserved = set(parse.expand_hostlist(slurm_record(env, "reservation", held["native"])["Nodes"]))
+        foreign = sbatch_as(env, "carol", "--nodes=3", "--exclusive", "--wrap", "sleep 300")
+        try:
+            def planned() -> set[str]:
+                return {n for n in reserved if "PLANNED" in slurm_record(env, "node", n).get("State", "")}
+
+            drive_until(gw, planned, timeout_s=30)  # what the review saw: a reserved node planned for it
+            mine = submit(gw, "team-a", "slurm", run_s=3, workers=2, time_limit="5m")
+            done = drive_until(gw, lambda: job_state(gw, mine, *FINAL), timeout_s=60)
+            assert done["state"] == "succeeded" and set(done["nodes"]) == reserved, (done, reserved)
+            assert slurm_record(env, "job", foreign)["JobState"] == "PENDING"
+        finally:
+            slurm_command(env, "scancel", foreign)
+            gone = gw.client.delete(f"/v1/admin/reservations/{held['id']}", headers=gw.headers("root", admin=True))
+            assert gone.status_code == 204, gone.text

@@ -41,7 +41,9 @@ def gw(database_url, dev_key_path, slurm_cluster):
 def sbatch_as(env: dict[str, str], user: str, *args: str) -> str:
     """Submit a job as ``user`` with Slurm's own sbatch, as that user could from a login node."""
     cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + [
-        "runuser", "-u", user, "--", "env", f"SLURM_CONF={env['SLURM_CONF']}", "PATH=/usr/bin:/bin",
+        "runuser", "-u", user, "--", "env", f"SLURM_CONF={env['SLURM_CONF']}",
+        # a Slurm built into a prefix (25.11) has its own commands; the host's are 22.05's
+        "PATH=" + (f"{env['SLURM_BIN_DIR']}:" if env.get("SLURM_BIN_DIR") else "") + "/usr/bin:/bin",
         "sbatch", "--parsable", f"--partition={env['SLURM_PARTITION']}", f"--chdir={env['SLURM_WORK_DIR']}",
         f"--output={env['SLURM_WORK_DIR']}/spoof-%j.out", *args]
     done = subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True, text=True,
