@@ -10,7 +10,9 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-EXAMPLES_PER_OPERATION = 30  # x 24 operations x 2 databases
+# x 24 operations x 2 databases. A budget: 30 took 250 s of the suite (issue #44); the API's
+# rules each have their own tests, this checks that the spec and the app agree.
+EXAMPLES_PER_OPERATION = 12
 
 # FastAPI emits OpenAPI 3.1; schemathesis 3.x supports it behind this switch.
 schemathesis.experimental.OPEN_API_3_1.enable()

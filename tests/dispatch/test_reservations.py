@@ -1,4 +1,4 @@
-"""Reservations with conservative backfill, through the gateway, on the real Slurm 22.05 cluster
+"""Reservations with conservative backfill, through the gateway, on the real Slurm 25.11 cluster
 and the real Kueue pool (issue #15).
 
 Each pool has 4 nodes of 8 GPUs. team-a and team-b start with equal shares and no usage,
@@ -23,7 +23,7 @@ from tests.dispatch.conftest import (
     wired_gateway,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.slurm("25.11")  # off 22.05, the busiest lane
 FINAL = ("succeeded", "failed", "cancelled")
 USERS = {"team-a": "alice", "team-b": "bob"}
 

@@ -17,7 +17,7 @@ from gateway.ledger import service as ledger
 from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
 
-pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]
+pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]  # 22.05: the requeue test needs a REST API that lets scontrol requeue
 FINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -130,7 +130,8 @@ def test_submission_wakes_the_dispatcher(database_url, dev_key_path, slurm_clust
 
 def scontrol(env: dict[str, str], *args: str) -> None:
     """Run scontrol on the test cluster the way an operator would (through its CLI prefix)."""
-    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + ["scontrol", *args]
+    binary = f"{env['SLURM_BIN_DIR']}/scontrol" if env.get("SLURM_BIN_DIR") else "scontrol"  # 25.11: its own
+    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + [binary, *args]
     done = subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr

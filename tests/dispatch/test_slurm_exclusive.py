@@ -18,7 +18,7 @@ from tests.dispatch.conftest import (
     wired_gateway,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = pytest.mark.slurm("25.11")  # off 22.05, the busiest lane
 FINAL = ("succeeded", "failed", "cancelled")
 
 

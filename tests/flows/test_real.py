@@ -1,4 +1,4 @@
-"""Workflows on the real pools: Slurm 22.05 and Kueue (kwok), driven round by round (issue #16).
+"""Workflows on the real pools: Slurm 26.05 and Kueue (kwok), driven round by round (issue #16).
 
 Run under the cluster lock: flock /work/cluster.lock .venv/bin/pytest tests/flows/test_real.py
 """
@@ -14,7 +14,7 @@ from gateway.models.jobs import Job, JobEvent
 from gateway.models.ledger import LedgerEntry, Reservation
 from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, kube_backend_options, slurm_backend_options, wired_gateway
 
-pytestmark = [pytest.mark.slurm, pytest.mark.kubernetes]
+pytestmark = [pytest.mark.slurm("26.05"), pytest.mark.kubernetes]  # off 22.05, the busiest lane
 FINAL = {"succeeded", "failed", "cancelled"}
 HOLDING = ("dispatching", "queued", "starting", "running", "requeued", "cancelling")
 

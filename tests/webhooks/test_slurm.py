@@ -19,7 +19,7 @@ from tests.dispatch.test_faults import (  # noqa: F401  (fixtures)
 from tests.dispatch.conftest import slurm_cluster  # noqa: F401  (fixture)
 from tests.webhooks.conftest import ALLOWLIST, verify
 
-pytestmark = [pytest.mark.slurm, pytest.mark.postgres]
+pytestmark = [pytest.mark.slurm("25.11"), pytest.mark.postgres]  # off 22.05, the busiest lane
 
 
 def test_a_slurm_job_lifecycle_survives_kill_9_of_the_worker(gateway, workers, pg_url, pki, receiver):
