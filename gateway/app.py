@@ -153,7 +153,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        configure_logging(settings.log_level, settings.log_format)  # in every uvicorn worker process
+        configure_logging(settings.log_level, settings.log_format, settings.log_repeat_window_s)
+        # (in every uvicorn worker process)
         engine = make_engine(settings.database_url, pool_size=settings.database_pool_size)
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)

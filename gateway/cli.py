@@ -92,7 +92,7 @@ def _check_pools(settings) -> None:
         backends, _ = _pools_at_startup(settings)
     except BackendConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, settings.log_repeat_window_s)
     log = logging.getLogger("isthmus.pools")
     if not backends:
         log.warning("no pool is configured (ISTHMUS_POOLS_FILE and ISTHMUS_BACKENDS are empty): jobs are accepted but wait "
@@ -155,7 +155,7 @@ def worker(once: bool) -> None:
     settings = _settings()
     from gateway.kit.logs import configure as configure_logging
 
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, settings.log_repeat_window_s)
     from gateway.pools.adapters import BackendConfigError
 
     try:

@@ -15,6 +15,7 @@ import json
 import logging
 import re
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -55,9 +56,47 @@ class _ContextText(logging.Formatter):
         return f"{line} [{ids}]" if ids else line
 
 
-def configure(level: str = "info", fmt: str = "json") -> None:
+class RepeatFilter(logging.Filter):
+    """Warnings and errors that repeat: at most one per window, the next one counting the rest.
+
+    With its API server unreachable, the Kubernetes client logged about three retries a
+    second without end (issue #45): a log that floods hides what else happens and fills the
+    disk. A record of level WARNING or above whose logger, level and message template were
+    logged less than ``window_s`` ago is not logged; the first one after the window carries
+    ``suppressed`` (how many were not) and says so in its message. Lower levels pass as they are.
+    """
+
+    MAX_KEYS = 1000
+
+    def __init__(self, window_s: float):
+        super().__init__()
+        self.window_s = window_s
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or self.window_s <= 0:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            since, suppressed = self._seen.get(key, (None, 0))
+            if since is not None and now - since < self.window_s:
+                self._seen[key] = (since, suppressed + 1)
+                return False
+            if len(self._seen) >= self.MAX_KEYS:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
+        if suppressed:
+            record.suppressed = suppressed
+            record.msg = f"{record.msg} ({suppressed} more like this not logged in the last {self.window_s:g} s)"
+        return True
+
+
+def configure(level: str = "info", fmt: str = "json", repeat_window_s: float = 60.0) -> None:
     """Route the root, uvicorn and isthmus loggers to stderr in the chosen format. Idempotent."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RepeatFilter(repeat_window_s))
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          _ContextText("%(asctime)s %(name)s %(levelname)s %(message)s"))
     handler._isthmus = True  # type: ignore[attr-defined]

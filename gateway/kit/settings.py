@@ -151,6 +151,9 @@ class Settings(BaseSettings):
     # One JSON object per line with request_id / job_id (gateway/kit/logs.py), or plain text.
     log_format: Literal["json", "text"] = "json"
     access_log: bool = True  # one line per HTTP request: method, path, status, duration
+    # A warning or error repeated within this many seconds is logged once, the next one after
+    # it counting the rest (gateway/kit/logs.py RepeatFilter); 0 logs every one.
+    log_repeat_window_s: float = Field(default=60.0, ge=0, le=86400)
 
     # Server-sent events (GET /v1/events/stream, docs/logs.md): a comment line after this much
     # silence keeps proxies from closing the stream; a stream ends after max_stream_s and the
@@ -305,6 +308,7 @@ class CoreSettings(_Group):
     log_level: Literal["debug", "info", "warning", "error"]
     log_format: Literal["json", "text"]
     access_log: bool
+    log_repeat_window_s: float
     is_sqlite: bool
 
     DERIVED = ("is_sqlite",)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import httpx
 
@@ -48,3 +49,35 @@ def test_json_lines_carry_request_and_job_ids_and_never_the_token(tmp_path, dev_
     cancel = [rec for rec in records if rec.get("job_id") == job_id and "cancelled" in rec["msg"]]
     assert cancel and cancel[0]["request_id"] == minted and cancel[0]["account"] == "team-a"
     assert token not in log.read_text() and token.split(".")[2] not in log.read_text()
+
+
+def test_a_warning_that_repeats_is_logged_once_per_window_with_the_count(tmp_path, dev_key_path):
+    """Issue #45: with its Kubernetes API server unreachable the gateway logged about three
+    retries a second, without bound. A real `isthmus serve` whose pool's API server is gone
+    (a closed port): each repeated warning at most once per window, the next with the count."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: gone, cluster: {{server: 'https://127.0.0.1:{free_port()}'}}}}]\n"
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: gone, user: u}}]\ncurrent-context: c\n")
+    port = free_port()
+    env = {**os.environ, "ISTHMUS_DATABASE_URL": f"sqlite:///{tmp_path / 'gw.db'}", "ISTHMUS_DEV_MODE": "true",
+           "ISTHMUS_DEV_KEY_PATH": str(dev_key_path), "ISTHMUS_DEV_ACCOUNTS": "team-a", "ISTHMUS_LOG_FORMAT": "json",
+           "ISTHMUS_LOG_REPEAT_WINDOW_S": "4",
+           "ISTHMUS_BACKENDS": json.dumps({"kube": {"kind": "kubernetes", "kubeconfig": str(kubeconfig),
+                                                    "cluster_queue": "q", "local_queue": "q"}})}
+    log = tmp_path / "gateway.log"
+    proc = start_gateway(env, port, log)
+    try:
+        time.sleep(13)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    retries = [line for line in lines if line["logger"] == "urllib3.connectionpool" and line["level"] == "warning"]
+    # About 25 in 13 s before; now one per 4-second window (the first, then one per window).
+    assert 1 <= len(retries) <= 5, [r["msg"][:80] for r in retries]
+    counted = [r for r in retries if r.get("suppressed")]
+    assert counted and "more like this not logged in the last 4 s" in counted[0]["msg"], retries
+    assert sum(r["suppressed"] for r in counted) >= 5, counted
