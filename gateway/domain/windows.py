@@ -168,12 +168,18 @@ def shortfall(h: PlannedHold, view: PoolView | None) -> str:
     return ""
 
 
-def hold_words(h: PlannedHold) -> str:
+def hold_words(h: PlannedHold, *, for_others: bool = False) -> str:
+    """The reservation in words: for admins (the API, the admin page) with its account and
+    reason; ``for_others``, in the waiting reason of another account's job, only what and
+    when: which account holds capacity, and why, is not another tenant's business (issue
+    #45; docs/planning.md)."""
     amount = f"{h.gpus} GPU{'s' if h.gpus != 1 else ''}" if h.gpus is not None else \
         f"{h.nodes} node{'s' if h.nodes != 1 else ''}"
-    one = (h.gpus if h.gpus is not None else h.nodes) == 1
+    verb = "is" if (h.gpus if h.gpus is not None else h.nodes) == 1 else "are"
+    if for_others:
+        return f"{amount} of {h.pool} {verb} reserved {when(h.start, h.end)}"
     why = f" ({h.reason})" if h.reason else ""
-    return f"{amount} of {h.pool} {'is' if one else 'are'} reserved for {h.account} {when(h.start, h.end)}{why}"
+    return f"{amount} of {h.pool} {verb} reserved for {h.account} {when(h.start, h.end)}{why}"
 
 
 HOLD_END_SLACK_S = 300.0
@@ -219,5 +225,7 @@ def holds(views: Mapping[str, PoolView], planned: Iterable[PlannedHold], gangs: 
                 taken.add(i)
                 used += g.units
                 in_use.append((g.ends, g.units))
-        out.append(Hold(h.id, h.pool, frozenset({h.account}), units, start, end, hold_words(h), tuple(in_use)))
+        # Its words appear only in other accounts' waiting reasons (planner.py): without the account or reason.
+        out.append(Hold(h.id, h.pool, frozenset({h.account}), units, start, end, hold_words(h, for_others=True),
+                        tuple(in_use)))
     return out

@@ -118,7 +118,7 @@ def test_a_held_half_of_a_slurm_pool_is_team_as_alone_in_a_real_slurm_reservatio
         gw.app.state.dispatcher.sync_reservations()
         left = parse.reservation_text(scontrol(env, "--oneliner", "show", "reservation").stdout)
         assert orphan not in {x["name"] for x in left}, left
-        scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved for team-a from ", slurm=env)
+        scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved from ", slurm=env)
 
 
 @pytest.mark.slurm
@@ -126,14 +126,14 @@ def test_a_pool_without_slurm_accounts_holds_it_in_the_gateway_alone(database_ur
     """No account_map: Slurm could not tell team-a's jobs from others', so no Slurm reservation."""
     with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
                        scheduling_policy="reservation") as gw:
-        scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved for team-a from ")
+        scenario(gw, "slurm", {"nodes": 2}, "2 nodes of slurm are reserved from ")
 
 
 @pytest.mark.kubernetes
 def test_a_held_half_of_a_kueue_pool_is_team_as_alone(database_url, dev_key_path, kube):
     with wired_gateway(database_url, dev_key_path, {"kubernetes": kube_backend_options(kube)},
                                      scheduling_policy="reservation") as gw:
-        scenario(gw, "kubernetes", {"gpus": 16}, "16 GPUs of kubernetes are reserved for team-a from ")
+        scenario(gw, "kubernetes", {"gpus": 16}, "16 GPUs of kubernetes are reserved from ")
 
 
 @pytest.mark.slurm

@@ -295,7 +295,11 @@ def test_an_advance_reservation_keeps_others_off_and_lets_its_account_in(gw):
     states = [get(gw, j)["state"] for j in others]
     assert states.count("running") == 2 and states.count("pending") == 1, states
     [waiting] = [get(gw, j) for j in others if get(gw, j)["state"] == "pending"]
-    assert "2 nodes of slurm are reserved for team-a from " in waiting["state_reason"], waiting["state_reason"]
+    assert "2 nodes of slurm are reserved from " in waiting["state_reason"], waiting["state_reason"]
+    # Another tenant sees what and when, not whose or why (issue #45; docs/planning.md).
+    said = [waiting["state_reason"]] + [e["reason"] for e in gw.client.get(
+        f"/v1/jobs/{waiting['id']}/events", headers=gw.headers("bob", ("team-b",))).json()["items"]]
+    assert not [r for r in said if "team-a" in r or "deadline" in r], said
     mine = submit(gw, "team-a", workers=2, time_limit="10m")
     rounds(gw)
     assert get(gw, mine)["state"] == "running", get(gw, mine)
