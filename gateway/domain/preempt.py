@@ -11,13 +11,14 @@ pools the gang may use:
 * victims are borrowed gangs only, that have run at least the minimum runtime
   (``ISTHMUS_PREEMPT_MIN_RUNTIME_S``): nothing within a guarantee is ever stopped by this
   rule, and a gang is never stopped before it could make progress;
-* in each pool, the cheapest first by the GPU-hours they would lose (:func:`at_risk_gpu_hours`:
-  their work since their last reported checkpoint; with no report, all their run time) until
+* in each pool, the cheapest first (:func:`choice_cost`: the GPU-hours since their last
+  reported checkpoint; a gang that reported none, at most 30 minutes of them: silence is not
+  protection) until
   the gang fits; then any victim the gang does not need is dropped again (the most expensive
   first), so no victim can be spared;
 * a pool where that set would exceed its eviction budget (``max_per_pool_per_minute``
   evictions in any 60 s, those in ``recent`` included) is not used;
-* across pools: the set that loses the fewest GPU-hours, then the fewest victims, then the
+* across pools: the set that costs the least, then the fewest victims, then the
   pool's name (a deterministic answer for the same snapshot).
 
 Fitting is counted as routing counts it: a node-exclusive pool (Slurm) needs ``workers`` idle
@@ -85,6 +86,27 @@ def at_risk_gpu_hours(job: Running, now: float) -> float:
     return job.gpus * max(0.0, now - since) / 3600.0
 
 
+# A gang that never reported a checkpoint is taken to have checkpointed at least this often.
+UNREPORTED_AT_RISK_S = 1800.0
+
+
+def choice_cost(job: Running, now: float) -> float:
+    """What stopping ``job`` costs when victims are chosen: its GPU-hours since its last
+    reported checkpoint of this attempt; with no report, at most UNREPORTED_AT_RISK_S of them.
+
+    Silence is not protection (issue #45): if a job that never reports counted all its run
+    time as at risk, a long silent job would look the most expensive to stop and the honest
+    reporters would be stopped first. A job that reports nothing is taken to checkpoint every
+    30 minutes, as a careful job does; a report can only show that it has less at risk. A young
+    job before its first checkpoint is not penalised (its run time is below the bound). What a
+    stopped job really loses is still :func:`at_risk_gpu_hours`, in its reason and events.
+    """
+    risk = at_risk_gpu_hours(job, now)
+    if job.checkpoint_at is None or job.checkpoint_at < job.started_at:
+        return min(risk, job.gpus * UNREPORTED_AT_RISK_S / 3600.0)
+    return risk
+
+
 def choose_eviction(*, workers: int, gpus_per_worker: int, pools: Mapping[str, Room], running: Sequence[Running],
                     now: float, min_runtime_s: float, recent: Mapping[str, Sequence[float]] = _NO_EVICTIONS,
                     max_per_pool_per_minute: int = DEFAULT_MAX_PER_POOL_PER_MINUTE,
@@ -120,7 +142,7 @@ def choose_eviction(*, workers: int, gpus_per_worker: int, pools: Mapping[str, R
         if victims and done + len(victims) > max_per_pool_per_minute:
             continue
         lost = sum(at_risk_gpu_hours(v, now) for v in victims)
-        key = (lost, len(victims), name)
+        key = (sum(choice_cost(v, now) for v in victims), len(victims), name)
         if best is None or key < best[0]:
             best = (key, Eviction(name, victims, lost, ""))
     if best is None:
@@ -144,7 +166,7 @@ def _victims_in(room: Room, candidates: list[Running], *, workers: int, gpus_per
         return ()
     # Cheapest first; at equal cost the youngest (it has had the least of its turn), then by id.
     order = sorted((c for c in candidates if _frees(room, c) > 0),
-                   key=lambda c: (at_risk_gpu_hours(c, now), -c.started_at, c.id))
+                   key=lambda c: (choice_cost(c, now), -c.started_at, c.id))
     taken: list[Running] = []
     freed = 0
     for c in order:
@@ -156,12 +178,12 @@ def _victims_in(room: Room, candidates: list[Running], *, workers: int, gpus_per
         return None
     # Never more than needed: drop what the gang can do without, the most expensive first.
     # One pass suffices: what is freed only shrinks, so a victim needed once stays needed.
-    for c in sorted(taken, key=lambda c: (-at_risk_gpu_hours(c, now), c.started_at, c.id)):
+    for c in sorted(taken, key=lambda c: (-choice_cost(c, now), c.started_at, c.id)):
         if freed - _frees(room, c) >= short:
             taken.remove(c)
             freed -= _frees(room, c)
     # In the order they were chosen: cheapest first.
-    return tuple(sorted(taken, key=lambda c: (at_risk_gpu_hours(c, now), -c.started_at, c.id)))
+    return tuple(sorted(taken, key=lambda c: (choice_cost(c, now), -c.started_at, c.id)))
 
 
 def _hours(h: float) -> str:

@@ -167,3 +167,21 @@ def test_it_is_none_only_when_no_pool_can_be_made_to_fit(snap):
                              and NOW - r.started_at >= min_runtime], workers, gpw)
                 for name, room in pools.items())
     assert (ev is not None) == could
+
+
+def test_silence_is_not_protection_a_long_silent_job_costs_no_more_than_a_careful_one():
+    """Issue #45: counted with all its run time at risk, a job that never reports looked the
+    most expensive to stop and honest reporters went first. It is now taken to checkpoint every
+    30 minutes: a reporter whose last checkpoint is older than that goes after it; its reason
+    still says what it really loses."""
+    running = [job("silent-10h", ran_s=10 * HOUR), job("reported-45min-ago", ran_s=5 * HOUR, ckpt_ago_s=2700)]
+    ev = choose(running, preemptor="team-a")
+    assert [v.id for v in ev.victims] == ["silent-10h"]
+    assert "silent-10h (80.0 GPU-hours since it started)" in ev.reason and abs(ev.gpu_hours_lost - 80) < 1e-9
+    # A report newer than the bound is cheaper than silence.
+    ev = choose([job("silent-10h", ran_s=10 * HOUR), job("reported-10min-ago", ran_s=5 * HOUR, ckpt_ago_s=600)])
+    assert [v.id for v in ev.victims] == ["reported-10min-ago"]
+    # A checkpoint of an earlier attempt (older than this attempt's start) is no report at all.
+    ev = choose([job("old-report", ran_s=10 * HOUR, ckpt_ago_s=11 * HOUR), job("reported-45min-ago", ran_s=HOUR,
+                                                                            ckpt_ago_s=2700)])
+    assert [v.id for v in ev.victims] == ["old-report"]
