@@ -126,6 +126,23 @@ def render_mounts(request: SubmitRequest) -> tuple[list[dict[str, Any]], list[di
 
 MKDIR_CONTAINER = "isthmus-mkdir"
 MKDIR_ROOT = "/isthmus-storage"  # where the helper sees each volume's root
+# The helper's fixed script (the directories are its arguments; no shell string is built from
+# a request). Before it makes them, it refuses a directory any component of which, below the
+# volume's root, is a symbolic link: a job of the account could have replaced its checkpoint
+# directory with a link into another account's, and the kubelet follows a subPath's links
+# that stay inside the volume (issue #45; docs/storage.md). Exit 66, as a Slurm job's check.
+MKDIR_SCRIPT = (
+    'umask 077\n'
+    'for p do\n'
+    '  rest=${p#' + MKDIR_ROOT + '/}; cur=' + MKDIR_ROOT + '/${rest%%/*}; rest=${rest#*/}\n'
+    '  while [ -n "$rest" ]; do\n'
+    '    cur=$cur/${rest%%/*}\n'
+    '    case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac\n'
+    '    if [ -L "$cur" ]; then echo "isthmus: $cur is a symbolic link: a job\'s directories are never'
+    ' links" >&2; exit 66; fi\n'
+    '  done\n'
+    'done\n'
+    'exec mkdir -p -- "$@"\n')
 
 
 def render_mkdir(request: SubmitRequest, settings: KubernetesSettings, uid: int | None,
@@ -149,7 +166,7 @@ def render_mkdir(request: SubmitRequest, settings: KubernetesSettings, uid: int 
     return {
         "name": MKDIR_CONTAINER,
         "image": settings.helper_image or settings.default_image,
-        "command": ["sh", "-c", 'umask 077 && exec mkdir -p -- "$@"', MKDIR_CONTAINER, *paths],
+        "command": ["sh", "-c", MKDIR_SCRIPT, MKDIR_CONTAINER, *paths],
         "volumeMounts": list(volumes.values()),
         # The worker's: the pod's requests stay the worker's (an init container's count only
         # as a maximum), and its QoS class with them.

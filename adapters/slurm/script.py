@@ -127,6 +127,14 @@ def mount_lines(mounts: Sequence[VolumeMount]) -> list[str]:
                                      f"the nodes' shared file system (asked: {m.path} via {m.provider})",
                                      backend="slurm")
         path = shlex.quote(m.path)
+        # No component below the storage's root may be a link: a job of the account could
+        # have replaced its checkpoint directory with one into another account's (issue #45).
+        below = m.path[len(m.root.rstrip("/")):].strip("/") if m.root and m.path.startswith(m.root) else ""
+        parts = below.split("/") if below else []
+        for i in range(len(parts)):
+            comp = f"{m.root.rstrip('/')}/{'/'.join(parts[:i + 1])}"
+            what = shlex.quote(f"isthmus: {comp} is a symbolic link: a job's directories are never links")
+            lines.append(f"[ ! -L {shlex.quote(comp)} ] || {{ echo {what} >&2; exit 66; }}")
         if m.create:
             lines.append(f"(umask 077 && mkdir -p -- {path}) 2>/dev/null")
         what = shlex.quote(f"isthmus: storage {m.storage!r} is not available at {m.path} on this node")

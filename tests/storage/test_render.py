@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from adapters.base import SubmissionRejected, SubmitRequest, VolumeMount
-from adapters.kubernetes.render import render_job, render_mounts
+from adapters.kubernetes.render import MKDIR_SCRIPT, render_job, render_mounts
 from adapters.kubernetes.settings import KubernetesSettings
 from adapters.slurm.script import mount_lines, render_script
 
@@ -81,8 +81,7 @@ def test_the_pods_directories_are_made_by_the_jobs_user_in_the_sites_image():
     worker = pod["containers"][0]
     assert init["image"] == "site/tools:1" and worker["image"] == "user/own:1"
     # argv, no shell string from the request: the directories are arguments of a fixed script.
-    assert init["command"] == ["sh", "-c", 'umask 077 && exec mkdir -p -- "$@"', "isthmus-mkdir",
-                               "/isthmus-storage/ckpt/team-a/checkpoints/j"]
+    assert init["command"] == ["sh", "-c", MKDIR_SCRIPT, "isthmus-mkdir", "/isthmus-storage/ckpt/team-a/checkpoints/j"]
     assert init["volumeMounts"] == [{"name": "storage-ckpt", "mountPath": "/isthmus-storage/ckpt"}]
     assert pod["securityContext"]["runAsUser"] == 2001 and init["securityContext"] == worker["securityContext"]
     assert init["resources"] == worker["resources"]

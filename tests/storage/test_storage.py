@@ -405,6 +405,51 @@ def test_another_account_cannot_read_a_checkpoint_a_real_container_wrote(gw, roo
     assert "alice-secret" not in text and "Permission denied" in text, text
 
 
+def test_a_checkpoint_dir_replaced_by_a_link_into_another_accounts_is_refused_before_any_job_uses_it(gw, root, k8s):
+    """Issue #45: a job of team-a that mounts its account's directory could replace
+    ``team-a/checkpoints/<lineage>`` with a link into team-b's; the kubelet follows a
+    subPath's links that stay inside the volume, so the next ``resume_from`` job would run in
+    team-b's directory. Tried on the real node (a real kubelet, real containers) and on Slurm:
+    the job's directory helper (init container) and the Slurm script refuse the link, and the
+    job fails before its command runs."""
+    theirs = on_node(gw, "team-b", checkpoint={"storage": "ckpt"},
+                     command=sh('echo bob-secret > "$ISTHMUS_CHECKPOINT_DIR/state"'))
+    mine = on_node(gw, checkpoint={"storage": "ckpt"}, command=sh('echo epoch-1 > "$ISTHMUS_CHECKPOINT_DIR/last"'))
+    done = finish(gw, theirs["id"], mine["id"])
+    assert [done[j["id"]]["state"] for j in (theirs, mine)] == ["succeeded"] * 2, done
+    a_dir, b_dir = Path(done[mine["id"]]["checkpoint_dir"]), Path(done[theirs["id"]]["checkpoint_dir"])
+    alice = a_dir.stat().st_uid
+    # What team-a's other job could do in its account's directory: a relative link, inside the volume.
+    subprocess.run(["rm", "-rf", str(a_dir)], check=True)
+    a_dir.symlink_to(os.path.relpath(b_dir, a_dir.parent))
+    os.lchown(a_dir, alice, alice)
+    probe = sh('ls -ln "$ISTHMUS_CHECKPOINT_DIR"; cat "$ISTHMUS_CHECKPOINT_DIR/state"; echo ran')
+    in_pod = on_node(gw, checkpoint={"storage": "ckpt"}, resume_from=mine["id"], command=probe)
+    on_slurm = submit(gw, pool="slurm-22", checkpoint={"storage": "ckpt"}, resume_from=mine["id"], command=probe)
+    done = finish(gw, in_pod["id"], on_slurm["id"])
+    assert done[in_pod["id"]]["state"] == "failed" and done[on_slurm["id"]]["state"] == "failed", done
+    for job in (in_pod, on_slurm):  # the command never ran: no output at all
+        r = gw.client.get(f"/v1/jobs/{job['id']}/logs", params={"worker": 0}, headers=user(gw, "team-a"))
+        assert r.status_code != 200 and "bob-secret" not in r.text, r.text
+    # The real node: the directory helper (init container) refused it, the worker never started.
+    _, core, _ = k8s
+    ns, name = done[in_pod["id"]]["backend_job_id"].split("/")
+    pods = core.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={name}").items
+    assert pods, f"no pod of {ns}/{name}"
+    for pod in pods:
+        (init,) = pod.status.init_container_statuses
+        assert init.name == "isthmus-mkdir" and init.state.terminated.exit_code == 66, init
+        assert pod.status.container_statuses[0].state.running is None
+        assert not pod.status.container_statuses[0].state.terminated, pod.status.container_statuses
+    # Slurm: the batch script stopped before srun (exit 66), saying why in its own output.
+    batch = Path(read_env_file(REPO / ".stack" / "slurm-22.05" / "env")["SLURM_WORK_DIR"]) / \
+        f"slurm-{done[on_slurm['id']]['backend_job_id']}.out"
+    assert f"isthmus: {a_dir} is a symbolic link: a job's directories are never links" in batch.read_text()
+    assert done[on_slurm["id"]]["exit_code"] == 66, done[on_slurm["id"]]
+    assert (b_dir / "state").read_text() == "bob-secret\n"
+    a_dir.unlink()
+
+
 # ------------------------------------------------------------------ start-up checks through the real API server
 
 
