@@ -114,8 +114,21 @@ _GROUP = pytest.StashKey[str]()
 _HOLDS = pytest.StashKey[tuple]()
 
 
+def split_group(nodeid: str) -> tuple[str, str]:
+    """(test id, group) of a report's node id: xdist's loadgroup appends ``@<group>``. A test
+    id may hold an ``@`` of its own (a parameter such as an e-mail address), so only a last
+    ``@`` followed by a group name counts."""
+    base, at, group = nodeid.rpartition("@")
+    if at and (group.startswith("tests.") or all(p in _KNOWN for p in group.split("+"))):
+        return base, group
+    return nodeid, ""
+
+
+_KNOWN = {f"slurm-{v}" for v in SLURM_VERSIONS} | set(OTHER_RESOURCES)
+
+
 def _base_id(item) -> str:
-    return item.nodeid.split("@", 1)[0]
+    return split_group(item.nodeid)[0]
 
 
 def _durations() -> dict[str, float]:
@@ -337,7 +350,7 @@ class Report:
         self.tests: dict[str, dict] = {}  # base nodeid -> {seconds, outcome, group}
 
     def add(self, report) -> None:
-        base, _, group = report.nodeid.partition("@")
+        base, group = split_group(report.nodeid)
         group = group or _GROUPS.get(base, "")
         t = self.tests.setdefault(base, {"seconds": 0.0, "outcome": "passed", "group": group})
         t["seconds"] += report.duration

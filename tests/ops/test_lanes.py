@@ -116,3 +116,12 @@ def test_a_slurm_cluster_taken_by_a_module_is_idle_whatever_an_earlier_one_left(
 def _squeue(env, run_env, job: str) -> str:
     return subprocess.run([*_slurm_argv(env, "squeue"), "-h", "-j", job, "-o", "%T"], env=run_env,
                           capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def test_a_reports_group_is_the_last_at_sign_only_when_a_group_follows():
+    from tests.lanes import split_group
+
+    assert split_group("tests/a.py::t[x]@slurm-22.05+kube") == ("tests/a.py::t[x]", "slurm-22.05+kube")
+    assert split_group("tests/w.py::t[user@93.184.215.14/hook]@tests.w") == ("tests/w.py::t[user@93.184.215.14/hook]",
+                                                                            "tests.w")
+    assert split_group("tests/w.py::t[user@93.184.215.14/hook]") == ("tests/w.py::t[user@93.184.215.14/hook]", "")
