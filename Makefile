@@ -50,6 +50,10 @@ test: install stack
 unit: install
 	$(BIN)/pytest -p no:cacheprovider -q tests/unit
 
+## lint: ruff over every Python file (rules and reasons: pyproject.toml, docs/testing.md)
+lint: install
+	$(BIN)/ruff check .
+
 openapi: install
 	$(BIN)/isthmus openapi -o docs/openapi.json
 

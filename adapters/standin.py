@@ -9,6 +9,8 @@ clusters in tests/dispatch/test_slurm_e2e.py, test_kube_e2e.py and tests/pools.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from adapters.base import Capacity, Feature, PoolCapacity
 
 
@@ -19,7 +21,7 @@ class StandInPool:
     :meth:`capacity` answers; there is nothing to submit to.
     """
 
-    unsupported_features: dict = {}
+    unsupported_features: ClassVar[dict[str, str]] = {}
 
     def __init__(self, kind: str, gpu_type: str | None = None, *, nodes: int = 64, idle: int | None = None,
                  gpus_per_node: int = 8, partition: str = "p"):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +21,16 @@ import uuid
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import BIN, REPO, free_port, machine, median, pct, stack_postgres_url, wait_ready, write_section  # noqa: E402
+from bench.common import (
+    BIN,
+    REPO,
+    free_port,
+    machine,
+    median,
+    stack_postgres_url,
+    wait_ready,
+    write_section,
+)
 
 HEY = subprocess.run(["bash", str(REPO / "bench/tools.sh")], capture_output=True, text=True,
                      check=True).stdout.strip()

@@ -22,9 +22,19 @@ import uuid
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.bench_api import PG, hey, vegeta  # noqa: E402
-from bench.common import (BIN, REPO, dirty, export_rev, free_port, machine, median, short_rev, wait_ready,
-                          write_section)  # noqa: E402
+from bench.bench_api import PG, hey, vegeta
+from bench.common import (
+    BIN,
+    REPO,
+    dirty,
+    export_rev,
+    free_port,
+    machine,
+    median,
+    short_rev,
+    wait_ready,
+    write_section,
+)
 
 
 def main() -> None:

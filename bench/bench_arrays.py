@@ -33,7 +33,16 @@ import httpx
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import BIN, REPO, free_port, machine, median, stack_postgres_url, wait_ready, write_section  # noqa: E402
+from bench.common import (
+    BIN,
+    REPO,
+    free_port,
+    machine,
+    median,
+    stack_postgres_url,
+    wait_ready,
+    write_section,
+)
 
 HEY = subprocess.run(["bash", str(REPO / "bench/tools.sh")], capture_output=True, text=True,
                      check=True).stdout.strip()
@@ -154,7 +163,14 @@ class RecordingPool:
     """A stand-in pool that accepts every submission at once and remembers it (no cluster)."""
 
     def __new__(cls, name: str = "kubernetes"):
-        from adapters.base import Backend, BackendState, Capacity, JobStatus, PoolCapacity, SubmitResult
+        from adapters.base import (
+            Backend,
+            BackendState,
+            Capacity,
+            JobStatus,
+            PoolCapacity,
+            SubmitResult,
+        )
 
         class _Pool(Backend):
             def __init__(self) -> None:
@@ -191,8 +207,8 @@ def dispatch_once(kind: str, n: int) -> float:
     from gateway.app import create_app
     from gateway.dispatch.dispatcher import Dispatcher
     from gateway.identity.setup import build_dev_issuer
-    from gateway.models.jobs import Job
     from gateway.kit.settings import Settings
+    from gateway.models.jobs import Job
 
     with fresh_database(migrated=True) as url_db:
         key = f"/tmp/isthmus-bench-dispatch-{uuid.uuid4().hex[:6]}.pem"

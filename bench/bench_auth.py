@@ -27,7 +27,16 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import BIN, REPO, free_port, machine, median, pct, wait_ready, write_section  # noqa: E402
+from bench.common import (
+    BIN,
+    REPO,
+    free_port,
+    machine,
+    median,
+    pct,
+    wait_ready,
+    write_section,
+)
 
 ENV_FILE = REPO / ".stack" / "oidc" / "env"
 

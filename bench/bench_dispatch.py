@@ -13,26 +13,25 @@ import sys
 import time
 import uuid
 from datetime import timedelta
-
 from pathlib import Path
 
 from sqlalchemy import create_engine, func, insert, select, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from adapters.standin import StandInPool  # noqa: E402
-from bench.common import REPO, machine, median, pct, stack_postgres_url, write_section  # noqa: E402
+from adapters.standin import StandInPool
+from bench.common import REPO, machine, median, pct, stack_postgres_url, write_section
 
 PG = stack_postgres_url()
 
 
 def pick(args) -> None:
-    from gateway.models.accounts import Account
     from gateway.cli import run_migrations
     from gateway.dispatch import pending_order
-    from gateway.models.jobs import Job
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.timeutil import new_id, utcnow
     from gateway.ledger import service as ledger
+    from gateway.models.accounts import Account
+    from gateway.models.jobs import Job
 
     db = f"isthmus_bench_{uuid.uuid4().hex[:6]}"
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
@@ -102,20 +101,19 @@ Target: pick <= 50 ms ({'met' if median(pick_ms) <= 50 else 'NOT met'}).
 
 def plan_round(args) -> None:
     """One scheduling round with reservations over 10 pools: the real ``Dispatcher.dispatch_round()``."""
-    from gateway.models.accounts import Account
     from gateway.cli import run_migrations
-    from gateway.dispatch import planning
-    from gateway.domain import plan_inputs
+    from gateway.dispatch import Dispatcher, planning
     from gateway.dispatch.claim import pending_order
-    from gateway.dispatch import Dispatcher
-    from gateway.models.jobs import Job
+    from gateway.domain import plan_inputs
+    from gateway.domain.planner import plan
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings
     from gateway.kit.timeutil import new_id, utcnow
     from gateway.ledger import service as ledger
+    from gateway.models.accounts import Account
+    from gateway.models.jobs import Job
     from gateway.pools.config import PoolConfig
     from gateway.pools.service import reconcile
-    from gateway.domain.planner import plan
 
     window, per_account = Settings().scheduling_window, Settings().scheduling_per_account
     # Half Slurm-kind (whole nodes), half Kubernetes-kind (GPUs), all full.
@@ -250,14 +248,14 @@ def e2e(args) -> None:
     import json
 
     from fastapi.testclient import TestClient
+    from sqlalchemy import select
 
+    from adapters.envfile import read_env_file as read_env
     from gateway.app import create_app
     from gateway.cli import run_migrations
     from gateway.identity.setup import build_dev_issuer
-    from gateway.models.jobs import Job, JobEvent
     from gateway.kit.settings import Settings
-    from sqlalchemy import select
-    from adapters.envfile import read_env_file as read_env
+    from gateway.models.jobs import Job, JobEvent
 
     slurm_env = read_env(REPO / ".stack" / "slurm-22.05" / "env")
     kube_env = read_env(REPO / ".stack" / "kube" / "env")
@@ -294,7 +292,7 @@ def e2e(args) -> None:
                 with app.state.sessionmaker() as s:
                     rows = s.execute(select(JobEvent.job_id, JobEvent.at).where(
                         JobEvent.job_id.in_(ids), JobEvent.to_state == "queued")).all()
-                return {j: at for j, at in rows}
+                return dict(rows)
 
             def drain(timeout_s: float = 300) -> None:
                 """Reconcile until no benchmark job is still on a backend."""
@@ -384,10 +382,11 @@ def _raw_slurm(n: int, slurm_env: dict, kube_env: dict) -> float:
 
 
 def _raw_kube(n: int, slurm_env: dict, kube_env: dict) -> float:
+    from kubernetes import client, config
+
     from adapters.base import SubmitRequest
     from adapters.kubernetes import KubernetesSettings
     from adapters.kubernetes.render import render_job
-    from kubernetes import client, config
 
     settings = KubernetesSettings(kubeconfig=kube_env["KUBECONFIG"])
     api = client.BatchV1Api(config.new_client_from_config(kube_env["KUBECONFIG"]))

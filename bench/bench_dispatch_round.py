@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.standin import StandInPool  # noqa: E402
-from bench.common import fresh_database, machine, write_section  # noqa: E402
+from adapters.standin import StandInPool
+from bench.common import fresh_database, machine, write_section
 
 ACCOUNTS = 50
 
@@ -32,9 +32,9 @@ ACCOUNTS = 50
 def _seed(url: str, jobs: int) -> None:
     from sqlalchemy import create_engine
 
+    from gateway.kit.timeutil import new_id, utcnow
     from gateway.models.accounts import Account
     from gateway.models.jobs import Job
-    from gateway.kit.timeutil import new_id, utcnow
 
     engine = create_engine(url)
     now = utcnow()
@@ -72,8 +72,8 @@ def _rounds(url: str, pools: int, rounds: int) -> list[float]:
     from gateway.dispatch import Dispatcher
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings
-    from gateway.pools.config import PoolConfig
     from gateway.models.pools import Pool
+    from gateway.pools.config import PoolConfig
     from gateway.pools.service import reconcile
 
     engine = make_engine(url, pool_size=4)
@@ -183,23 +183,23 @@ def main() -> None:
     body = "\n".join([
         "## One dispatch round over N pools (#13)",
         "",
-        f"`python bench/bench_dispatch_round.py --jobs {a.jobs} --rounds {a.rounds} --pools {a.pools} "
+        (f"`python bench/bench_dispatch_round.py --jobs {a.jobs} --rounds {a.rounds} --pools {a.pools} "
         f"--repeats {a.repeats}` ({machine()}; Postgres; run {dt.date.today()}). A round claims 100 of {a.jobs:,} pending jobs "
         f"({ACCOUNTS} accounts, fair-share order; the default reservation policy picks a window of 128, at "
         "most 16 per account, and holds back the 28 it does not start), routes each over every pool (kind, GPU type, cost, "
         "admission check) and reserves it in the ledger; backend submission is not included. Pools are "
         f"in-process stand-ins with a fixed capacity. Each configuration runs {a.repeats} times on a fresh "
         f"database, the two alternating; medians of all {a.rounds * a.repeats} rounds (each run's first round, "
-        "which warms caches, left out).",
+        "which warms caches, left out)."),
         "",
-        "| pools | median ms / round | each run's median ms | max ms | ratio to 2 pools | "
-        "median CPU ms / round (gateway process) |",
+        ("| pools | median ms / round | each run's median ms | max ms | ratio to 2 pools | "
+        "median CPU ms / round (gateway process) |"),
         "|---|---|---|---|---|---|",
         *(f"| {label} | {statistics.median(v):.1f} | {', '.join(f'{m:.1f}' for m in per_repeat[label])} | "
           f"{max(v):.1f} | {statistics.median(v) / ref:.2f} | {statistics.median(cpu[label]):.1f} |"
           for label, v in results.items()),
         "",
-        f"Target: median <= 50 ms with {a.pools} pools: **{'met' if ok else 'NOT met'}** "
+        (f"Target: median <= 50 ms with {a.pools} pools: **{'met' if ok else 'NOT met'}** "
         f"({new:.1f} ms; {met} of {a.repeats} runs met it on their own). Load average (1 min) {load_before:.1f} "
         f"before and {load_after:.1f} after, on {os.cpu_count()} CPUs. The host's speed: a fixed pure-Python "
         f"workload took {speed_before:.1f} ms before and {speed_after:.1f} ms after; one `SELECT 1` "
@@ -207,9 +207,9 @@ def main() -> None:
         "these: the wall and CPU time of a round move with the host's speed, and this host's speed moves by "
         "two to four times within hours. "
         f"SQL statements per round: {statistics.median(STATEMENTS):.0f} (median; 712 before the round was "
-        "batched, about seven per claimed job; 27 before session 6, 17 before session 8).",
+        "batched, about seven per claimed job; 27 before session 6, 17 before session 8)."),
         "",
-        "A round reads fair share (accounts and their decayed usage) in one statement and the capacity "
+        ("A round reads fair share (accounts and their decayed usage) in one statement and the capacity "
         "snapshot's pool rows with their queue depths in one; reads the ledger once for the accounts it picked "
         "(chains, limits, budgets; the pools and billing weights in one more: gateway/ledger/round.py); picks "
         "the window's accounts in one statement (`unnest ... JOIN LATERAL`, `FOR UPDATE SKIP LOCKED` inside: "
@@ -220,7 +220,7 @@ def main() -> None:
         "their events, in one statement; and writes the reservations with the chains locked once (one "
         "statement, one text whatever the accounts), then ONE statement of data-modifying CTEs for "
         "reservations, ledger entries, balance deltas and per-pool rows. The bulk writes send their rows as "
-        "one JSON document (`json_to_recordset`). `ledger.verify()` is empty after every run.",
+        "one JSON document (`json_to_recordset`). `ledger.verify()` is empty after every run."),
         "",
         "Where a round's wall time goes, and what was tried, is in the notes below this section.",
     ])

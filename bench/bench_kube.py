@@ -20,16 +20,16 @@ import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from adapters.base import SubmitRequest  # noqa: E402
-from adapters.kubernetes import KubernetesBackend, KubernetesSettings  # noqa: E402
-from adapters.kubernetes.render import render_job  # noqa: E402
-from adapters.kubernetes.settings import read_env_file  # noqa: E402
+from adapters.base import SubmitRequest
+from adapters.kubernetes import KubernetesBackend, KubernetesSettings
+from adapters.kubernetes.render import render_job
+from adapters.kubernetes.settings import read_env_file
 
 ENV_FILE = REPO / ".stack" / "kube" / "env"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -193,7 +193,7 @@ def main() -> None:
 
 
 def write_doc(r: dict) -> None:
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     section = f"""{START}
 ## Kubernetes + Kueue adapter (bench/bench_kube.py)
 

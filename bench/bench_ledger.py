@@ -17,20 +17,20 @@ import re
 import statistics
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import create_engine, insert, text
 
 from bench.common import fresh_database
-from gateway.models.jobs import Job
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.ledger import service as ledger
+from gateway.models.jobs import Job
 
 TABLES = ["ledger_entry", "ledger_reservation", "usage_bucket", "fairshare_usage", "gpu_billing_weight",
           "account_balance", "account_quota", "account_member", "job_event", "idempotency_key", "job", "account"]
 START, END = "<!-- bench:ledger:start -->", "<!-- bench:ledger:end -->"
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 H = 7 * 24 * 3600
 
 
@@ -179,7 +179,7 @@ def write_section(path: Path, body: str) -> None:
     text_ = path.read_text() if path.exists() else "# Benchmarks\n"
     section = f"{START}\n{body.rstrip()}\n{END}"
     if START in text_ and END in text_:
-        text_ = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text_, flags=re.S)
+        text_ = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: section, text_, flags=re.DOTALL)
     else:
         text_ = text_.rstrip() + "\n\n" + section + "\n"
     path.write_text(text_)
@@ -204,7 +204,7 @@ def main() -> None:
         eng.dispose()
     body = f"""## Ledger (`bench/bench_ledger.py`)
 
-Postgres {pg}, Python {platform.python_version()}, {os.cpu_count()} CPUs, {datetime.now(timezone.utc):%Y-%m-%d}.
+Postgres {pg}, Python {platform.python_version()}, {os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d}.
 Host load average at the end of the run: {os.getloadavg()[0]:.1f}. {a.note}
 Medians over {a.repeats} runs ({max(a.repeats, 5)} for the recompute). Targets: recompute <= 1 s, >= 300 reservations/s.
 

@@ -31,8 +31,17 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.bench_api import hey  # noqa: E402
-from bench.common import BIN, REPO, fresh_database, free_port, machine, median, wait_ready, write_section  # noqa: E402
+from bench.bench_api import hey
+from bench.common import (
+    BIN,
+    REPO,
+    free_port,
+    fresh_database,
+    machine,
+    median,
+    wait_ready,
+    write_section,
+)
 
 
 class Scraper(threading.Thread):
@@ -60,7 +69,8 @@ class Scraper(threading.Thread):
 
 
 def start(cmd: list[str], env: dict, port: int, log: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=REPO)
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         wait_ready(f"http://127.0.0.1:{port}/healthz", proc, timeout_s=300)  # a loaded 2-core machine
     except Exception:
@@ -144,9 +154,9 @@ def main() -> None:
 
     m = {name: {k: median(v) for k, v in results[name].items()} for name, _ in conditions}
     # Each condition against the reference run of its own repeat, then the median over repeats.
-    ratio = {name: median([a / b for a, b in zip(results[name]["rps"], results["none"]["rps"])])
+    ratio = {name: median([a / b for a, b in zip(results[name]["rps"], results["none"]["rps"], strict=True)])
              for name, _ in conditions}
-    per_repeat = {name: ", ".join(f"{a / b:.2f}" for a, b in zip(results[name]["rps"], results["none"]["rps"]))
+    per_repeat = {name: ", ".join(f"{a / b:.2f}" for a, b in zip(results[name]["rps"], results["none"]["rps"], strict=True))
                   for name, _ in conditions}
 
     def row(name: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, select, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import REPO, machine, median, pct, stack_postgres_url, write_section  # noqa: E402
+from bench.common import REPO, machine, median, pct, stack_postgres_url, write_section
 
 PG = stack_postgres_url()
 
@@ -42,8 +42,8 @@ def run_mode(mode: str, url: str, backends: dict, jobs: int) -> list[float]:
 
     from gateway.app import create_app
     from gateway.identity.setup import build_dev_issuer
-    from gateway.models.jobs import Job
     from gateway.kit.settings import Settings
+    from gateway.models.jobs import Job
 
     settings = Settings(database_url=url, dev_mode=True, dev_key_path=Path(f"/tmp/{uuid.uuid4().hex}.pem"),
                         dev_accounts="team-a", backends=json.dumps(backends), dispatch_in_serve=False,
@@ -79,7 +79,7 @@ def run_mode(mode: str, url: str, backends: dict, jobs: int) -> list[float]:
                     backend_job_id = s.get(Job, job_id).backend_job_id
                 backend.cancel(backend_job_id)
                 t0 = time.monotonic()
-                wait(lambda: states()[job_id] == "cancelled", 30, "cancel seen", every_s=0.01)
+                wait(lambda job_id=job_id: states()[job_id] == "cancelled", 30, "cancel seen", every_s=0.01)
                 delays.append(time.monotonic() - t0)
                 time.sleep(0.3)  # let the rounds fall at random points of the interval
         finally:

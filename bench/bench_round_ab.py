@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import REPO, dirty, export_rev, machine, short_rev, write_section  # noqa: E402
+from bench.common import REPO, dirty, export_rev, machine, short_rev, write_section
 
 # Runs inside the measured tree: its own models, migrations, dispatcher and bench helpers.
 _DRIVER = """
@@ -82,22 +82,22 @@ def main() -> None:
     body = "\n".join([
         "## One dispatch round, before / after (`bench/bench_round_ab.py`)",
         "",
-        f"`python bench/bench_round_ab.py --before {before_rev} --jobs {a.jobs} --rounds {a.rounds} "
+        (f"`python bench/bench_round_ab.py --before {before_rev} --jobs {a.jobs} --rounds {a.rounds} "
         f"--pools {a.pools} --repeats {a.repeats}` ({machine()}; Postgres; run {time.strftime('%Y-%m-%d %H:%M')} UTC; "
         f"load average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end). The round of "
         "`bench/bench_dispatch_round.py` (100 of the pending jobs claimed over "
         f"{a.pools} stand-in pools, routed and reserved), each version running its own code, migrations and "
-        f"seed on a fresh database, in turns. *before* is `{before_rev}`, *after* is `{after_label}`.",
+        f"seed on a fresh database, in turns. *before* is `{before_rev}`, *after* is `{after_label}`."),
         "",
         "| | before | after | after / before |",
         "|---|---|---|---|",
         f"| median ms / round | {med['before']:.1f} | {med['after']:.1f} | {ratio:.2f} |",
-        f"| each run's median ms | {', '.join(f'{m:.1f}' for m in b['runs'])} | "
-        f"{', '.join(f'{m:.1f}' for m in n['runs'])} | |",
-        f"| median CPU ms / round (gateway process) | {statistics.median(b['cpu']):.1f} | "
-        f"{statistics.median(n['cpu']):.1f} | {statistics.median(n['cpu']) / statistics.median(b['cpu']):.2f} |",
-        f"| SQL statements / round (median) | {statistics.median(b['statements']):.0f} | "
-        f"{statistics.median(n['statements']):.0f} | |",
+        (f"| each run's median ms | {', '.join(f'{m:.1f}' for m in b['runs'])} | "
+        f"{', '.join(f'{m:.1f}' for m in n['runs'])} | |"),
+        (f"| median CPU ms / round (gateway process) | {statistics.median(b['cpu']):.1f} | "
+        f"{statistics.median(n['cpu']):.1f} | {statistics.median(n['cpu']) / statistics.median(b['cpu']):.2f} |"),
+        (f"| SQL statements / round (median) | {statistics.median(b['statements']):.0f} | "
+        f"{statistics.median(n['statements']):.0f} | |"),
     ])
     print(body)
     write_section("dispatch-round-ab", body)

@@ -41,9 +41,8 @@ import time
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.bench_api import HEY, PG, SPEC, start  # noqa: E402
-from bench.common import BIN, fresh_database, free_port, machine, median, write_section  # noqa: E402
-
+from bench.bench_api import HEY, PG, SPEC, start
+from bench.common import BIN, free_port, fresh_database, machine, median, write_section
 
 UI_SECRET = "bench-ui-session-secret-0123456789abcdef"
 HISTORY_PAGE = 100  # finished jobs in the "empty" registry: one page of the history's state
@@ -208,7 +207,7 @@ def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]
             total, waiting = registry(url_db)
             sizes[phase] = {"total": total, "pending": waiting,
                             # gateway / bare within each repeat (same minute, same host load)
-                            "submit/bare": median([s["rps"] / b["rps"] for s, b in zip(res["submit"], res["bare"])]),
+                            "submit/bare": median([s["rps"] / b["rps"] for s, b in zip(res["submit"], res["bare"], strict=True)]),
                             **{k: {m: median([x[m] for x in v]) for m in ("rps", "p50", "p99", "errors")}
                                for k, v in res.items()}}
     finally:

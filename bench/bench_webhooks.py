@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.common import fresh_database, machine, median, pct, write_section  # noqa: E402
+from bench.common import fresh_database, machine, median, pct, write_section
 
 
 def produce(sessions, job_ids: list[str], rate: float, seconds: float, committed: dict[int, float]) -> None:
-    from gateway.models.jobs import JobEvent
     from gateway.kit.timeutil import utcnow
+    from gateway.models.jobs import JobEvent
 
     n = int(rate * seconds)
     start = time.monotonic()

@@ -35,7 +35,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     s = sorted(values)
-    k = min(len(s) - 1, max(0, int(round(q / 100 * (len(s) - 1)))))
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
     return s[k]
 
 
@@ -72,7 +72,7 @@ def write_section(name: str, body: str) -> None:
     block = f"{start}\n{body.rstrip()}\n{end}"
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\nFigures are medians over repeats on a noisy 2-core machine; compare ratios, not absolutes.\n"
     if start in text:
-        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end), lambda _: block, text, flags=re.DOTALL)
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     DOC.parent.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, pct, write_section  # noqa: E402
-from gateway.domain.simulate import (  # noqa: E402
+from bench.common import machine, pct, write_section
+from gateway.domain.simulate import (
     BORROW,
     FIFO,
     GREEDY,
@@ -66,7 +66,7 @@ def make_trace(n: int, load: float, seed: int, accounts: int) -> tuple[list[Trac
         return min(24 * 3600.0, max(30.0, rng.lognormvariate(math.log(median_s), 1.0)))
 
     drafts = []
-    for i in range(n):
+    for _ in range(n):
         w, g, med = rng.choices(shapes, probs)[0]
         run = run_time(med)
         limit = min(48 * 3600.0, math.ceil(run * rng.uniform(1.2, 4.0) / 900) * 900)

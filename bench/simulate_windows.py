@@ -32,10 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import machine, pct, write_section  # noqa: E402
-from bench.simulate import POOLS, make_trace  # noqa: E402
-from gateway.domain.planner import Hold, Outage  # noqa: E402
-from gateway.domain.simulate import SimResult, simulate  # noqa: E402
+from bench.common import machine, pct, write_section
+from bench.simulate import POOLS, make_trace
+from gateway.domain.planner import Hold, Outage
+from gateway.domain.simulate import SimResult, simulate
 
 
 def windows(trace) -> list[tuple[str, int, float, float]]:

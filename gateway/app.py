@@ -15,31 +15,44 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.api.accounts import router as accounts_router
 from gateway.api.admin import router as admin_router
-from gateway.pools.config import build as build_pools, load as load_pools, load_storage
-from gateway.pools.service import reconcile_at_startup as reconcile_pools, storage_at_startup
-from gateway.dispatch import Dispatcher
+from gateway.api.flows import router as job_sets_router
 from gateway.api.identity import router as identity_router
+from gateway.api.jobs import events_router as job_events_router
+from gateway.api.jobs import router as jobs_router
+from gateway.api.metrics import check_access as check_metrics_access
+from gateway.api.metrics import router as metrics_router
+from gateway.api.pools import admin_router as pools_admin_router
+from gateway.api.pools import reservations_router, storage_router
+from gateway.api.pools import router as pools_router
+from gateway.api.webhooks import account_router as webhooks_router
+from gateway.api.webhooks import admin_router as admin_webhooks_router
+from gateway.dispatch import Dispatcher
+from gateway.identity.bodylimit import BodyLimitMiddleware
 from gateway.identity.seen import MembershipSeenRecorder
 from gateway.identity.setup import build_authenticator
-from gateway.kit.unicode import JSONResponse
-from gateway.api.flows import router as job_sets_router
-from gateway.api.jobs import router as jobs_router
-from gateway.api.jobs import events_router as job_events_router
-from gateway.kit.db import make_async_engine, make_async_sessionmaker, make_engine, make_sessionmaker, transaction
-from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
-from gateway.kit.logs import RequestIdMiddleware, configure as configure_logging
-from gateway.identity.bodylimit import BodyLimitMiddleware
 from gateway.jobs.checkpoints import JobCredentials
+from gateway.kit.db import (
+    make_async_engine,
+    make_async_sessionmaker,
+    make_engine,
+    make_sessionmaker,
+    transaction,
+)
+from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
+from gateway.kit.logs import RequestIdMiddleware
+from gateway.kit.logs import configure as configure_logging
 from gateway.kit.settings import Settings, get_settings
 from gateway.kit.streams import StreamLimiter
-from gateway.api.metrics import check_access as check_metrics_access, router as metrics_router
-from gateway.webhooks.address import check_allowlist as check_webhook_allowlist
+from gateway.kit.unicode import JSONResponse
 from gateway.pools import service as pools
-from gateway.api.pools import (admin_router as pools_admin_router, reservations_router, router as pools_router,
-                               storage_router)
+from gateway.pools.config import build as build_pools
+from gateway.pools.config import load as load_pools
+from gateway.pools.config import load_storage
+from gateway.pools.service import reconcile_at_startup as reconcile_pools
+from gateway.pools.service import storage_at_startup
 from gateway.ui.apidocs import install as install_api_docs
 from gateway.ui.router import install as install_ui
-from gateway.api.webhooks import account_router as webhooks_router, admin_router as admin_webhooks_router
+from gateway.webhooks.address import check_allowlist as check_webhook_allowlist
 
 log = logging.getLogger("isthmus")
 
@@ -100,7 +113,7 @@ def client_friendly_openapi(spec: dict[str, Any]) -> dict[str, Any]:
       with a 422 naming them): openapi-generator cannot name such schemas.
     """
     problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
-    for path, ops in spec.get("paths", {}).items():
+    for ops in spec.get("paths", {}).values():
         for op in ops.values():
             for code, resp in op.get("responses", {}).items():
                 content = resp.get("content", {})
@@ -300,9 +313,9 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
 
 
 def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
-    from gateway.models.accounts import Account
-
     from sqlalchemy.exc import IntegrityError
+
+    from gateway.models.accounts import Account
 
     names = [n.strip() for n in settings.dev_accounts.split(",") if n.strip()]
     for attempt in (1, 2):
@@ -317,6 +330,6 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
             # our insert (a clean-clone CI run, 2026-12-03): read again, they are there now.
             if attempt == 2:
                 raise
-        except Exception:  # noqa: BLE001 - schema may not be migrated yet; say so clearly
+        except Exception:
             log.error("could not seed dev accounts; run `isthmus migrate` first")
             raise

@@ -13,7 +13,6 @@ import click
 from gateway.cli_client import Client, _emit, _table, client_options, fmt
 
 
-
 def _settings():
     from gateway.kit.settings import get_settings
 
@@ -57,8 +56,8 @@ def serve(host: str, port: int, workers: int, dev: bool, migrate: bool | None) -
     settings = _settings()
     if migrate or (migrate is None and settings.is_sqlite):
         run_migrations(settings.database_url)
-    from gateway.identity.setup import ConfigurationError, build_authenticator
     from gateway.api.metrics import check_access as check_metrics_access
+    from gateway.identity.setup import ConfigurationError, build_authenticator
 
     try:
         build_authenticator(settings)
@@ -84,8 +83,8 @@ def _check_pools(settings) -> None:
     (in the log format the gateway uses, so a JSON log stays all JSON)."""
     import logging
 
-    from gateway.pools.adapters import BackendConfigError
     from gateway.kit.logs import configure as configure_logging
+    from gateway.pools.adapters import BackendConfigError
     from gateway.pools.service import probe
 
     try:
@@ -236,10 +235,10 @@ def openapi(output: str | None) -> None:
 
 
 def openapi_json() -> str:
+    import tempfile
+
     from gateway.app import create_app
     from gateway.kit.settings import Settings
-
-    import tempfile
 
     # Dev mode only so the app builds without an identity provider; the throwaway key
     # must not land in the working directory.
@@ -262,8 +261,8 @@ def account() -> None:
 @click.option("--parent", default=None, help="parent account (quotas and budgets are inherited from it)")
 @click.option("--shares", default=1, show_default=True, type=int, help="fair-share shares among its siblings")
 def account_create(name: str, parent: str | None, shares: int) -> None:
-    from gateway.models.accounts import Account
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
+    from gateway.models.accounts import Account
 
     settings = _settings()
     engine = make_engine(settings.database_url)

@@ -69,8 +69,8 @@ def fmt(value: Any) -> str:
 def _table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     cells = [[fmt(r.get(k)) for k, _ in columns] for r in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h) in enumerate(columns)]
-    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(h.ljust(w) for (_, h), w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -167,7 +167,7 @@ class _Callback(http.server.BaseHTTPRequestHandler):
     result: dict[str, str]
     done: threading.Event
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         parsed = urllib.parse.urlsplit(self.path)
         if parsed.path != "/callback":
             self.send_error(404)
@@ -242,7 +242,7 @@ def choose_flow(flow: str) -> str:
     if os.environ.get("SSH_CONNECTION") or os.environ.get("SSH_TTY"):
         return "device"
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and os.name == "posix" \
-            and not os.uname().sysname == "Darwin":
+            and os.uname().sysname != "Darwin":
         return "device"
     return "browser"
 
@@ -297,7 +297,7 @@ def logout(issuer: str | None = None) -> str | None:
         try:
             with _oauth_client(entry["client_id"]) as client:
                 client.revoke_token(entry["revocation_endpoint"], token=refresh, token_type_hint="refresh_token")
-        except Exception:  # noqa: BLE001 - the provider may be away; the local tokens are gone already
+        except Exception:  # noqa: BLE001, S110 - the provider may be away; the local tokens are gone already
             pass
     return issuer
 

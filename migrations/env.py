@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from gateway.kit.db import make_engine
 from gateway.kit.settings import get_settings
 from gateway.models import metadata

@@ -156,7 +156,7 @@ class Locks:
             if name in self.held:
                 continue
             self._let_waiters_first(name)
-            fh = open(LOCK_DIR / f"{name}.lock", "a")
+            fh = open(LOCK_DIR / f"{name}.lock", "a")  # noqa: SIM115 - held past this block, closed by release
             marker = LOCK_DIR / f"{name}.waiting.{os.getpid()}"
             marker.touch()
             try:
@@ -168,7 +168,7 @@ class Locks:
                     except BlockingIOError:
                         if time.monotonic() > deadline:
                             fh.close()
-                            raise RuntimeError(f"waited {LOCK_WAIT_S} s for {name}: held by {_holder(name)}")
+                            raise RuntimeError(f"waited {LOCK_WAIT_S} s for {name}: held by {_holder(name)}") from None
                         time.sleep(0.05)
             finally:
                 marker.unlink(missing_ok=True)
@@ -380,10 +380,10 @@ class Report:
         total = sum(t["seconds"] for t in self.tests.values())
         counts = {o: sum(t["outcome"] == o for t in self.tests.values()) for o in ("passed", "failed", "skipped")}
         lines = [REPORT_START,
-                 f"Last whole run: {time.strftime('%Y-%m-%d', time.gmtime(self.started))}, {lanes} lanes, "
+                 (f"Last whole run: {time.strftime('%Y-%m-%d', time.gmtime(self.started))}, {lanes} lanes, "
                  f"order `{order}`: **{len(self.tests)} tests ({counts['passed']} passed, {counts['failed']} "
                  f"failed, {counts['skipped']} skipped) in {wall:,.0f} s of wall time**; the tests' own time adds "
-                 f"up to {total:,.0f} s ({total / max(wall, 1):.1f} lanes busy on average).", "",
+                 f"up to {total:,.0f} s ({total / max(wall, 1):.1f} lanes busy on average)."), "",
                  "| suite | tests | test time (s) | share | failed | skipped | real systems it holds |",
                  "|---|---:|---:|---:|---:|---:|---|"]
         for r in self.suites():

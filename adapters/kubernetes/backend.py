@@ -14,8 +14,8 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 from adapters.base import (
     Backend,
@@ -52,7 +52,7 @@ from .render import (
     topology_levels,
 )
 from .settings import KubernetesSettings
-from .state import backend_job_id, derive_status, parse_time
+from .state import derive_status, parse_time
 from .watch import JobEventStream
 
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -104,7 +104,7 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     settings_class = KubernetesSettings
-    unsupported_features = {}
+    unsupported_features: ClassVar[dict[str, str]] = {}
 
     def __init__(self, settings: KubernetesSettings | None = None, **kwargs: Any):
         self.settings = settings or KubernetesSettings(**kwargs)
@@ -220,7 +220,7 @@ class KubernetesBackend(Backend):
     def _server_message(exc: Any) -> str:
         try:
             return json.loads(exc.body).get("message") or exc.reason
-        except Exception:
+        except (ValueError, TypeError, AttributeError):  # no body, or a body that is not JSON
             return str(exc.reason or exc)
 
     def _t(self) -> float:
@@ -531,7 +531,7 @@ class KubernetesBackend(Backend):
             patch = {"metadata": {
                 "resourceVersion": job["metadata"]["resourceVersion"],  # no lost update
                 "finalizers": finalizers,
-                "annotations": {ANN_CANCELLED_AT: datetime.now(timezone.utc).isoformat()},
+                "annotations": {ANN_CANCELLED_AT: datetime.now(UTC).isoformat()},
             },
                 # Suspending makes Kueue evict the Workload and release its quota now; without
                 # it the tombstoned Job kept its GPUs reserved for the whole retention.
@@ -569,7 +569,7 @@ class KubernetesBackend(Backend):
         cancelled = parse_time((meta.get("annotations") or {}).get(ANN_CANCELLED_AT))
         if not cancelled or TOMBSTONE_FINALIZER not in (meta.get("finalizers") or []):
             return
-        if (datetime.now(timezone.utc) - cancelled).total_seconds() < self.settings.cancelled_retention_s:
+        if (datetime.now(UTC) - cancelled).total_seconds() < self.settings.cancelled_retention_s:
             return
         if not meta.get("deletionTimestamp"):
             return

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from adapters.envfile import read_env_file  # noqa: E402,F401  (re-exported)
+from adapters.envfile import read_env_file
 
 ENV_PREFIX = "ISTHMUS_KUBE_"
 _DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

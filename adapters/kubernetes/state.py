@@ -16,7 +16,7 @@ Obj = Mapping[str, Any]
 def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return datetime.fromisoformat(value)
 
 
 def conditions(obj: Obj | None) -> dict[str, Obj]:

@@ -112,7 +112,7 @@ class JobEventStream:
                 else:
                     self.stop_event.wait(backoff)
                     backoff = min(backoff * 2, 10)
-            except Exception:  # connection dropped: resume from rv after a pause
+            except Exception:  # noqa: BLE001 - any failure of the stream: resume from rv after a pause
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10)
 

@@ -362,8 +362,8 @@ class SlurmBackend(Backend):
         # their nodes are free to the planner, which keeps them for the holds' accounts.
         ours = [str(r.get("name") or "").startswith(GATEWAY_RESERVATION_PREFIX) for r in records]
         mine_nodes = parse.partition_nodes(nodes, self.settings.partition)
-        windows = parse.windows([r for r, o in zip(records, ours) if not o], mine_nodes, now=now)
-        own = {n for w in parse.windows([r for r, o in zip(records, ours) if o], mine_nodes, now=now)
+        windows = parse.windows([r for r, o in zip(records, ours, strict=True) if not o], mine_nodes, now=now)
+        own = {n for w in parse.windows([r for r, o in zip(records, ours, strict=True) if o], mine_nodes, now=now)
                if w.start <= now for n in w.nodes}
         # slurmctld flags the nodes of a reservation that has started (MAINTENANCE, RESERVED)
         # only in its background cycle, up to ~5 s later (seen on 22.05 .. 26.05): until then

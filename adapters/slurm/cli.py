@@ -14,7 +14,13 @@ from datetime import UTC, datetime
 
 from adapters.base import BackendUnavailable, JobNotFound
 from adapters.slurm import parse
-from adapters.slurm.errors import AmbiguousSubmit, classify, error_from, is_done, no_such_reservation
+from adapters.slurm.errors import (
+    AmbiguousSubmit,
+    classify,
+    error_from,
+    is_done,
+    no_such_reservation,
+)
 from adapters.slurm.script import JobSpec, ReservationSpec, slurm_duration
 from adapters.slurm.transport import Record, Transport
 

@@ -16,7 +16,13 @@ from adapters.base import (
     SubmissionRejected,
     Unsupported,
 )
-from adapters.slurm.errors import AmbiguousSubmit, error_from, is_done, no_such_reservation, slurm_errors
+from adapters.slurm.errors import (
+    AmbiguousSubmit,
+    error_from,
+    is_done,
+    no_such_reservation,
+    slurm_errors,
+)
 from adapters.slurm.script import JobSpec, ReservationSpec
 from adapters.slurm.token import TokenSource
 from adapters.slurm.transport import Record, Transport

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.models.accounts import MEMBER_ROLES
 from gateway.kit.names import ACCOUNT_NAME_RE, POOL_NAME_RE
+from gateway.models.accounts import MEMBER_ROLES
 
 AccountName = Field(pattern=ACCOUNT_NAME_RE, max_length=63)
 

@@ -12,12 +12,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.models.accounts import Account, AccountMember, AccountPoolQuota, AccountQuota
 from gateway.accounts.tree import MAX_DEPTH, up_cte, walk_up
 from gateway.accounts.tree import descendants as _descendants
 from gateway.kit.errors import Conflict, Invalid, NotFound
 from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow
+from gateway.models.accounts import (
+    Account,
+    AccountMember,
+    AccountPoolQuota,
+    AccountQuota,
+)
 
 QUOTA_FIELDS = ("max_gpus", "guaranteed_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
 # Limits that are absurd rather than merely large: refuse them so a typo cannot disable a quota.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import click
@@ -407,7 +408,7 @@ def window_list(name, url, token, as_json) -> None:
 
 def _when(value: str, option: str) -> str:
     """An RFC 3339 time with a zone, or ``now`` / ``now+DURATION`` (e.g. ``now+2h``), as UTC RFC 3339."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from gateway.domain.shapes import parse_duration_s
 
@@ -417,9 +418,9 @@ def _when(value: str, option: str) -> str:
             delta = parse_duration_s(text[4:]) if text != "now" else 0
         except ValueError as exc:
             raise click.BadParameter(f"{value!r}: {exc}", param_hint=option) from None
-        return (datetime.now(timezone.utc) + timedelta(seconds=delta)).isoformat(timespec="seconds")
+        return (datetime.now(UTC) + timedelta(seconds=delta)).isoformat(timespec="seconds")
     try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        at = datetime.fromisoformat(text)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a time: give e.g. 2026-12-08T06:00:00Z or now+2h",
                                  param_hint=option) from None

@@ -10,18 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete as sa_delete, func, select
+from sqlalchemy import delete as sa_delete
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gateway.models.accounts import Account, AccountMember, AccountQuota
-from gateway.accounts.service import _check_name, chain, children_map, descendants, get_or_raise, load_tree
+from gateway.accounts.service import (
+    _check_name,
+    chain,
+    children_map,
+    descendants,
+    get_or_raise,
+    load_tree,
+)
 from gateway.accounts.tree import MAX_DEPTH
-from gateway.models.jobs import Job
 from gateway.domain.states import FINAL_STATES
 from gateway.kit.errors import Conflict, Invalid
 from gateway.kit.timeutil import utcnow
-from gateway.models.ledger import AccountBalance, Reservation
 from gateway.ledger.service import move_subtree
+from gateway.models.accounts import Account, AccountMember, AccountQuota
+from gateway.models.jobs import Job
+from gateway.models.ledger import AccountBalance, Reservation
 
 
 def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "",

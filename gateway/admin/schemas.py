@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.accounts.schemas import AccountUsageOut, FairShareOut, MemberRole, Pool, QuotaIn
+from gateway.accounts.schemas import (
+    AccountUsageOut,
+    FairShareOut,
+    MemberRole,
+    Pool,
+    QuotaIn,
+)
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.models.ledger import ENTRY_KINDS
 
@@ -64,7 +70,7 @@ class AdminAccountOut(AccountUsageOut):
     shares: int
     description: str
     priority_class: str | None = Field(default=None, description=PRIORITY_CLASS_DOC)
-    members: list["MemberOut"] = []
+    members: list[MemberOut] = []  # noqa: RUF012 - pydantic copies a field default per instance
 
 
 class MemberIn(BaseModel):

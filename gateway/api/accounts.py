@@ -7,15 +7,21 @@ from sqlalchemy.orm import Session
 
 from gateway.accounts import service
 from gateway.accounts.schemas import (
-    AccountOut, AccountPage, AccountUsageOut, BalanceOut, EffectiveBudgetOut, EffectiveLimitOut, FairShareOut,
+    AccountOut,
+    AccountPage,
+    AccountUsageOut,
+    BalanceOut,
+    EffectiveBudgetOut,
+    EffectiveLimitOut,
+    FairShareOut,
     QuotaOut,
 )
 from gateway.domain.fairshare import FairShare
 from gateway.identity.dependency import get_principal
 from gateway.identity.principal import Principal
-from gateway.kit.params import AccountName
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
+from gateway.kit.params import AccountName
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
 
@@ -67,7 +73,8 @@ def quota_out(eff: dict) -> QuotaOut:
 def usage_out(session: Session, name: AccountName, half_life_s: float) -> AccountUsageOut:
     u = ledger.account_usage(session, account=name, half_life_s=half_life_s)
     b = u["balance"]
-    hours = (lambda v: None if v is None else round(v / 3600, 3))
+    def hours(v):
+        return (None if v is None else round(v / 3600, 3))
     return AccountUsageOut(
         account=name, period=u["period"], used_gpu_hours=hours(u["used_gpu_seconds"]),
         committed_gpu_hours=hours(b.committed_gpu_seconds), remaining_gpu_hours=hours(u["remaining_gpu_seconds"]),

@@ -17,26 +17,39 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
+from gateway.accounts.schemas import POOL_NAME_PATTERN, Pool, QuotaIn
 from gateway.admin import lifecycle
-from gateway.models.accounts import AccountMember
-from gateway.api.accounts import fairshare_out, usage_out
-from gateway.accounts.schemas import QuotaIn
 from gateway.admin.schemas import (
+    AccountCreate,
+    AccountUpdate,
+    AdjustmentIn,
+    AdminAccountOut,
+    BillingWeightIn,
+    BillingWeightOut,
+    FairShareTable,
+    LedgerEntryKind,
+    LedgerEntryOut,
+    LedgerPage,
+    MemberIn,
+    MemberOut,
     OrphanOut,
-    AccountCreate, AccountUpdate, AdjustmentIn, AdminAccountOut, BillingWeightIn, BillingWeightOut, FairShareTable,
-    LedgerEntryKind, LedgerEntryOut, LedgerPage, MemberIn, MemberOut, UsagePeriod, UsageReport, UsageRow,
+    UsagePeriod,
+    UsageReport,
+    UsageRow,
 )
-from gateway.accounts.schemas import POOL_NAME_PATTERN, Pool
+from gateway.api.accounts import fairshare_out, usage_out
+from gateway.domain.shapes import normalise_gpu_type
 from gateway.identity.dependency import require_admin
 from gateway.identity.principal import Principal
-from gateway.domain.shapes import normalise_gpu_type
-from gateway.kit.names import ACCOUNT_NAME_RE
-from gateway.pools.service import require_known
-from gateway.kit.params import AccountName, UserName
 from gateway.kit.db import get_session
 from gateway.kit.errors import Invalid, problem_responses
+from gateway.kit.names import ACCOUNT_NAME_RE
+from gateway.kit.params import AccountName, UserName
 from gateway.kit.timeutil import as_utc, utcnow
-from gateway.ledger import breakdown, repository, service as ledger
+from gateway.ledger import breakdown, repository
+from gateway.ledger import service as ledger
+from gateway.models.accounts import AccountMember
+from gateway.pools.service import require_known
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -55,7 +68,7 @@ def _quota_values(q: QuotaIn) -> dict:
     values = {k: q.__dict__[k] for k in q.model_fields_set}  # no DeprecationWarning for the old aliases
     if "budget_gpu_hours" in values:
         h = values.pop("budget_gpu_hours")
-        values["budget_gpu_seconds"] = None if h is None else int(round(h * 3600))
+        values["budget_gpu_seconds"] = None if h is None else round(h * 3600)
     # The deprecated per-pool fields are the pools named slurm and kubernetes (the old two).
     per_pool = dict(values.get("max_gpus_per_pool") or {})
     for old in ("slurm", "kubernetes"):
@@ -155,7 +168,7 @@ def list_members(name: AccountName, session: Session = Depends(get_session, scop
             description="Records `username` as member or coordinator. Who may submit is decided by the token's "
                         "groups; see docs/ledger.md.",
             responses=problem_responses(401, 403, 404, 422))
-def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, Body()] = MemberIn(),
+def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, Body()] = MemberIn(),  # noqa: B008 - read, never changed
                session: Session = Depends(get_session, scope="function")) -> MemberOut:
     import re
 
@@ -203,7 +216,7 @@ def _entry_out(e) -> LedgerEntryOut:
              responses=problem_responses(401, 403, 422))
 def create_adjustment(body: AdjustmentIn, principal: Principal = Depends(require_admin),
                       session: Session = Depends(get_session, scope="function")) -> LedgerEntryOut:
-    e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=int(round(body.gpu_hours * 3600)),
+    e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=round(body.gpu_hours * 3600),
                       actor=principal.subject, reason=body.reason, job_id=body.job_id,
                       pool=body.pool)
     return _entry_out(e)

@@ -6,17 +6,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, Body, Path, Query, Request, Response
 
+from gateway.api.jobs import _wake_dispatcher, to_out
+from gateway.domain.states import JobState
 from gateway.flows import service
-from gateway.models.flows import JobSet
 from gateway.flows.schemas import JobSetOut, JobSetSpec
 from gateway.identity.dependency import CurrentPrincipal
 from gateway.jobs import admission
-from gateway.api.jobs import _wake_dispatcher, to_out
 from gateway.jobs.schemas import JobPage
-from gateway.domain.states import JobState
 from gateway.kit.db import DbSession
 from gateway.kit.errors import problem_responses
 from gateway.kit.timeutil import as_utc
+from gateway.models.flows import JobSet
 
 router = APIRouter(prefix="/v1/job-sets", tags=["job sets"])
 

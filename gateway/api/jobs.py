@@ -20,9 +20,10 @@ from fastapi import (
 )
 from fastapi.responses import StreamingResponse
 
+from gateway.domain.shapes import format_duration
+from gateway.domain.states import JobState
 from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
 from gateway.jobs import admission, checkpoints, preemption, repository, service
-from gateway.models.jobs import Job
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
@@ -36,15 +37,14 @@ from gateway.jobs.schemas import (
     JobSpec,
     PreemptionOut,
 )
-from gateway.domain.shapes import format_duration
-from gateway.models.specs import checkpoint_dir_of, spec_of
-from gateway.domain.states import JobState
 from gateway.kit.db import DbSession, in_transaction
 from gateway.kit.errors import Invalid, NotFound, problem_responses
 from gateway.kit.groupcommit import GroupCommit
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
+from gateway.models.jobs import Job
+from gateway.models.specs import checkpoint_dir_of, spec_of
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

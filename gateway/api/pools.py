@@ -9,17 +9,34 @@ from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
 from gateway.accounts.schemas import POOL_NAME_PATTERN
+from gateway.domain.windows import (
+    PlannedHold,
+    PlannedWindow,
+    hold_words,
+    shortfall,
+    words,
+)
 from gateway.identity.dependency import CurrentPrincipal, require_admin
 from gateway.identity.principal import Principal
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import utcnow
-from gateway.domain.windows import PlannedHold, PlannedWindow, hold_words, shortfall, words
-from gateway.pools import service
-from gateway.pools import reservations, windows
 from gateway.models.pools import Pool
-from gateway.pools.schemas import (AdminPoolOut, DomainOut, PoolList, PoolOut, PoolPatch, StorageList, StorageOut, StoragePoolOut,
-                                   ReservationIn, ReservationOut, WindowIn, WindowOut)
+from gateway.pools import reservations, service, windows
+from gateway.pools.schemas import (
+    AdminPoolOut,
+    DomainOut,
+    PoolList,
+    PoolOut,
+    PoolPatch,
+    ReservationIn,
+    ReservationOut,
+    StorageList,
+    StorageOut,
+    StoragePoolOut,
+    WindowIn,
+    WindowOut,
+)
 
 router = APIRouter(prefix="/v1/pools", tags=["pools"])
 admin_router = APIRouter(prefix="/v1/admin/pools", tags=["admin"], dependencies=[Depends(require_admin)])

@@ -16,7 +16,14 @@ from gateway.kit.params import AccountName
 from gateway.webhooks import service
 from gateway.webhooks.address import Allowlist
 from gateway.webhooks.schemas import (
-    DeliveryPage, DeliveryStatus, WebhookCreated, WebhookIn, WebhookOut, WebhookPage, WebhookUpdate, delivery_out,
+    DeliveryPage,
+    DeliveryStatus,
+    WebhookCreated,
+    WebhookIn,
+    WebhookOut,
+    WebhookPage,
+    WebhookUpdate,
+    delivery_out,
     endpoint_out,
 )
 

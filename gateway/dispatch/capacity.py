@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 
+from gateway.domain.routing import PoolView
 from gateway.domain.states import JobState
+from gateway.domain.storage import NO_STORAGE, Catalog
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
 from gateway.pools.service import LIMITS_REFRESH_S, pool_meta, record_limits
-from gateway.domain.routing import PoolView
-from gateway.domain.storage import NO_STORAGE, Catalog
 
 
 class Capacity:

@@ -22,22 +22,30 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, aliased
 
 from adapters.base import SubmitRequest
-from gateway.dispatch.common import ACTOR, NO_LAUNCH, Launch, _is_deadlock, first_attempt, log, submit_request
+from gateway.dispatch import planning
+from gateway.dispatch.common import (
+    ACTOR,
+    NO_LAUNCH,
+    Launch,
+    _is_deadlock,
+    first_attempt,
+    log,
+    submit_request,
+)
 from gateway.dispatch.faults import NONE, Faults
-from gateway.jobs import service as jobs
-from gateway.models.jobs import Job
+from gateway.domain.decide import Params, RoundResult, Snapshot, decide
+from gateway.domain.routing import PoolView
 from gateway.domain.states import JobState
+from gateway.domain.windows import holds, outages
+from gateway.jobs import preemption
+from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
-from gateway.ledger import service as ledger
 from gateway.ledger import guarantees
+from gateway.ledger import service as ledger
 from gateway.ledger.round import RoundLedger
-from gateway.jobs import preemption
-from gateway.dispatch import planning
-from gateway.domain.decide import Params, RoundResult, Snapshot, decide
+from gateway.models.jobs import Job
 from gateway.models.specs import shape_of
-from gateway.domain.routing import PoolView
-from gateway.domain.windows import holds, outages
 from gateway.pools import windows as pool_windows
 
 # A loose index scan over ix_job_queue: one index probe per account with pending jobs,
@@ -212,7 +220,7 @@ class Claimer:
                 # The account tree moved under a reservation, or two dispatchers locked two
                 # account chains in opposite orders (Postgres aborts one): nothing of this
                 # claim was written; claim again.
-                if isinstance(exc, OperationalError) and not _is_deadlock(exc) or attempt == 3:
+                if (isinstance(exc, OperationalError) and not _is_deadlock(exc)) or attempt == 3:
                     raise
                 log.info("claim round %d rolled back (%s); retrying", attempt, type(exc).__name__)
         claimed = list(prepared)

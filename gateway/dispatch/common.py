@@ -10,13 +10,13 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import object_session
 
 from adapters.base import SubmitRequest, TopologyRequest, VolumeMount
-from gateway.domain.storage import NO_STORAGE, Catalog, env_of, mounts_of
-from gateway.models.accounts import Account
-from gateway.models.specs import spec_of
-from gateway.models.jobs import Job
 from gateway.domain.shapes import parse_memory_mib
 from gateway.domain.states import JobState
+from gateway.domain.storage import NO_STORAGE, Catalog, env_of, mounts_of
 from gateway.kit.timeutil import as_utc
+from gateway.models.accounts import Account
+from gateway.models.jobs import Job
+from gateway.models.specs import spec_of
 
 log = logging.getLogger("isthmus.dispatch")
 

@@ -28,11 +28,11 @@ from gateway.dispatch.preempt import Preemptor
 from gateway.dispatch.reconcile import Reconciler
 from gateway.dispatch.recovery import Recovery
 from gateway.dispatch.submit import Submitter
-from gateway.kit.settings import DispatchSettings
-from gateway.kit.timeutil import utcnow
 from gateway.domain.routing import PoolView, parse_weights
 from gateway.domain.storage import NO_STORAGE, Catalog
 from gateway.jobs.checkpoints import JobCredentials
+from gateway.kit.settings import DispatchSettings
+from gateway.kit.timeutil import utcnow
 
 
 class Dispatcher:

@@ -24,7 +24,7 @@ class Faults:
     pause_after_submit_s: float = 0.0  # crash window 2: submitted, not yet recorded
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Faults":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Faults:
         def seconds(name: str) -> float:
             value = float(env.get(name) or 0)
             if not 0 <= value <= 600:

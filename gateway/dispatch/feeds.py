@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from adapters.base import JobStatus
 from gateway.dispatch.common import FOLLOWED, log
-from gateway.models.jobs import Job
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
+from gateway.models.jobs import Job
 
 
 class OpenFeeds:

@@ -29,12 +29,12 @@ from datetime import datetime
 from sqlalchemy import Float, bindparam, case, cast, extract, func, null, select
 from sqlalchemy.orm import Session
 
-from gateway.models.jobs import Job
-from gateway.domain.states import JobState
-from gateway.kit.timeutil import as_utc
-from gateway.domain.routing import PoolView
 from gateway.domain.planner import Release
+from gateway.domain.routing import PoolView
+from gateway.domain.states import JobState
 from gateway.domain.windows import HoldGang, PlannedHold
+from gateway.kit.timeutil import as_utc
+from gateway.models.jobs import Job
 
 HOLDING = (JobState.STARTING, JobState.RUNNING)  # the gang holds its units on the pool
 IN_FLIGHT = (JobState.DISPATCHING, JobState.QUEUED, JobState.REQUEUED)  # will hold them, may not yet

@@ -11,19 +11,34 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from adapters.base import Backend, BackendError, BackendState, Feature, JobNotFound, JobStatus
+from adapters.base import (
+    Backend,
+    BackendError,
+    BackendState,
+    Feature,
+    JobNotFound,
+    JobStatus,
+)
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
-from gateway.domain.status import Seen, absence, held_since, hold_failure_reason, hold_verdict, meaning, step
+from gateway.domain import retry
+from gateway.domain.states import JobState
+from gateway.domain.status import (
+    Seen,
+    absence,
+    held_since,
+    hold_failure_reason,
+    hold_verdict,
+    meaning,
+    step,
+)
 from gateway.jobs import logs as output
 from gateway.jobs import preemption
 from gateway.jobs import service as jobs
-from gateway.models.jobs import Job, JobEvent
-from gateway.domain import retry
-from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
+from gateway.models.jobs import Job, JobEvent
 from gateway.models.ledger import Reservation
 from gateway.models.specs import spec_of
 
@@ -263,7 +278,7 @@ class Reconciler:
                                       exit_code=status.exit_code)
                 if cause is not None:
                     return self._retry(s, job, status, cause, reason, now, via)
-            if target in (JobState.RUNNING,) and job.started_at is None:
+            if target == JobState.RUNNING and job.started_at is None:
                 jobs.mark_started(job, self._run_start(s, job, as_utc(status.started_at) or now))
                 ledger.record_start(s, job=job, started_at=job.started_at, actor=RECONCILER)
             how = step(JobState(job.state), target)

@@ -7,10 +7,10 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from gateway.dispatch.common import ACTOR
-from gateway.jobs import service as jobs
-from gateway.models.jobs import Job
 from gateway.domain.states import JobState
+from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
+from gateway.models.jobs import Job
 
 
 class Recovery:

@@ -6,15 +6,28 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from adapters.base import BackendError, BackendForbidden, BackendUnavailable, SubmitRequest, Unsupported
-from gateway.dispatch.common import ACTOR, NO_LAUNCH, Launch, first_attempt, log, submit_request
+from adapters.base import (
+    BackendError,
+    BackendForbidden,
+    BackendUnavailable,
+    SubmitRequest,
+    Unsupported,
+)
+from gateway.dispatch.common import (
+    ACTOR,
+    NO_LAUNCH,
+    Launch,
+    first_attempt,
+    log,
+    submit_request,
+)
 from gateway.dispatch.faults import NONE, Faults
-from gateway.jobs import service as jobs
-from gateway.models.jobs import Job
 from gateway.domain.states import JobState
+from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.ledger import service as ledger
+from gateway.models.jobs import Job
 
 
 class Submitter:

@@ -18,14 +18,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gateway.domain import plan_inputs as planning
 from gateway.domain.guarantee import Guarantees
-from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
-from gateway.domain.routing import JobShape, PoolView, domain_wait, held_gpus, ranked, route, take
 from gateway.domain.planner import Candidate, Hold, Outage, Release, plan
+from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
+from gateway.domain.routing import (
+    JobShape,
+    PoolView,
+    domain_wait,
+    held_gpus,
+    ranked,
+    route,
+    take,
+)
 from gateway.domain.windows import crossing_words
 
 _POSITION = " (fair-share position {})"
@@ -304,7 +312,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
                          queue_depth=params.queue_depth)
         crossed = crossing_words(planned.crossing.get(job.id, ()), job.time_limit_s)
         if held is not None:
-            at = datetime.fromtimestamp(held.start, tz=timezone.utc)
+            at = datetime.fromtimestamp(held.start, tz=UTC)
             why = (f"reserved on {held.pool}: planned start {at.isoformat(timespec='seconds')}, the earliest "
                    f"of the pools it may use ({', '.join(usable_of[job.id])}) as running jobs reach their "
                    "time limits")

@@ -204,7 +204,7 @@ def take_domains(domains: dict[str, dict[str, int]], workers: int, required: str
 class Profile:
     """Free units over time: a step function, ``free[i]`` from ``times[i]`` on."""
 
-    __slots__ = ("times", "free", "total")
+    __slots__ = ("free", "times", "total")
 
     def __init__(self, now: float, free_now: int, releases: Iterable[tuple[float, int]], total: int):
         self.total = total
@@ -429,7 +429,7 @@ def plan(*, now: float, pools: Sequence[PoolModel], free_now: Mapping[str, int],
             if not c.topology:
                 return at  # where a later start lands is the backend's choice then
             first = d.earliest(c.topology, need, limit, at)
-            if first == at or first == INF:
+            if first in (at, INF):
                 return first
             at = prof.earliest(need, limit, not_before=first)
         return at

@@ -86,7 +86,7 @@ class PoolView:
         return out
 
     @classmethod
-    def from_limits(cls, name: str, limits: Mapping, meta: Mapping | None = None) -> "PoolView":
+    def from_limits(cls, name: str, limits: Mapping, meta: Mapping | None = None) -> PoolView:
         """A view that knows only the pool's static limits (free capacity unknown, taken as
         none): enough for :func:`never_fits` and :func:`check_pinned`, never for routing."""
         meta = {k: v for k, v in dict(meta or {}).items() if k != "gpu_types"}
@@ -97,7 +97,7 @@ class PoolView:
                    gpu_types=frozenset(limits.get("gpu_types") or ()), **known, **meta)
 
     @classmethod
-    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> "PoolView":
+    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> PoolView:
         """Ask the backend for its capacity now. ``meta``: the pool's row (kind, state, weight, cost,
         gpu_types); configured GPU types replace the ones the backend reports."""
         meta = dict(meta or {})
@@ -119,7 +119,7 @@ class PoolView:
             **topology_of(d for p in cap.pools for d in p.topology),
         )
 
-    def for_round(self) -> "PoolView":
+    def for_round(self) -> PoolView:
         """A copy a round may move (take()), with domain counts of its own."""
         return dataclasses.replace(self, domains={level: dict(d) for level, d in self.domains.items()},
                                    domain_gpus={level: {name: list(f) for name, f in d.items()}
@@ -210,7 +210,7 @@ class JobShape:
             return h
 
     @classmethod
-    def of_spec(cls, *, workers: int, gpus_per_worker: int, total_gpus: int, spec: dict) -> "JobShape":
+    def of_spec(cls, *, workers: int, gpus_per_worker: int, total_gpus: int, spec: dict) -> JobShape:
         memory = spec.get("memory_per_worker")
         return cls(workers=workers, gpus_per_worker=gpus_per_worker, total_gpus=total_gpus,
                    image=spec.get("image"), gpu_type=spec.get("gpu_type"),

@@ -341,7 +341,7 @@ class _Replay:
         self.eligible: dict[str, tuple[str, ...]] = {}
         self.gpus_on: dict[str, dict[str, int]] = {}  # job id -> pool -> GPUs it would hold there
         for j in trace:  # never-fits, as routing applies it
-            names = tuple(p.name for p, m in zip(pools, self.models) if p.kind in j.kinds
+            names = tuple(p.name for p, m in zip(pools, self.models, strict=True) if p.kind in j.kinds
                           and j.storages <= p.storages and j.gpus_per_worker <= p.gpus_per_node
                           and m.units(j.workers, j.gpus_per_worker) <= m.total_units
                           and (not j.topology or (j.topology == "block" and p.node_exclusive
@@ -563,7 +563,7 @@ class _Replay:
                     continue
                 if victims is None:
                     victims = self._victims_now(now)
-                recent = {p: [t for t in self.recent[p]] for p in names}
+                recent = {p: list(self.recent[p]) for p in names}
                 asks += 1
                 ev = choose_eviction(workers=j.workers, gpus_per_worker=j.gpus_per_worker,
                                      pools={p: self._room(p) for p in names}, running=victims, now=now,

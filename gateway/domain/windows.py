@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from gateway.domain.planner import Hold, Outage
 from gateway.domain.routing import PoolView
 
-FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)  # a window with no end
+FAR = datetime(9999, 1, 1, tzinfo=UTC)  # a window with no end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ def units(window: PlannedWindow, view: PoolView) -> int:
 
 def when(start: datetime, end: datetime) -> str:
     """"from Tue 8 Dec 06:00 to 10:00 UTC": the day only once when both are on the same one."""
-    start, end = start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+    start, end = start.astimezone(UTC), end.astimezone(UTC)
     first = f"{start:%a} {start.day} {start:%b %H:%M}"
     if end >= FAR:
         return f"from {first} UTC, with no end set"

@@ -6,10 +6,17 @@ import re
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
-from gateway.jobs.schemas import EXAMPLE_SPEC, JobSpec
 from gateway.domain.states import JobState
+from gateway.jobs.schemas import EXAMPLE_SPEC, JobSpec
 
 # Hard ceilings of the schema; the site limits (settings max_array_tasks, max_sweep_points)
 # are checked at submit and are at most these.
@@ -73,7 +80,7 @@ class JobSetSpec(JobSpec):
         return v
 
     @model_validator(mode="after")
-    def _shape(self) -> "JobSetSpec":
+    def _shape(self) -> JobSetSpec:
         if self.sweep is None and (self.array is None or self.array.count is None):
             raise ValueError("a job set needs array.count or a sweep")
         if self.sweep is not None and self.array is not None and self.array.count is not None:

@@ -21,6 +21,9 @@ from sqlalchemy import JSON, select
 from sqlalchemy.orm import Session
 
 from gateway.domain import templates
+from gateway.domain.states import JobState
+from gateway.flows.schemas import JobSetSpec
+from gateway.identity.principal import Principal
 from gateway.jobs.graph import (  # noqa: F401 - the dependency half, re-exported for callers
     ACTOR,
     FINAL,
@@ -41,14 +44,11 @@ from gateway.jobs.graph import (  # noqa: F401 - the dependency half, re-exporte
     readable_sets,
     resolve,
 )
-from gateway.models.flows import JobSet
-from gateway.flows.schemas import JobSetSpec
-from gateway.identity.principal import Principal
-from gateway.models.jobs import Job, JobEvent
 from gateway.jobs.schemas import JobSpec
-from gateway.domain.states import JobState
 from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.timeutil import new_id, new_ids, utcnow
+from gateway.models.flows import JobSet
+from gateway.models.jobs import Job, JobEvent
 
 log = logging.getLogger("isthmus.flows")
 
@@ -73,7 +73,7 @@ def expand(spec: JobSetSpec, *, max_tasks: int, max_points: int) -> list[dict[st
             raise Invalid("body.sweep", f"{points} points (the product of the value lists) exceed this gateway's "
                                         f"limit of {max_points} (ISTHMUS_MAX_SWEEP_POINTS)")
         names = list(spec.sweep)
-        combos = [dict(zip(names, (templates.format_value(v) for v in combo)))
+        combos = [dict(zip(names, (templates.format_value(v) for v in combo), strict=True))
                   for combo in itertools.product(*spec.sweep.values())]
     else:
         assert spec.array is not None and spec.array.count is not None
@@ -222,7 +222,7 @@ def bulk_insert(conn, table, shared: dict[str, Any], columns: Sequence[str], row
     json_cols = {c.name for c in table.c if isinstance(c.type, JSON)}
     if conn.dialect.name != "postgresql":
         conn.execute(table.insert(), [
-            {**shared, **{c: json.loads(v) if c in json_cols and v is not None else v for c, v in zip(columns, row)}}
+            {**shared, **{c: json.loads(v) if c in json_cols and v is not None else v for c, v in zip(columns, row, strict=True)}}
             for row in rows])
         return
     names = [*shared, *columns]

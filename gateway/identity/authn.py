@@ -30,7 +30,11 @@ from typing import Any, Protocol
 
 from joserfc import jws, jwt
 from joserfc.errors import (
-    BadSignatureError, ExpiredTokenError, InvalidClaimError, JoseError, MissingClaimError,
+    BadSignatureError,
+    ExpiredTokenError,
+    InvalidClaimError,
+    JoseError,
+    MissingClaimError,
 )
 from joserfc.jwk import ECKey, OKPKey, RSAKey
 

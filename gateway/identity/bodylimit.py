@@ -160,7 +160,7 @@ class BodyLimitMiddleware:
                 if remaining <= 0:
                     raise TimeoutError
                 message = await asyncio.wait_for(receive(), remaining)
-            except (TimeoutError, asyncio.TimeoutError):
+            except TimeoutError:
                 raise _Refusal(408, "Request timeout", "request-timeout",
                                f"the request body did not arrive within {self.body_timeout_s:g} s "
                                f"(ISTHMUS_BODY_TIMEOUT_S)") from None

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.models.identity import ADMIN_ROLE, ANY_ACCOUNT, MembershipSeen
 from gateway.identity.principal import Principal
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
+from gateway.models.identity import ADMIN_ROLE, ANY_ACCOUNT, MembershipSeen
 
 log = logging.getLogger("isthmus.identity")
 
@@ -61,7 +61,7 @@ class MembershipSeenRecorder:
         try:
             with transaction(self._sessions()) as session:
                 write(session, subject=principal.subject, accounts=accounts)
-        except Exception:  # noqa: BLE001 - a request must not fail for this; retried next request
+        except Exception:
             log.exception("could not record the accounts of %s", principal.subject)
             with self._lock:
                 self._written.pop(principal.subject, None)

@@ -46,6 +46,8 @@ def _oidc_issuers(settings: Settings) -> list[TrustedIssuer]:
         raise ConfigurationError(f"ISTHMUS_OIDC_ISSUERS is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not configs:
         return []
-    from gateway.identity.oidc import issuers_from_config  # httpx etc. only when OIDC is configured
+    from gateway.identity.oidc import (
+        issuers_from_config,  # httpx etc. only when OIDC is configured
+    )
 
     return issuers_from_config(configs, settings)

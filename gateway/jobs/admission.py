@@ -142,7 +142,7 @@ def _denied_users(value: str) -> frozenset[str]:
 def refuse_system_user(principal, settings) -> None:
     """403 before anything is recorded when the caller's POSIX user is a system account."""
     if not principal.username:
-        return  # refused by service.create with its own reason
+        return  # refused by service.create_many with its own reason
     reason = system_users.refusal(principal.username, min_uid=settings.min_job_uid,
                                   denied=_denied_users(settings.denied_job_users))
     if reason:
@@ -208,9 +208,9 @@ def refuse_if_never_admissible(session, spec: JobSpec) -> None:
     from sqlalchemy import select
 
     from gateway.accounts import service as accounts
-    from gateway.models.accounts import AccountPoolQuota, AccountQuota
     from gateway.kit.errors import NotFound
     from gateway.ledger.service import routable_pools
+    from gateway.models.accounts import AccountPoolQuota, AccountQuota
     from gateway.models.pools import Pool
 
     try:

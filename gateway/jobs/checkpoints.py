@@ -112,10 +112,6 @@ class JobCredentials:
         return attempt
 
 
-def looks_like_job_credential(token: str) -> bool:
-    return (token or "").startswith(PREFIX + ".")
-
-
 def report(session: Session, job: Job, *, attempt: int | None, at: datetime, actor: str, step: int | None,
            note: str) -> Job:
     """Record a committed checkpoint of the job's current attempt (``attempt`` None: by the
@@ -145,7 +141,3 @@ def _same_run(session: Session, job: Job, attempt: int) -> bool:
         JobAttempt.job_id == job.id, JobAttempt.number >= attempt)).all()
     return bool(later) and all((pool, b) == (job.pool, job.backend_job_id) for pool, b in later)
 
-
-def last_reports(session: Session, job_id: str, limit: int = 20) -> list[JobEvent]:
-    return list(session.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == KIND)
-                                .order_by(JobEvent.id.desc()).limit(limit)))

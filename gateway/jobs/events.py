@@ -33,8 +33,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gateway.identity.principal import Principal
-from gateway.models.jobs import Job, JobEvent
 from gateway.kit.timeutil import as_utc
+from gateway.models.jobs import Job, JobEvent
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +94,6 @@ class Subscriber:
             while not self.queue.empty():
                 self.queue.get_nowait()
             self.queue.put_nowait(None)
-
-    def beat(self) -> None:
-        if self.queue.empty():  # a stream that is being sent events needs no heartbeat
-            self.queue.put_nowait(None)
-
 
 class EventHub:
     """Reads new job events once per poll and fans them out to the open streams."""

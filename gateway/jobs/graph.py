@@ -16,13 +16,13 @@ from typing import Any
 from sqlalchemy import func, literal, or_, select
 from sqlalchemy.orm import Session
 
-from gateway.models.flows import JobDependency, JobSet
+from gateway.domain.states import FINAL_STATES, JobState
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
-from gateway.models.jobs import Job
-from gateway.domain.states import FINAL_STATES, JobState
 from gateway.kit.errors import Invalid
 from gateway.kit.timeutil import utcnow
+from gateway.models.flows import JobDependency, JobSet
+from gateway.models.jobs import Job
 
 log = logging.getLogger("isthmus.flows")
 
@@ -207,7 +207,7 @@ def readable_sets(principal: Principal):
 
 def counts(session: Session, set_id: str) -> dict[str, int]:
     rows = session.execute(select(Job.state, func.count()).where(Job.job_set_id == set_id).group_by(Job.state))
-    return {state: n for state, n in rows}
+    return dict(rows)
 
 
 # ------------------------------------------------------------------ the hook

@@ -24,11 +24,18 @@ from pathlib import Path
 
 import anyio
 
-from adapters.base import Backend, BackendError, BackendUnavailable, Feature, JobNotFound, Unsupported
-from gateway.models.jobs import Job
+from adapters.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Feature,
+    JobNotFound,
+    Unsupported,
+)
 from gateway.kit.errors import BackendUnavailable as GatewayUnavailable
 from gateway.kit.errors import Conflict, GatewayError, Invalid
 from gateway.kit.streams import Permit, StreamLimiter
+from gateway.models.jobs import Job
 
 # 1 MiB per read: one worker-thread hop per MiB (64 KiB halved the throughput, bench/bench_logs.py).
 CHUNK_BYTES = 1024 * 1024

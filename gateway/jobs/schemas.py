@@ -7,9 +7,22 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from gateway.domain.shapes import format_duration, format_memory, normalise_gpu_type, parse_duration_s, parse_memory_mib
+from gateway.domain.shapes import (
+    format_duration,
+    format_memory,
+    normalise_gpu_type,
+    parse_duration_s,
+    parse_memory_mib,
+)
 from gateway.domain.states import JobState
 from gateway.kit.names import ACCOUNT_NAME_RE, GPU_TYPE_RE, JOB_NAME_RE
 
@@ -95,7 +108,7 @@ class Dependency(BaseModel):
     condition: DependencyCondition = DependencyCondition.SUCCEEDED
 
     @model_validator(mode="after")
-    def _one_target(self) -> "Dependency":
+    def _one_target(self) -> Dependency:
         if (self.job is None) == (self.job_set is None):
             raise ValueError("give exactly one of job and job_set")
         return self
@@ -190,7 +203,7 @@ class Topology(BaseModel):
                     "for one. Without `topology`, each pool packs gangs as tightly as it does by default.")]
 
     @model_validator(mode="after")
-    def _one(self) -> "Topology":
+    def _one(self) -> Topology:
         if (self.required is None) == (self.preferred is None):
             raise ValueError("give exactly one of required and preferred")
         return self
@@ -320,19 +333,19 @@ class JobSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _resume_needs_checkpoint(self) -> "JobSpec":
+    def _resume_needs_checkpoint(self) -> JobSpec:
         if self.resume_from and self.checkpoint is None:
             raise ValueError("resume_from needs checkpoint (the storage whose checkpoint directory to continue)")
         return self
 
     @model_validator(mode="after")
-    def _gpu_type_needs_gpus(self) -> "JobSpec":
+    def _gpu_type_needs_gpus(self) -> JobSpec:
         if self.gpu_type and self.gpus_per_worker == 0:
             raise ValueError("gpu_type is set but gpus_per_worker is 0")
         return self
 
     @model_validator(mode="after")
-    def _pool_and_alias(self) -> "JobSpec":
+    def _pool_and_alias(self) -> JobSpec:
         # `backend` is `pool` by its old name: one wins only if they agree; both are stored.
         values = self.__dict__  # no DeprecationWarning for reading our own alias
         pool, backend = values.get("pool"), values.get("backend")

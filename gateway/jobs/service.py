@@ -13,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import String, bindparam, func, literal, null, select, union
@@ -22,17 +22,24 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, object_session
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
-from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.accounts.tree import subtree_names, up_cte, up_many_cte
+from gateway.domain.shapes import parse_duration_s
+from gateway.domain.states import JobState, check_transition
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
-from gateway.models.jobs import IdempotencyKey, Job, JobAttempt, JobEvent, WaitingCount
-from gateway.domain.shapes import parse_duration_s
 from gateway.jobs.schemas import JobSpec
-from gateway.domain.states import JobState, check_transition
 from gateway.kit import bulk
-from gateway.kit.errors import Conflict, Forbidden, GatewayError, Invalid, LimitExceeded, NotFound
+from gateway.kit.errors import (
+    Conflict,
+    Forbidden,
+    GatewayError,
+    Invalid,
+    LimitExceeded,
+    NotFound,
+)
 from gateway.kit.timeutil import new_id, utcnow
+from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
+from gateway.models.jobs import IdempotencyKey, Job, JobAttempt, JobEvent, WaitingCount
 
 log = logging.getLogger("isthmus.jobs")
 
@@ -99,7 +106,7 @@ def _event_after(cte, job_id, at, **event):
 
 
 def _event_insert(job_id, at, **event):
-    return _EVENT_T.insert().values(dict(zip(_EVENT_COLS, _state_event(job_id, at, **event))))
+    return _EVENT_T.insert().values(dict(zip(_EVENT_COLS, _state_event(job_id, at, **event), strict=True)))
 
 
 _SUBMITTED = dict(from_state=JobState.DISPATCHING, to_state=JobState.QUEUED, reason=bindparam("reason", type_=String()),
@@ -404,7 +411,7 @@ def note_estimate(job: Job, *, start: datetime | None, pool: str | None, reason:
 def _estimate_moved(job: Job, *, start: datetime | None, pool: str | None, reason: str) -> bool:
     old = job.estimated_start
     if old is not None and old.tzinfo is None:
-        old = old.replace(tzinfo=timezone.utc)
+        old = old.replace(tzinfo=UTC)
     same_start = (old is None and start is None) or (
         old is not None and start is not None and abs((old - start).total_seconds()) < 5)
     return not (same_start and job.estimated_pool == pool and job.estimate_reason == reason)
@@ -677,7 +684,7 @@ def read_caps(session: Session, *, account: str, username: str, subject: str, ca
                             (f"{row.name}: user {username} has {{n}} of {row.max_queued_jobs_per_user} pending jobs "
                              f"(max_queued_jobs_per_user of {row.name})")))
     if subtree:
-        for n, (_, counter, limit, message) in zip(session.execute(select(*[q for q, *_ in subtree])).one(), subtree):
+        for n, (_, counter, limit, message) in zip(session.execute(select(*[q for q, *_ in subtree])).one(), subtree, strict=True):
             counts[counter] = n
             checks.append((counter, limit, message, True))
     key_counter = None
@@ -765,39 +772,17 @@ class RefusedWhileWriting(Exception):
 class Submission:
     """One job to record (:func:`create_many`): who asks, what, with which Idempotency-Key.
 
-    ``lineage`` and ``hold`` are what admission found for it (``create``'s parameters of the
-    same names); a ``prepare`` callback of :func:`create_many` may set them."""
+    ``lineage``: the checkpoint lineage of a job resuming an earlier one's (admission's
+    ``checkpoint_lineage``); a job with a checkpoint and none starts its own (its id).
+    ``hold`` gets the account chain the cap check read, root first, and returns why the job
+    is held (its state reason becomes "held: ..."), or None; it may raise to refuse. A
+    ``prepare`` callback of :func:`create_many` may set both."""
 
     principal: Principal
     spec: JobSpec
     idempotency_key: str | None = None
     lineage: str | None = None
     hold: Callable[[list[Any]], str | None] | None = None
-
-
-def create(session: Session, *, principal: Principal, spec: JobSpec, default_time_limit_s: int,
-           max_time_limit_s: int, idempotency_key: str | None = None,
-           caps: SubmitCaps | None = None, waiting_reason: str = "waiting for dispatch",
-           hold: Callable[[list[Any]], str | None] | None = None,
-           lineage: str | None = None) -> tuple[Job, bool]:
-    """Record a new job in state ``pending``, ``waiting_reason`` as its state reason. Returns (job, created).
-
-    A batch of one of :func:`create_many`: one implementation. ``lineage``: the checkpoint
-    lineage of a job resuming an earlier one's (admission's ``checkpoint_lineage``); a job
-    with a checkpoint and none starts its own (its id). ``caps`` None checks no caps
-    (internal callers); the API always passes them. ``hold`` (with ``caps``) gets the account
-    chain the cap check read, root first, and returns why the job is held (its state reason
-    becomes "held: ..."), or None; it may raise to refuse.
-    """
-    try:
-        (result,) = create_many(session, [Submission(principal, spec, idempotency_key, lineage, hold)],
-                                default_time_limit_s=default_time_limit_s, max_time_limit_s=max_time_limit_s,
-                                caps=caps, waiting_reason=waiting_reason)
-    except RefusedWhileWriting as exc:
-        raise exc.refusal from None  # the caller's transaction rolls back
-    if isinstance(result, BaseException):
-        raise result
-    return result
 
 
 def create_many(session: Session, submissions: list[Submission], *, default_time_limit_s: int,
@@ -823,7 +808,7 @@ def create_many(session: Session, submissions: list[Submission], *, default_time
         Only what is not a refusal of one submission before anything of it was written (a
         database error, an insert that lost its account meanwhile, ``RefusedWhileWriting``):
         the caller rolls back and may retry each submission alone, where a lost account is
-        the 422 of :func:`create`.
+        its 422.
     """
     results: list[Any] = [None] * len(submissions)
     live: list[int] = []

@@ -220,7 +220,7 @@ class Settings(BaseSettings):
     webhook_ca_file: str = ""
 
     @model_validator(mode="after")
-    def _check(self) -> "Settings":
+    def _check(self) -> Settings:
         if self.default_time_limit_s > self.max_time_limit_s:
             raise ValueError("default_time_limit_s exceeds max_time_limit_s")
         if self.max_streams >= self.max_connections:
@@ -290,7 +290,7 @@ class _Group(BaseModel):
     DERIVED: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def of(cls, settings: "Settings") -> Self:
+    def of(cls, settings: Settings) -> Self:
         return cls(**{name: getattr(settings, name) for name in cls.model_fields})
 
 

@@ -84,11 +84,6 @@ class StreamLimiter:
                 self._open.pop(subject, None)
             self._count = max(0, self._count - 1)
 
-    def open_streams(self, subject: str | None = None) -> int:
-        with self._lock:
-            return self._count if subject is None else self._open.get(subject, 0)
-
-
 class HeldStreamingResponse(StreamingResponse):
     """A StreamingResponse that releases its permit when its ASGI call ends, however it ends."""
 

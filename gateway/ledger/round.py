@@ -33,17 +33,17 @@ from sqlalchemy import String, bindparam, case, exists, func, null, select, unio
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 
-from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.accounts.tree import up_many_cte, walk_up
-from gateway.models.specs import field_of
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit.errors import Invalid
 from gateway.ledger import service as ledger
+from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import (
     AccountBalance,
     GpuBillingWeight,
 )
 from gateway.models.pools import Pool
+from gateway.models.specs import field_of
 from gateway.pools.service import require_known
 
 _LIMITS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")

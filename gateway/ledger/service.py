@@ -21,23 +21,28 @@ from typing import Any
 
 from sqlalchemy import String, bindparam, case, func, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import aliased
+from sqlalchemy.orm import Session, aliased, object_session
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlalchemy.orm import Session, object_session
 
 from gateway.accounts import service as accounts
-from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.accounts.tree import MAX_DEPTH, subtree_names, up_cte
 from gateway.domain.fairshare import FairShare, compute_fairshare, decay
-from gateway.models.specs import field_of
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit import bulk
 from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
 from gateway.kit.timeutil import as_utc, utcnow
+from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import (
-    AccountBalance, AccountPoolBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket,
+    AccountBalance,
+    AccountPoolBalance,
+    FairshareUsage,
+    GpuBillingWeight,
+    LedgerEntry,
+    Reservation,
+    UsageBucket,
 )
 from gateway.models.pools import Pool
+from gateway.models.specs import field_of
 from gateway.pools.service import require_known
 
 
@@ -174,7 +179,7 @@ def pool_balances(session: Session, account: str) -> dict[str, int]:
 
 
 def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
-    return int(math.ceil(gpus * time_limit_s * weight - 1e-9))
+    return math.ceil(gpus * time_limit_s * weight - 1e-9)
 
 
 def _run_charge(r: Reservation, start: datetime, end: datetime) -> tuple[float, int]:
@@ -314,16 +319,16 @@ def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, ti
             continue
         label = "monthly" if q.budget_period == "month" else f"{q.budget_window_days}-day"
         if needs > q.budget_gpu_seconds:
-            return ("never", f"{name}'s {label} GPU-hour budget is {_hours(q.budget_gpu_seconds)} GPU-hours and "
+            return ("never", (f"{name}'s {label} GPU-hour budget is {_hours(q.budget_gpu_seconds)} GPU-hours and "
                              f"this job needs {_hours(needs)} ({total_gpus} GPUs x {time_limit_s / 3600:.2f} h "
-                             f"time limit); ask for fewer GPUs or a shorter time limit")
+                             f"time limit); ask for fewer GPUs or a shorter time limit"))
         charged = charged_in_period(session, name, period_start(q.budget_period, q.budget_window_days, now))
         left = q.budget_gpu_seconds - charged
         if needs > left:
             when = "the budget renews next month" if q.budget_period == "month" else "older usage leaves the window"
-            return ("later", f"{name}'s GPU-hour budget {period_label(q.budget_period, q.budget_window_days)} has "
+            return ("later", (f"{name}'s GPU-hour budget {period_label(q.budget_period, q.budget_window_days)} has "
                              f"{_hours(max(left, 0))} of {_hours(q.budget_gpu_seconds)} GPU-hours left and this job "
-                             f"needs {_hours(needs)}: it is held until {when} or an admin credits the account")
+                             f"needs {_hours(needs)}: it is held until {when} or an admin credits the account"))
     return None
 
 
@@ -628,7 +633,7 @@ def write_reservations(session: Session, items: list[ReservationWrite], *, now: 
     touched = {n for it in items for n in it.names}
     ids = {it.job.id for it in items}
     for obj in list(session.identity_map.values()):  # Core writes: drop stale copies
-        if isinstance(obj, (AccountBalance, AccountPoolBalance)) and obj.account_name in touched or (
+        if (isinstance(obj, (AccountBalance, AccountPoolBalance)) and obj.account_name in touched) or (
                 isinstance(obj, Reservation) and obj.job_id in ids):
             session.expire(obj)
 
@@ -690,7 +695,7 @@ def _write(session: Session, conn, items: list[ReservationWrite], now: datetime)
         conn.execute(reservation_t.update().where(reservation_t.c.job_id == row["job_id"]), row)
     bulk.insert_rows(conn, LedgerEntry.__table__, entries)
     if deltas:
-        conn.execute(_ADD_DELTAS, [{"b_name": n, "b_now": now, **{f"d_{c}": v for c, v in zip(_DELTA_COLS, d)}}
+        conn.execute(_ADD_DELTAS, [{"b_name": n, "b_now": now, **{f"d_{c}": v for c, v in zip(_DELTA_COLS, d, strict=True)}}
                                    for n, d in deltas.items()])
     if pool_deltas:
         add_pool_deltas(session, pool_deltas)

@@ -19,16 +19,20 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.models.jobs import Job
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
 from gateway.ledger import service as ledger
+from gateway.models.jobs import Job
 from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
@@ -127,7 +131,7 @@ class RegistryCollector(Collector):
         rows = s.execute(select(Job.pool, func.count(), func.coalesce(func.sum(wait), 0.0), *cols)
                          .where(and_(started, Job.pool.is_not(None))).group_by(Job.pool)).all()
         for pool, count, total, *le in rows:
-            buckets = [(str(b), int(n or 0)) for b, n in zip(WAIT_BUCKETS, le)] + [("+Inf", int(count))]
+            buckets = [(str(b), int(n or 0)) for b, n in zip(WAIT_BUCKETS, le, strict=True)] + [("+Inf", int(count))]
             fam.add_metric([pool], buckets, float(total or 0.0))
         return fam
 

@@ -4,14 +4,35 @@ Importing the package imports every model module, so ``Base.metadata`` is comple
 (Alembic, tests). Tables import only ``kit`` and ``domain`` (tests/layout).
 """
 
-from gateway.models.accounts import Account, AccountMember, AccountPoolQuota, AccountQuota  # noqa: F401
-from gateway.models.jobs import GatewaySecret, IdempotencyKey, Job, JobAttempt, JobEvent, JobPreemption, WaitingCount  # noqa: F401
+from gateway.kit.db import Base
+from gateway.models.accounts import (  # noqa: F401
+    Account,
+    AccountMember,
+    AccountPoolQuota,
+    AccountQuota,
+)
 from gateway.models.flows import JobDependency, JobSet  # noqa: F401
 from gateway.models.identity import MembershipSeen  # noqa: F401
-from gateway.kit.db import Base  # noqa: F401
+from gateway.models.jobs import (  # noqa: F401
+    GatewaySecret,
+    IdempotencyKey,
+    Job,
+    JobAttempt,
+    JobEvent,
+    JobPreemption,
+    WaitingCount,
+)
+from gateway.models.ledger import (  # noqa: F401
+    AccountBalance,
+    AccountPoolBalance,
+    FairshareUsage,
+    GpuBillingWeight,
+    LedgerEntry,
+    Reservation,
+    UsageBucket,
+)
 from gateway.models.pools import Pool  # noqa: F401
 from gateway.models.ui import UiSession  # noqa: F401
-from gateway.models.ledger import AccountBalance, AccountPoolBalance, FairshareUsage, GpuBillingWeight, LedgerEntry, Reservation, UsageBucket  # noqa: F401,E501
 from gateway.models.webhooks import WebhookCursor, WebhookDelivery, WebhookEndpoint  # noqa: F401
 
 metadata = Base.metadata

@@ -18,8 +18,18 @@ from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON, BigInteger, CheckConstraint, Date, DateTime, Float, ForeignKey, Index, Integer, PrimaryKeyConstraint,
-    String, Text,
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, CheckConstraint, DateTime, Float, Index, Integer, String, true
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    String,
+    true,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.kit.db import Base

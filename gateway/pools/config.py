@@ -16,14 +16,22 @@ import dataclasses
 import json
 import math
 import re
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from gateway.pools.adapters import ADAPTER_MODULES, BackendConfigError, settings_of
-
-from gateway.domain.storage import MODES, PROVIDERS, STORAGE_NAME, TENANCIES, Catalog, Provision, Storage, clean_path
+from gateway.domain.storage import (
+    MODES,
+    PROVIDERS,
+    STORAGE_NAME,
+    TENANCIES,
+    Catalog,
+    Provision,
+    Storage,
+    clean_path,
+)
 from gateway.kit.names import ACCOUNT_NAME, POOL_NAME  # (used with fullmatch)
+from gateway.pools.adapters import ADAPTER_MODULES, BackendConfigError, settings_of
 
 POOL_STATES = ("active", "draining", "disabled")
 POOL_KINDS = tuple(sorted(ADAPTER_MODULES))

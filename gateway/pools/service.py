@@ -85,9 +85,9 @@ def reconcile(session, pools, *, now=None) -> list[str]:
     """
     from sqlalchemy import func, select
 
-    from gateway.pools.adapters import BackendConfigError
     from gateway.models.jobs import Job
     from gateway.models.pools import Pool
+    from gateway.pools.adapters import BackendConfigError
 
     rows = {p.name: p for p in session.scalars(select(Pool))}
     configured = {p.name for p in pools}

@@ -23,29 +23,40 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.accounts import service as accounts
-from gateway.models.specs import checkpoint_dir_of, spec_of
+from gateway.domain.routing import topology_words
+from gateway.domain.states import JobState
+from gateway.domain.windows import hold_words, shortfall
+from gateway.domain.windows import words as window_words
 from gateway.identity.authn import InvalidToken
 from gateway.identity.dependency import note_seen
 from gateway.identity.principal import Principal
-from gateway.jobs import checkpoints, preemption, repository as jobs_repo, service as jobs
-from gateway.models.jobs import Job
-from gateway.domain.states import JobState
+from gateway.jobs import checkpoints, preemption
+from gateway.jobs import repository as jobs_repo
+from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
-from gateway.ledger import repository as ledger_repo, service as ledger
+from gateway.ledger import repository as ledger_repo
+from gateway.ledger import service as ledger
+from gateway.models.jobs import Job
+from gateway.models.specs import checkpoint_dir_of, spec_of
+from gateway.pools import reservations as advance
 from gateway.pools import service as pools
-from gateway.pools import reservations as advance, windows as pool_windows
-from gateway.domain.routing import topology_words
-from gateway.domain.windows import hold_words, shortfall, words as window_words
-from gateway.ui import plots, session as ui_sessions
+from gateway.pools import windows as pool_windows
+from gateway.ui import plots
+from gateway.ui import session as ui_sessions
 from gateway.ui.headers import UiHeadersMiddleware
 from gateway.ui.session import UiSessionMiddleware
 

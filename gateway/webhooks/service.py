@@ -18,13 +18,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gateway.models.jobs import Job, JobEvent
-from gateway.models.accounts import Account
-from gateway.models.identity import ADMIN_ROLE, ANY_ACCOUNT, MembershipSeen
 from gateway.kit.errors import Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import as_utc, utcnow
-from gateway.webhooks.address import Allowlist, Refused, resolve
+from gateway.models.accounts import Account
+from gateway.models.identity import ADMIN_ROLE, ANY_ACCOUNT, MembershipSeen
+from gateway.models.jobs import Job, JobEvent
 from gateway.models.webhooks import WebhookCursor, WebhookDelivery, WebhookEndpoint
+from gateway.webhooks.address import Allowlist, Refused, resolve
 from gateway.webhooks.send import new_secret
 
 CURSOR = "job_event"
@@ -119,7 +119,7 @@ def pending_counts(session: Session, endpoint_ids: list[int]) -> dict[int, int]:
     rows = session.execute(select(WebhookDelivery.endpoint_id, func.count()).where(
         WebhookDelivery.endpoint_id.in_(endpoint_ids), WebhookDelivery.status == PENDING)
         .group_by(WebhookDelivery.endpoint_id))
-    return {eid: n for eid, n in rows}
+    return dict(rows)
 
 
 def deliveries(session: Session, *, endpoint_id: int, status: str | None, limit: int) -> list[WebhookDelivery]:

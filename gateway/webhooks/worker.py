@@ -65,7 +65,7 @@ class WebhookWorker:
                     fanned_out_at = time.monotonic()
                     self._fan_out()
                 self._dispatch()
-            except Exception:  # noqa: BLE001 - the loop must survive a database hiccup
+            except Exception:
                 log.exception("webhook round failed")
             # Claim again as soon as an attempt finishes (a slot is free), else each interval.
             self._slot_freed.wait(interval)
@@ -120,10 +120,10 @@ class WebhookWorker:
                                            base_s=s.webhook_backoff_base_s, max_s=s.webhook_backoff_max_s,
                                            disable_after=s.webhook_disable_after_failures,
                                            lease_s=s.webhook_lease_s, more=more)
-                except Exception:  # noqa: BLE001 - the lease runs out and the delivery is retried
+                except Exception:
                     log.exception("could not record webhook delivery %s", c.delivery_id)
                     c = None
-        except Exception:  # noqa: BLE001 - a bug must not kill the slot silently; the lease runs out
+        except Exception:
             log.exception("webhook delivery to endpoint %s failed unexpectedly", c.endpoint_id if c else "?")
         finally:
             sender.close()

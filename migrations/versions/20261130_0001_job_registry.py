@@ -1,14 +1,13 @@
 """job registry
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-30 08:40:46.285250
 """
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-
 
 revision = '0001'
 down_revision = None

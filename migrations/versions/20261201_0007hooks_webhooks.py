@@ -75,7 +75,7 @@ def upgrade() -> None:
     # The outbox starts after the events that exist now: history is not replayed to new endpoints.
     last = op.get_bind().execute(sa.text("SELECT COALESCE(MAX(id), 0) FROM job_event")).scalar()
     op.bulk_insert(cursor, [{"name": "job_event", "last_event_id": int(last or 0),
-                             "updated_at": datetime.datetime.now(datetime.timezone.utc)}])
+                             "updated_at": datetime.datetime.now(datetime.UTC)}])
 
 
 def downgrade() -> None:

@@ -36,7 +36,7 @@ def upgrade() -> None:
     )
     # Existing endpoints' creators count as seen now (and as having been seen at all), so an
     # upgrade gives them the full period instead of suspending every endpoint at once.
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     seen = sa.table('membership_seen', sa.column('subject', sa.String), sa.column('account', sa.String),
                     sa.column('last_seen_at', sa.DateTime(timezone=True)))
     rows = op.get_bind().execute(sa.text(

@@ -132,7 +132,7 @@ def test_credits_ledger_pages_usage_csv_and_fairshare(api):
     _tree(api)
     now = utcnow()
     with transaction(api.factory) as s:
-        for i, pool in enumerate(["slurm", "kubernetes", "slurm"]):
+        for _i, pool in enumerate(["slurm", "kubernetes", "slurm"]):
             job = add_job(s, "team-a", gpus=2, time_limit_s=7200, pool=pool)
             start = now - timedelta(hours=1)
             ledger.reserve(s, job=job, pool=pool, actor="test", now=start)

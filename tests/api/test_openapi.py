@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from gateway.cli import openapi_json
 from tests.conftest import REPO
 
@@ -27,6 +26,6 @@ def test_every_operation_is_documented():
             if path.startswith("/v1/"):
                 assert "401" in op["responses"], where
                 for code, resp in op["responses"].items():
-                    if code.startswith(("4", "5")) and code != "422" or code in ("401", "403", "404", "409"):
+                    if (code.startswith(("4", "5")) and code != "422") or code in ("401", "403", "404", "409"):
                         assert "application/problem+json" in resp.get("content", {}), f"{where} {code}"
     assert spec["components"]["securitySchemes"]

@@ -7,7 +7,8 @@ Each rule is one item of the issue; the TypeScript and Go clients built from the
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_enum_parameters_are_named_schemas():
     bad = []
     for name, op in operations():
         for param in op.get("parameters", []):
-            for where, node in walk(param["schema"]):
+            for _where, node in walk(param["schema"]):
                 if "enum" in node:
                     bad.append(f"{name} {param['name']}")
     assert not bad, bad

@@ -77,7 +77,7 @@ def _cancel_leftovers(app) -> None:
     for pool, backend_job_id in live:
         try:
             app.state.backends[pool].cancel(backend_job_id)
-        except Exception:  # noqa: BLE001 - best effort clean-up
+        except Exception:  # noqa: BLE001, S110 - best effort clean-up
             pass
 
 

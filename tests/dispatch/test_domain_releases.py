@@ -20,7 +20,7 @@ BLOCKS = (TopologyDomain("block", "b1", ("n1", "n2"), 0), TopologyDomain("block"
 
 
 @pytest.fixture
-def sessions(tmp_path, sqlite_template):  # noqa: F811
+def sessions(tmp_path, sqlite_template):
     path = tmp_path / f"releases-{uuid.uuid4().hex[:8]}.db"
     shutil.copy(sqlite_template, path)
     engine = make_engine(f"sqlite:///{path}")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from adapters.slurm.parse import job_status
-from gateway.domain.status import Seen, held_since, hold_failure_reason, hold_verdict
 from gateway.domain.states import JobState
+from gateway.domain.status import Seen, held_since, hold_failure_reason, hold_verdict
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def ago(s: float) -> datetime:

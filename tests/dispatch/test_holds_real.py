@@ -15,7 +15,7 @@ when the reservation is deleted through the API.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -55,7 +55,7 @@ def scenario(gw, pool: str, amount: dict, words: str, slurm: dict | None = None)
 
     view = drive_until(gw, empty, timeout_s=180, interval_s=1)
     assert (view.total_nodes if view.node_exclusive else view.total_gpus // 8) == 4, view
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     r = gw.client.post("/v1/admin/reservations", headers=gw.headers("root", admin=True),
                        json={"account": "team-a", "pool": pool, **amount, "start": (now - timedelta(minutes=1))
                              .isoformat(), "end": (now + timedelta(hours=1)).isoformat(), "reason": "deadline"})
@@ -148,7 +148,7 @@ def test_a_foreign_job_planned_on_a_reserved_node_does_not_keep_its_holder_out(d
     with wired_gateway(database_url, dev_key_path, {"slurm": options}, scheduling_policy="reservation") as gw:
         drive_until(gw, lambda: (v := gw.app.state.dispatcher.views(fresh=True)["slurm"]).total_nodes
                     and v.idle_nodes == v.total_nodes, timeout_s=120, interval_s=1)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         r = gw.client.post("/v1/admin/reservations", headers=gw.headers("root", admin=True), json={
             "account": "team-a", "pool": "slurm", "nodes": 2, "start": (now - timedelta(minutes=1)).isoformat(),
             "end": (now + timedelta(hours=1)).isoformat(), "reason": "deadline"})

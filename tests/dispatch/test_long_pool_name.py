@@ -12,7 +12,12 @@ from __future__ import annotations
 import pytest
 
 from gateway.kit.names import POOL_NAME, POOL_NAME_LEN
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.slurm
 FINAL = ("succeeded", "failed", "cancelled")

@@ -32,7 +32,7 @@ def stored_limits(url: str) -> dict | None:
         engine.dispose()
 
 
-def test_an_api_process_without_a_dispatcher_refuses_what_can_never_fit(gateway, workers, pg_url):  # noqa: F811
+def test_an_api_process_without_a_dispatcher_refuses_what_can_never_fit(gateway, workers, pg_url):
     h = gateway.headers("alice", ("team-a",))
     # Before any dispatcher has looked at the pool nothing is known: accepted, and failed by
     # the dispatcher with the reason once it knows (the documented fallback).

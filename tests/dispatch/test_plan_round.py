@@ -6,11 +6,18 @@ same scenarios run on the real Slurm cluster in test_reservations.py.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 
-from adapters.base import Backend, BackendState, Capacity, JobStatus, PoolCapacity, SubmitResult
+from adapters.base import (
+    Backend,
+    BackendState,
+    Capacity,
+    JobStatus,
+    PoolCapacity,
+    SubmitResult,
+)
 from gateway.kit.timeutil import as_utc
 from tests.dispatch.conftest import wired_gateway
 
@@ -207,14 +214,13 @@ def test_units_of_a_gang_that_just_ended_but_still_show_as_used_free_soon_so_the
     """Kueue frees a finished workload's quota a little after its pods end. Those used units are no
     registry gang's; taken for someone else's work with no known end, the whole-pool gang would find
     no start at all in that round, lose its reservation, and a stream job would take the free GPUs."""
-    from datetime import timezone
 
     from adapters.base import Capacity, PoolCapacity
     from gateway.domain.plan_inputs import RECENT_END_S, free_now, lagging_ends
-    from gateway.domain.routing import PoolView
     from gateway.domain.planner import Candidate, PoolModel, Release, plan
+    from gateway.domain.routing import PoolView
 
-    now = datetime(2026, 12, 1, 23, 59, 11, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 1, 23, 59, 11, tzinfo=UTC)
     t = now.timestamp()
 
     def views(free_gpus):  # one Kubernetes pool, 32 GPUs on four 8-GPU nodes
@@ -252,12 +258,12 @@ def test_units_of_a_gang_that_just_ended_but_still_show_as_used_free_soon_so_the
 def test_a_window_holds_what_would_cross_it_and_a_greedy_round_honours_it_too(database_url, dev_key_path):
     """The wiring of windows (issue #31) under both policies: a greedy round plans too once a
     window is set. The same on real Slurm: tests/dispatch/test_windows_slurm.py."""
-    from datetime import timedelta, timezone
+    from datetime import timedelta
 
     for policy in ("reservation", "greedy"):
         with wired_gateway(database_url, dev_key_path, {}, scheduling_policy=policy) as gw:
             gw.app.state.backends["slurm"] = Pool()
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             end = now + timedelta(minutes=40)
             r = gw.client.post("/v1/admin/pools/slurm/windows", headers=gw.headers("root", admin=True),
                                json={"start": (now + timedelta(minutes=10)).isoformat(), "end": end.isoformat(),
@@ -278,10 +284,10 @@ def test_a_window_holds_what_would_cross_it_and_a_greedy_round_honours_it_too(da
 def test_an_advance_reservation_keeps_others_off_and_lets_its_account_in(gw):
     """Issue #31, part 2, wiring (in-memory pool): 2 of the 4 nodes held for team-a from now.
     The same on real Slurm and Kueue: tests/dispatch/test_holds_real.py."""
-    from datetime import timedelta, timezone
+    from datetime import timedelta
 
     admin = gw.headers("root", admin=True)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     end = now + timedelta(hours=1)
     r = gw.client.post("/v1/admin/reservations", headers=admin,
                        json={"account": "team-a", "pool": "slurm", "nodes": 2, "start": (now - timedelta(minutes=1))

@@ -10,8 +10,7 @@ import pytest
 
 from gateway.pools.adapters import BackendConfigError
 from gateway.pools.config import build, from_backends_json
-
-from tests.dispatch.conftest import drive_until, slurm_backend_options, wired_gateway
+from tests.dispatch.conftest import slurm_backend_options, wired_gateway
 from tests.e2e.conftest import ISTHMUS, free_port
 
 
@@ -61,12 +60,12 @@ def test_bad_settings_are_refused_in_one_line_naming_pool_and_field(config, mess
 
 def test_the_documented_examples_are_valid(tmp_path):
     """docs/slurm.md and docs/kubernetes.md carry a full ISTHMUS_BACKENDS example each."""
-    from tests.conftest import REPO
-
     import re
+
+    from tests.conftest import REPO
     for doc, pool in (("slurm.md", "slurm"), ("kubernetes.md", "kubernetes")):
         text = (REPO / "docs" / doc).read_text()
-        m = re.search(r"<!-- backends-example -->\n```json\n(.*?)```", text, flags=re.S)
+        m = re.search(r"<!-- backends-example -->\n```json\n(.*?)```", text, flags=re.DOTALL)
         assert m, f"docs/{doc} has no marked ISTHMUS_BACKENDS example"
         config = json.loads(m.group(1))
         for field in ("jwt_key_path", "kubeconfig", "slurm_conf"):  # files of the reader's site
@@ -74,7 +73,7 @@ def test_the_documented_examples_are_valid(tmp_path):
                 config[pool][field] = KEY
         settings = parse_settings(json.dumps(config))[pool]
         import dataclasses
-        documented = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M))
+        documented = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE))
         fields = {f.name for f in dataclasses.fields(settings)} - {"token"}
         assert fields <= documented, f"docs/{doc} does not document {sorted(fields - documented)}"
 
@@ -89,8 +88,8 @@ def test_isthmus_serve_exits_1_with_one_line_and_no_traceback(tmp_path):
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "unexpected keyword" not in r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
-    assert errors == ["Error: ISTHMUS_BACKENDS: pool 'slurm', field 'rest_ulr': unknown setting "
-                      "(did you mean 'rest_url'?)"], r.stderr
+    assert errors == [("Error: ISTHMUS_BACKENDS: pool 'slurm', field 'rest_ulr': unknown setting "
+                      "(did you mean 'rest_url'?)")], r.stderr
 
 
 @pytest.mark.parametrize("content, says", [

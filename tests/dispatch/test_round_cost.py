@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import uuid
+from datetime import UTC
 
 import pytest
 from sqlalchemy import event, select, text
@@ -35,7 +36,7 @@ def pg_database():
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def url(request, tmp_path, sqlite_template):  # noqa: F811
+def url(request, tmp_path, sqlite_template):
     if request.param == "sqlite":
         path = tmp_path / f"round-{uuid.uuid4().hex[:8]}.db"
         shutil.copy(sqlite_template, path)
@@ -72,8 +73,8 @@ def dispatcher(url: str, **settings):
 
 
 def add_jobs(d, account: str, n: int, *, gpus: int = 8, time_limit_s: int = 3600) -> list[str]:
-    from gateway.models.jobs import Job
     from gateway.kit.timeutil import new_id, utcnow
+    from gateway.models.jobs import Job
 
     ids = []
     with transaction(d.sessions) as s:
@@ -113,8 +114,8 @@ def setup_accounts(d, n: int, prefix: str = "") -> list[str]:
 
 
 def ledger_state(d, accounts=()) -> dict:
-    from gateway.models.jobs import Job
     from gateway.ledger import service as ledger
+    from gateway.models.jobs import Job
     from gateway.models.ledger import Reservation
 
     with transaction(d.sessions) as s:
@@ -211,11 +212,11 @@ def test_limits_still_refuse_and_hold_with_the_ledgers_words(url):
 
 def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
     """The batch is written under the chains' locks only if nothing it relied on changed."""
-    from gateway.models.accounts import Account, AccountQuota
-    from gateway.models.jobs import Job
     from gateway.kit.timeutil import utcnow
     from gateway.ledger import service as ledger
     from gateway.ledger.round import RoundLedger
+    from gateway.models.accounts import Account, AccountQuota
+    from gateway.models.jobs import Job
 
     with dispatcher(url, scheduling_policy="greedy") as d:
         with transaction(d.sessions) as s:
@@ -284,7 +285,7 @@ def test_two_dispatchers_batching_at_once_claim_each_job_once(url):
 def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
     """planning.releases (computed by Postgres there, in Python on SQLite): each gang's units and expected end,
     gangs of one pool that end at the same moment summed into one release."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from gateway.dispatch import planning
     from gateway.models.jobs import Job
@@ -292,8 +293,8 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
     with dispatcher(url) as d:
         setup_accounts(d, 1)
         ids = add_jobs(d, "team-0", 8, gpus=12)
-        now = datetime(2026, 11, 2, 12, 0, 0, 654321, tzinfo=timezone.utc)
-        t0 = datetime(2026, 11, 2, 11, 59, 58, 123457, tzinfo=timezone.utc)  # odd microseconds: exact floats
+        now = datetime(2026, 11, 2, 12, 0, 0, 654321, tzinfo=UTC)
+        t0 = datetime(2026, 11, 2, 11, 59, 58, 123457, tzinfo=UTC)  # odd microseconds: exact floats
         # (state, pool, started_at, updated_at, held_gpus, time limit)
         gangs = [("running", "slurm-a", t0, t0, 16, 7), ("running", "kube-a", None, t0, 0, 3600),
                  ("starting", "kube-a", t0 - timedelta(hours=2), t0, 12, 60),  # past its end: "soon"
@@ -301,7 +302,7 @@ def test_the_plans_releases_follow_the_rule_to_the_microsecond(url):
                  ("queued", "slurm-b", None, t0, 16, 900), ("cancelling", "kube-a", t0, t0, 12, 3600),
                  ("running", "gone-pool", t0, t0, 12, 60), ("pending", None, None, t0, None, 60)]
         with transaction(d.sessions) as s:
-            for job_id, (state, pool, started, updated, held, limit) in zip(ids, gangs):
+            for job_id, (state, pool, started, updated, held, limit) in zip(ids, gangs, strict=True):
                 s.execute(Job.__table__.update().where(Job.id == job_id).values(
                     state=state, pool=pool, started_at=started, updated_at=updated, held_gpus=held,
                     time_limit_s=limit, workers=2))
@@ -324,8 +325,8 @@ def test_the_pick_takes_each_accounts_share_in_fair_share_order_and_locks_only_t
     from datetime import timedelta
 
     from gateway.dispatch.claim import pending_order
-    from gateway.models.jobs import Job
     from gateway.kit.timeutil import utcnow
+    from gateway.models.jobs import Job
 
     pg = url.startswith("postgresql")
     with dispatcher(url) as d:

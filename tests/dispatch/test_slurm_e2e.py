@@ -15,7 +15,12 @@ from adapters.base import BackendState
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import service as ledger
 from gateway.models.ledger import LedgerEntry
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    wired_gateway,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.both_databases]  # 22.05: the requeue test needs a REST API that lets scontrol requeue
 FINAL = ("succeeded", "failed", "cancelled")

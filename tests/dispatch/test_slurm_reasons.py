@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.slurm
 

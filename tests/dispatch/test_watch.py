@@ -18,7 +18,12 @@ from adapters.base import BackendUnavailable
 from adapters.kubernetes import KubernetesBackend, KubernetesSettings
 from gateway.ledger import service as ledger
 from gateway.models.ledger import LedgerEntry
-from tests.dispatch.conftest import KWOK_RUN_FOR, job_state, kube_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    KWOK_RUN_FOR,
+    job_state,
+    kube_backend_options,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.kubernetes
 FINAL = ("succeeded", "failed", "cancelled")

@@ -15,16 +15,22 @@ gone the waiting job runs.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
-import os
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gateway.kit.timeutil import as_utc
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, slurm_env, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    slurm_env,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.slurm
 FINAL = ("succeeded", "failed", "cancelled")
@@ -89,7 +95,7 @@ def assert_waits_for_the_window(gw, job_id: str, words: str, end: datetime, limi
 def test_an_admins_window_holds_long_jobs_backfills_short_ones_and_runs_nothing_while_under_way(gw):
     idle_pool(gw)
     admin = gw.headers("root", admin=True)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     start, end = now + timedelta(minutes=10), now + timedelta(minutes=70)
     r = gw.client.post("/v1/admin/pools/slurm/windows", headers=admin,
                        json={"start": start.isoformat(), "end": end.isoformat(), "reason": "kernel upgrade"})
@@ -105,7 +111,7 @@ def test_an_admins_window_holds_long_jobs_backfills_short_ones_and_runs_nothing_
 
     # Under way now: not even the short job starts, on any node of the pool.
     assert gw.client.delete(f"/v1/admin/pools/slurm/windows/{r.json()['id']}", headers=admin).status_code == 204
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     under_way = gw.client.post("/v1/admin/pools/slurm/windows", headers=admin,
                                json={"start": (now - timedelta(minutes=1)).isoformat(),
                                      "end": (now + timedelta(minutes=30)).isoformat(), "reason": "firmware"}).json()
@@ -118,7 +124,7 @@ def test_an_admins_window_holds_long_jobs_backfills_short_ones_and_runs_nothing_
     # The window is gone: both jobs run.
     gw.client.delete(f"/v1/admin/pools/slurm/windows/{under_way['id']}", headers=admin)
     for job_id in (second, long_):
-        done = drive_until(gw, lambda: job_state(gw, job_id, *FINAL), timeout_s=90)
+        done = drive_until(gw, lambda job_id=job_id: job_state(gw, job_id, *FINAL), timeout_s=90)
         assert done["state"] == "succeeded", done
 
 
@@ -136,7 +142,7 @@ def test_a_slurm_maint_reservation_is_honoured_like_the_gateways_own(gw, cluster
         [window] = drive_until(gw, listed, timeout_s=40, interval_s=1)
         assert window["source"] == "slurm" and window["maintenance"] and not window["active"], window
         end = as_utc(datetime.fromisoformat(window["end"]))
-        assert abs((end - datetime.now(timezone.utc)) - timedelta(minutes=70)).total_seconds() < 90, window
+        assert abs((end - datetime.now(UTC)) - timedelta(minutes=70)).total_seconds() < 90, window
         long_ = submit(gw, "1h", "long")
         short = submit(gw, "5m", "short")
         gw.app.state.dispatcher.run_once()
@@ -157,5 +163,5 @@ def test_a_slurm_maint_reservation_is_honoured_like_the_gateways_own(gw, cluster
     finally:
         scontrol(cluster, "delete", f"ReservationName={name}")
     for job_id in (second, long_):
-        done = drive_until(gw, lambda: job_state(gw, job_id, *FINAL), timeout_s=90)
+        done = drive_until(gw, lambda job_id=job_id: job_state(gw, job_id, *FINAL), timeout_s=90)
         assert done["state"] == "succeeded", done

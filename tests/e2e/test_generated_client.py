@@ -31,7 +31,13 @@ def generated_client(tmp_path_factory):
 
 def test_generated_client_submits_reads_lists_and_cancels(generated_client, running_gateway):
     from isthmus_client import AuthenticatedClient
-    from isthmus_client.api.jobs import cancel_job, get_job, list_job_events, list_jobs, submit_job
+    from isthmus_client.api.jobs import (
+        cancel_job,
+        get_job,
+        list_job_events,
+        list_jobs,
+        submit_job,
+    )
     from isthmus_client.models import JobSpec
 
     client = AuthenticatedClient(base_url=running_gateway.url, token=running_gateway.token())
@@ -65,8 +71,14 @@ def test_generated_client_admin_calls_and_typed_problems(generated_client, runni
     """The admin flow of tests/clients' TypeScript and Go smoke programs, in Python (docs/clients.md)."""
     from isthmus_client import AuthenticatedClient
     from isthmus_client.api.admin import (
-        create_account, create_ledger_adjustment, delete_account, get_account, get_usage_report,
-        get_usage_report_csv, list_ledger_entries, set_account_quota,
+        create_account,
+        create_ledger_adjustment,
+        delete_account,
+        get_account,
+        get_usage_report,
+        get_usage_report_csv,
+        list_ledger_entries,
+        set_account_quota,
     )
     from isthmus_client.models import AccountCreate, AdjustmentIn, Problem, QuotaIn
 

@@ -28,9 +28,9 @@ pytestmark = pytest.mark.slurm
 def readme_blocks(section: str) -> list[str]:
     """The ```sh blocks under the README heading ``## <section>``."""
     text = (REPO / "README.md").read_text()
-    m = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    m = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, flags=re.DOTALL | re.MULTILINE)
     assert m, f"README has no section {section!r}"
-    return re.findall(r"^```sh\n(.*?)^```", m.group(1), flags=re.S | re.M)
+    return re.findall(r"^```sh\n(.*?)^```", m.group(1), flags=re.DOTALL | re.MULTILINE)
 
 
 def runnable(block: str, port: int) -> str:
@@ -106,9 +106,9 @@ def test_readme_cli_example_runs_a_job_to_success(readme_gateway):
     (block,) = readme_blocks("First job with the CLI")
     r = run_block(readme_gateway, block)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.search(r"^state:\s+succeeded$", r.stdout, flags=re.M), r.stdout
-    assert re.search(r"^exit_code:\s+0$", r.stdout, flags=re.M), r.stdout
-    job_id = re.search(r"^id:\s+([0-9a-f-]{36})$", r.stdout, flags=re.M).group(1)
+    assert re.search(r"^state:\s+succeeded$", r.stdout, flags=re.MULTILINE), r.stdout
+    assert re.search(r"^exit_code:\s+0$", r.stdout, flags=re.MULTILINE), r.stdout
+    job_id = re.search(r"^id:\s+([0-9a-f-]{36})$", r.stdout, flags=re.MULTILINE).group(1)
     assert "hello, epochs: 3" in slurm_output(readme_gateway, job_id)
-    assert re.search(r"^user:\s+alice$", r.stdout, flags=re.M)  # whoami
+    assert re.search(r"^user:\s+alice$", r.stdout, flags=re.MULTILINE)  # whoami
     assert "None" not in r.stdout

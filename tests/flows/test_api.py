@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from gateway.models.flows import JobDependency, JobSet
-from gateway.jobs import service as jobs
-from gateway.models.jobs import Job, JobEvent
 from gateway.domain.states import JobState
+from gateway.jobs import service as jobs
+from gateway.models.flows import JobDependency, JobSet
+from gateway.models.jobs import Job, JobEvent
 from gateway.models.ledger import LedgerEntry, Reservation
 
 BASE = {"name": "t", "account": "team-a", "command": ["true"], "gpus_per_worker": 1, "time_limit": "10m"}

@@ -16,11 +16,11 @@ from sqlalchemy import select
 
 from gateway.domain import templates
 from gateway.flows import service
+from gateway.flows.schemas import JobSetSpec
+from gateway.kit.timeutil import new_id, new_ids
 from gateway.models import specs
 from gateway.models.flows import JobSet
-from gateway.flows.schemas import JobSetSpec
 from gateway.models.jobs import Job, JobEvent
-from gateway.kit.timeutil import new_id, new_ids
 
 AWKWARD = ["plain", "tab\there", "new\nline", "cr\rhere", "back\\slash", 'quote"d', "é ü 😀", "{{ index }}", "\\N",
            "a\u2028b", "x" * 300]
@@ -86,7 +86,7 @@ def test_a_set_with_awkward_values_is_stored_exactly(gw):
         assert [t.id for t in tasks] == sorted(t.id for t in tasks)  # ids in submission (index) order
         template = s.get(JobSet, r.json()["id"]).spec
         assert template == spec.job_spec().stored()  # the spec, once
-        for task, values in zip(tasks, combos):
+        for task, values in zip(tasks, combos, strict=True):
             assert task.spec == {"parameters": {k: values[k] for k in ("lr", "name", "flag")}}  # its own values
             assert specs.spec_of(task) == expected_spec(spec, values, len(combos))
             assert (task.state, task.time_limit_s, task.username, task.requested_pool, task.total_gpus) == (

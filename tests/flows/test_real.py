@@ -5,6 +5,7 @@ Run under the cluster lock: flock /work/cluster.lock .venv/bin/pytest tests/flow
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 
 import pytest
@@ -12,7 +13,13 @@ from sqlalchemy import func, select
 
 from gateway.models.jobs import Job, JobEvent
 from gateway.models.ledger import LedgerEntry, Reservation
-from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, kube_backend_options, slurm_backend_options, wired_gateway
+from tests.dispatch.conftest import (
+    KWOK_RUN_FOR,
+    drive_until,
+    kube_backend_options,
+    slurm_backend_options,
+    wired_gateway,
+)
 
 pytestmark = [pytest.mark.slurm("26.05"), pytest.mark.kubernetes]  # off 22.05, the busiest lane
 FINAL = {"succeeded", "failed", "cancelled"}
@@ -42,7 +49,7 @@ def tasks(gw, set_id):
 
 
 def at(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return datetime.fromisoformat(value)
 
 
 def step(name, backend, command, **kw):
@@ -64,7 +71,7 @@ def test_pipeline_slurm_then_kueue_then_slurm_runs_in_order(gw):
     assert [j["state"] for j in done] == ["succeeded"] * 3, [(j["state"], j["state_reason"]) for j in done]
     assert [j["assigned_backend"] for j in done] == ["slurm", "kubernetes", "slurm"]
     # each step was released (blocked -> pending) only after the one before it ended
-    for before, after in zip(done, done[1:]):
+    for before, after in itertools.pairwise(done):
         events = gw.client.get(f"/v1/jobs/{after['id']}/events", headers=gw.headers("alice", ("team-a",))).json()
         released = next(e for e in events["items"] if e["from_state"] == "blocked" and e["to_state"] == "pending")
         assert at(released["at"]) >= at(before["ended_at"])

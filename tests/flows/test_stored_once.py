@@ -11,9 +11,9 @@ from __future__ import annotations
 from sqlalchemy import String, cast, func, null, select
 
 from gateway.dispatch.common import submit_request
+from gateway.kit.db import transaction
 from gateway.models.flows import JobSet
 from gateway.models.jobs import Job
-from gateway.kit.db import transaction
 from tests.flows.test_api import BASE, get, post
 
 BIG_ENV = {f"V{i}": "x" * 4000 for i in range(64)}  # 256 KB, the largest env a job may carry is 512 KB

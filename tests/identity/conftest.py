@@ -118,9 +118,9 @@ def issuer_configs(env: dict[str, str], **overrides) -> list[dict]:
 
 
 def _migrate_and_seed(url: str) -> None:
-    from gateway.models.accounts import Account
     from gateway.cli import run_migrations
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
+    from gateway.models.accounts import Account
 
     run_migrations(url)
     engine = make_engine(url)
@@ -224,7 +224,7 @@ class JwksServer:
         self.serve(jwks)
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 body = server.body
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -18,7 +18,14 @@ from cryptography.hazmat.primitives import serialization
 from joserfc.jwk import RSAKey
 
 from tests.identity.conftest import (
-    LOCAL_ISSUER, LocalSigner, b64, b64json, bearer, job_count, segments, submit,
+    LOCAL_ISSUER,
+    LocalSigner,
+    b64,
+    b64json,
+    bearer,
+    job_count,
+    segments,
+    submit,
 )
 
 

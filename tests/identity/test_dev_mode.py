@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.identity.setup import ConfigurationError, build_authenticator, build_dev_issuer
+from gateway.identity.setup import (
+    ConfigurationError,
+    build_authenticator,
+    build_dev_issuer,
+)
 from gateway.kit.settings import Settings
 from tests.identity.conftest import REPO, bearer, submit
 
@@ -65,7 +69,7 @@ def test_dev_issuer_tokens_work_in_dev_mode(make_client, tmp_path):
 
 
 def test_dev_tokens_are_refused_outside_dev_mode(make_client, tmp_path):
-    from tests.identity.conftest import JwksServer, LocalSigner, LOCAL_ISSUER
+    from tests.identity.conftest import LOCAL_ISSUER, JwksServer, LocalSigner
 
     signer = LocalSigner()
     server = JwksServer(signer.public_jwks())
@@ -135,7 +139,7 @@ def test_token_help_says_dev_mode_is_needed_and_where_the_key_is():
 
 def test_identity_errors_show_the_values_they_compared(make_client, tmp_path):
     """Issuer, audience, expiry and signature refusals name both sides (#14, 5 and 7)."""
-    from tests.identity.conftest import JwksServer, LocalSigner, LOCAL_ISSUER
+    from tests.identity.conftest import LOCAL_ISSUER, JwksServer, LocalSigner
 
     signer = LocalSigner()
     server = JwksServer(signer.public_jwks())

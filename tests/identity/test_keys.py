@@ -8,7 +8,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.identity.conftest import LocalSigner, TcpProxy, bearer, issuer_configs, segments
+from tests.identity.conftest import (
+    LocalSigner,
+    TcpProxy,
+    bearer,
+    issuer_configs,
+    segments,
+)
 
 pytestmark = pytest.mark.oidc
 

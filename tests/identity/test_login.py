@@ -84,7 +84,7 @@ def keycloak_sign_in(driver, user: str, password: str) -> None:
 
 
 def test_device_code_approved_in_the_browser_then_whoami_uses_the_cached_token(
-        oidc_env, device_grant_enabled, keycloak_gateway, browser, tmp_path):  # noqa: F811
+        oidc_env, device_grant_enabled, keycloak_gateway, browser, tmp_path):
     config = tmp_path / "cfg"
     proc, url = start_login(config, "--issuer", oidc_env["OIDC_ISSUER"], "--device")
     assert "/device" in url
@@ -112,12 +112,12 @@ def test_device_code_approved_in_the_browser_then_whoami_uses_the_cached_token(
 
 
 def test_an_expired_token_is_refreshed_with_the_refresh_token(oidc_env, device_grant_enabled, keycloak_gateway,
-                                                             browser, tmp_path):  # noqa: F811
+                                                             browser, tmp_path):
     config = tmp_path / "cfg"
     proc, url = start_login(config, "--issuer", oidc_env["OIDC_ISSUER"], "--browser", "--no-open")
     browser.get(url)
     keycloak_sign_in(browser, "bob", "bob" + oidc_env["OIDC_PASSWORD_SUFFIX"])
-    out, err = proc.communicate(timeout=60)
+    _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     WebDriverWait(browser, 10).until(lambda d: "Logged in" in d.page_source)
 

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import gw  # noqa: F401  (the in-process gateway, SQLite and Postgres)
 
 
-def test_me_shows_user_posix_user_accounts_admin_and_issuer(gw):  # noqa: F811
+def test_me_shows_user_posix_user_accounts_admin_and_issuer(gw):
     me = gw.client.get("/v1/me", headers=gw.headers("alice", ("team-a", "team-z")))
     assert me.status_code == 200
     assert me.json() == {
@@ -18,14 +18,14 @@ def test_me_shows_user_posix_user_accounts_admin_and_issuer(gw):  # noqa: F811
     }
 
 
-def test_me_for_an_admin_lists_every_account_and_how_it_is_granted(gw):  # noqa: F811
+def test_me_for_an_admin_lists_every_account_and_how_it_is_granted(gw):
     me = gw.client.get("/v1/me", headers=gw.headers("root", ("team-a",), admin=True)).json()
     assert me["admin"] is True and me["roles"] == ["admin"]
     assert {(a["name"], a["role"]) for a in me["accounts"]} == {("team-a", "member"), ("team-b", "admin")}
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer not.a.token"}])
-def test_me_needs_a_valid_token(gw, headers):  # noqa: F811
+def test_me_needs_a_valid_token(gw, headers):
     r = gw.client.get("/v1/me", headers=headers)
     assert r.status_code == 401 and r.headers["content-type"].startswith("application/problem+json")
 
@@ -55,7 +55,7 @@ def test_readyz_is_unavailable_when_no_issuer_can_validate_a_token(tmp_path):
     assert "no token can be validated" in r.json()["identity_note"]
 
 
-def test_without_a_pool_a_job_says_so_instead_of_waiting_for_dispatch(gw):  # noqa: F811
+def test_without_a_pool_a_job_says_so_instead_of_waiting_for_dispatch(gw):
     spec = {"name": "x", "account": "team-a", "command": ["true"], "workers": 1, "gpus_per_worker": 1}
     job = gw.client.post("/v1/jobs", json=spec, headers=gw.headers()).json()
     assert job["state"] == "pending"

@@ -162,8 +162,8 @@ class _FilePool:
 def _set_job(gw, job_id: str, **values) -> None:
     from sqlalchemy import update
 
-    from gateway.models.jobs import Job
     from gateway.kit.db import transaction
+    from gateway.models.jobs import Job
 
     with transaction(gw.app.state.sessionmaker) as s:  # as the dispatcher would leave it, without its checks
         s.execute(update(Job).where(Job.id == job_id).values(**values))
@@ -202,7 +202,7 @@ def test_an_idle_follow_rarely_asks_the_database_and_counts_as_one_of_the_caller
                                   headers=gw.headers(), timeout=httpx.Timeout(10, read=30)) as r:
                     assert r.status_code == 200
                     for chunk in r.iter_raw():
-                        got.append(chunk)  # noqa: PERF402 - read by the test while it streams
+                        got.append(chunk)
             reader = threading.Thread(target=follow, daemon=True)
             reader.start()
             deadline = time.monotonic() + 10

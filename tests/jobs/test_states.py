@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from gateway.domain.states import IllegalTransition, JobState
 from gateway.jobs import service
 from gateway.models.jobs import Job, JobEvent
-from gateway.domain.states import IllegalTransition, JobState
 
 SPEC = {"name": "s", "account": "team-a", "command": ["true"]}
 

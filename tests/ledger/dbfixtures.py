@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -75,7 +75,7 @@ def factory(engine):
 
 # ----------------------------------------------------------------- factories
 
-T0 = datetime(2026, 11, 2, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
 
 
 def add_account(session, name, parent=None, shares=1, **quota):
@@ -89,8 +89,8 @@ def add_account(session, name, parent=None, shares=1, **quota):
 
 def add_job(session, account, gpus=8, time_limit_s=3600, pool="slurm", username="alice", gpu_type=None,
             workers=1):
-    from gateway.models.jobs import Job
     from gateway.kit.timeutil import new_id, utcnow
+    from gateway.models.jobs import Job
 
     spec = {"command": ["true"], "gpu_type": gpu_type, "cpus_per_worker": 1, "memory_per_worker": "1Gi"}
     job = Job(id=new_id(), name="j", account_name=account, submitted_by=f"dev:{username}", username=username,

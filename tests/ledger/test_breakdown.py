@@ -3,13 +3,13 @@ decayed usage that always adds up to it, weighted by how recent each pool's usag
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gateway.kit.db import transaction
 from gateway.ledger.breakdown import own_pool_weights, raw_usage_by_pool
 from gateway.models.ledger import UsageBucket
-from gateway.kit.db import transaction
 
 DAY = 86400.0
 
@@ -31,7 +31,7 @@ def test_a_cycle_in_the_tree_does_not_loop():
 
 
 def test_older_buckets_weigh_less_by_the_half_life(factory):
-    now = datetime(2026, 12, 1, 12, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
     h = 7 * DAY
     with transaction(factory) as s:
         for day, pool, usage in ((now.date(), "new", 1000), ((now - timedelta(days=7)).date(), "old", 1000),

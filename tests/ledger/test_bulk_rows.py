@@ -6,7 +6,7 @@ The dispatch round writes its claims, events, reservations and ledger entries th
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
@@ -15,13 +15,13 @@ from gateway.kit.db import transaction
 
 
 def _as_utc(v):
-    return v if v is None or v.tzinfo else v.replace(tzinfo=timezone.utc)
+    return v if v is None or v.tzinfo else v.replace(tzinfo=UTC)
 
 
 def test_inserted_rows_read_back_as_given(factory):
     from gateway.models.ledger import LedgerEntry
 
-    at = datetime(2026, 11, 2, 12, 0, 0, 123456, tzinfo=timezone.utc)
+    at = datetime(2026, 11, 2, 12, 0, 0, 123456, tzinfo=UTC)
     rows = [
         dict(at=at, account_name="a", kind="reserve", job_id="j1", pool="p", gpu_type=None, username="u",
              gpus=8, committed_gpu_seconds=2**40, gpu_seconds=0, billing_weight=0.1 + 0.2, actor="system:x",

@@ -12,7 +12,7 @@ from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import service as ledger
 from gateway.models.ledger import LedgerEntry, Reservation
-from tests.ledger.dbfixtures import T0, add_account, add_job
+from tests.ledger.dbfixtures import add_account, add_job
 
 
 def _setup(factory, n_jobs: int) -> list[str]:

@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from gateway.models.accounts import AccountQuota
 from gateway.accounts.tree import subtree_names
-from gateway.models.jobs import Job
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, QuotaExceeded
 from gateway.ledger import service as ledger
+from gateway.models.accounts import AccountQuota
+from gateway.models.jobs import Job
 from gateway.models.ledger import LedgerEntry
 from tests.ledger.dbfixtures import T0, add_account, add_job
 

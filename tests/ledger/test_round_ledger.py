@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from gateway.kit.errors import Conflict
 from gateway.ledger import service as ledger
-from gateway.models.ledger import AccountPoolBalance, LedgerEntry, Reservation
 from gateway.ledger.round import RoundLedger
+from gateway.models.ledger import AccountPoolBalance, LedgerEntry, Reservation
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
 

@@ -50,7 +50,7 @@ def _job_columns(url: str) -> set[str]:
         engine.dispose()
 
 
-def test_rename_keeps_the_values_both_ways(empty_db):  # noqa: F811
+def test_rename_keeps_the_values_both_ways(empty_db):
     cfg = _config(empty_db)
     command.upgrade(cfg, "0008hooks")
     _seed(empty_db)

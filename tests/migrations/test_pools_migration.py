@@ -61,7 +61,7 @@ def _check_upgraded(url: str) -> None:
         engine.dispose()
 
 
-def test_upgrade_downgrade_upgrade_keeps_the_data(empty_db):  # noqa: F811
+def test_upgrade_downgrade_upgrade_keeps_the_data(empty_db):
     cfg = _config(empty_db)
     command.upgrade(cfg, "0006")
     engine = create_engine(empty_db)

@@ -31,7 +31,7 @@ def _specs(url: str) -> dict[str, dict]:
         engine.dispose()
 
 
-def test_downgrade_gives_tasks_their_full_spec_back(empty_db, tmp_path):  # noqa: F811
+def test_downgrade_gives_tasks_their_full_spec_back(empty_db, tmp_path):
     cfg = _config(empty_db)
     command.upgrade(cfg, "head")
     settings = Settings(database_url=empty_db, dev_mode=True, dev_key_path=tmp_path / "k.pem", dev_accounts="team-a")

@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import sessionmaker
 
-from gateway.pools.adapters import BackendConfigError
 from gateway.kit.settings import Settings
-from gateway.pools import config
 from gateway.models.pools import Pool
+from gateway.pools import config
+from gateway.pools.adapters import BackendConfigError
 from gateway.pools.service import reconcile
 from tests.e2e.conftest import ISTHMUS
 
@@ -85,8 +85,8 @@ def test_a_pools_file_with_five_pools_of_two_kinds(tmp_path):
     ("pools:\n  - name: a\n    kind: slurm\n    state: paused\n", "pool 'a', field 'state': one of active, draining"),
     ("pools:\n  - name: a\n    kind: slurm\n    settings: {rest_ulr: 'http://h:1'}\n",
      "pool 'a', field 'rest_ulr': unknown setting (did you mean 'rest_url'?)"),
-    ("pools:\n  - {name: a, kind: kubernetes, settings: {kubeconfig: KEY}}\n"
-     "  - {name: a, kind: kubernetes, settings: {kubeconfig: KEY}}\n", "pool 'a', field 'name': defined twice"),
+    (("pools:\n  - {name: a, kind: kubernetes, settings: {kubeconfig: KEY}}\n"
+     "  - {name: a, kind: kubernetes, settings: {kubeconfig: KEY}}\n"), "pool 'a', field 'name': defined twice"),
     ("pools: [1]\n", "pools[0] must be a mapping"),
     ("pool:\n  - name: a\n", "must be a mapping with the keys pools (a list of pools)"),
     ("pools: [\n", "not valid YAML at line"),
@@ -148,9 +148,8 @@ def test_reconcile_adds_updates_keeps_admin_choices_and_retires_vanished_pools(s
 
 def test_a_vanished_pool_with_active_jobs_stops_start_up(sessions, tmp_path, database_url, dev_key_path):
     from gateway.kit.timeutil import new_id, utcnow
-    from gateway.models.jobs import Job
-
     from gateway.models.accounts import Account
+    from gateway.models.jobs import Job
 
     pools = _pools(tmp_path)
     with sessions.begin() as s:
@@ -184,7 +183,7 @@ def test_the_documented_pools_file_is_valid(tmp_path):
     from tests.conftest import REPO
 
     text = (REPO / "docs" / "pools.md").read_text()
-    m = re.search(r"<!-- pools-example -->\n```yaml\n(.*?)```", text, flags=re.S)
+    m = re.search(r"<!-- pools-example -->\n```yaml\n(.*?)```", text, flags=re.DOTALL)
     assert m, "docs/pools.md has no marked pools-file example"
     example = re.sub(r"/etc/isthmus/[a-z0-9.-]+", KEY, m.group(1))
     pools = config.from_file(_file(tmp_path, example))

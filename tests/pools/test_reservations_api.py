@@ -4,7 +4,7 @@ problem naming the field and changes nothing. What one does to jobs: tests/dispa
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import delete, func, select
@@ -26,7 +26,7 @@ def pool_row(gw):
 
 
 def at(hours: float) -> str:
-    return (datetime.now(timezone.utc) + timedelta(hours=hours)).isoformat()
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat()
 
 
 def count(gw) -> int:

@@ -76,8 +76,8 @@ def _entry(**fields) -> str:
     (_entry(pools="{slurm-22: {pvc: data}}"),
      "storage 'data', field 'pools.slurm-22': a slurm pool has the storage on its shared file system"),
     (_entry(pools="{kube-a100: {}}"),
-     "storage 'data', field 'pools.kube-a100': a kubernetes pool must say how it mounts the storage: pvc, nfs, "
-     "host_path"),
+     ("storage 'data', field 'pools.kube-a100': a kubernetes pool must say how it mounts the storage: pvc, nfs, "
+     "host_path")),
     (_entry(pools="{kube-a100: {pvc: Data_Claim}}"), "storage 'data', field 'pools.kube-a100.pvc': not a claim name"),
     (_entry(pools="{kube-a100: {nfs: {server: h}}}"), "field 'pools.kube-a100.nfs': must be {server: HOST, path:"),
     (_entry(pools="{kube-a100: {host_path: relative}}"),
@@ -106,10 +106,10 @@ def test_the_documented_storage_section_is_valid(tmp_path):
     from tests.conftest import REPO
 
     text = (REPO / "docs" / "storage.md").read_text()
-    m = re.search(r"<!-- storage-example -->\n```yaml\n(.*?)```", text, flags=re.S)
+    m = re.search(r"<!-- storage-example -->\n```yaml\n(.*?)```", text, flags=re.DOTALL)
     assert m, "docs/storage.md has no marked storage example"
     doc = (REPO / "docs" / "pools.md").read_text()
-    pools = re.search(r"<!-- pools-example -->\n```yaml\n(.*?)```", doc, flags=re.S).group(1)
+    pools = re.search(r"<!-- pools-example -->\n```yaml\n(.*?)```", doc, flags=re.DOTALL).group(1)
     pools = re.sub(r"/etc/isthmus/[a-z0-9.-]+", config.__file__, pools)
     path = tmp_path / "pools.yaml"
     path.write_text(pools + m.group(1))

@@ -4,7 +4,7 @@ real Slurm clusters in tests/dispatch/test_windows_slurm.py."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import delete, func, select
@@ -26,7 +26,7 @@ def pool_row(gw):
 
 
 def at(hours: float) -> str:
-    return (datetime.now(timezone.utc) + timedelta(hours=hours)).isoformat()
+    return (datetime.now(UTC) + timedelta(hours=hours)).isoformat()
 
 
 def count(gw) -> int:
@@ -59,7 +59,7 @@ def test_a_window_that_has_ended_is_no_longer_listed(gw, pool_row):
     made = gw.client.post(f"/v1/admin/pools/{POOL}/windows", headers=admin,
                           json={"start": at(-2), "end": at(0.0003), "reason": "short"}).json()
     with gw.session() as s, s.begin():  # let it end without waiting
-        s.get(PoolWindow, made["id"]).ends_at = datetime.now(timezone.utc) - timedelta(seconds=1)
+        s.get(PoolWindow, made["id"]).ends_at = datetime.now(UTC) - timedelta(seconds=1)
     assert gw.client.get(f"/v1/admin/pools/{POOL}/windows", headers=admin).json() == []
 
 

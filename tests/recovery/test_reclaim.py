@@ -33,7 +33,8 @@ from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, wired_gateway
 from tests.jobs.live import free_port, served
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
-from tests.ui.test_pages import SECRET as UI_SECRET, page_as
+from tests.ui.test_pages import SECRET as UI_SECRET
+from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm("24.11"), pytest.mark.postgres]
 
@@ -82,7 +83,7 @@ def root():
 
 
 @pytest.fixture(scope="module")
-def gw(five_pools, root, dev_key_path, tmp_path_factory):  # noqa: F811  (five_pools: the imported fixture)
+def gw(five_pools, root, dev_key_path, tmp_path_factory):
     pool = next(p for p in five_pools if p["name"] == POOL)
     path = tmp_path_factory.mktemp("reclaim") / "pools.yaml"
     path.write_text(yaml.safe_dump({"pools": [pool], "storage": [
@@ -209,7 +210,7 @@ def test_a_guaranteed_gang_reclaims_the_borrowed_job_with_least_progress_at_risk
 def _ts(iso: str) -> float:
     from datetime import datetime
 
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(iso).timestamp()
 
 
 def test_a_reclaim_is_called_off_when_the_job_it_makes_room_for_stops_waiting(gw, root):

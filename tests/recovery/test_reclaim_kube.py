@@ -52,7 +52,7 @@ def root():
 
 
 @pytest.fixture(scope="module")
-def gw(root, k8s, dev_key_path, tmp_path_factory):  # noqa: F811
+def gw(root, k8s, dev_key_path, tmp_path_factory):
     node = read_env_file(NODE_ENV)
     pool = {"name": POOL, "kind": "kubernetes", "gpu_types": [node["ISTHMUS_KUBE_NODE_GPU_TYPE"]],
             "settings": kube_node_settings(kube_env(), node)}
@@ -91,7 +91,7 @@ def preempted_by(gw, job: dict) -> list[str]:
     return [e["data"]["preemptor"] for e in items if e["kind"] == "preemption" and "preemptor" in (e.get("data") or {})]
 
 
-def test_a_guaranteed_job_reclaims_a_borrowed_gpu_from_a_real_container_with_sigterm(gw, k8s):  # noqa: F811
+def test_a_guaranteed_job_reclaims_a_borrowed_gpu_from_a_real_container_with_sigterm(gw, k8s):
     b1, b2 = submit(gw, "bob", "b1"), submit(gw, "bob", "b2")
     running = drive_until(gw, lambda: all(job_state(gw, j["id"], "running") for j in (b1, b2)) and
                           [get(gw, j) for j in (b1, b2)], timeout_s=120)

@@ -29,7 +29,9 @@ from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, slurm_env, wired_gateway
 from tests.dispatch.test_slurm_e2e import scontrol
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
-from tests.ui.test_pages import SECRET as UI_SECRET  # the /ui session cookies of tests/ui
+from tests.ui.test_pages import (
+    SECRET as UI_SECRET,  # the /ui session cookies of tests/ui
+)
 from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm("24.11", "26.05"), pytest.mark.postgres]
@@ -51,7 +53,7 @@ def root():
 
 
 @pytest.fixture(scope="module")
-def gw(five_pools, root, dev_key_path, tmp_path_factory):  # noqa: F811  (five_pools: the imported fixture)
+def gw(five_pools, root, dev_key_path, tmp_path_factory):
     pool = next(p for p in five_pools if p["name"] == POOL)
     path = tmp_path_factory.mktemp("recovery") / "pools.yaml"
     path.write_text(yaml.safe_dump({"pools": [pool], "storage": [
@@ -87,9 +89,9 @@ def seconds(a: str, b: str) -> float:
 def test_a_gang_whose_node_fails_runs_again_elsewhere_and_resumes_from_its_checkpoint(gw):
     # Each worker leaves a mark for its attempt; the second attempt shows the first's marks.
     job = submit(gw, workers=2, command=["sh", "-c",
-        'touch "$ISTHMUS_CHECKPOINT_DIR/attempt-$ISTHMUS_ATTEMPT-$SLURMD_NODENAME"; '
+        ('touch "$ISTHMUS_CHECKPOINT_DIR/attempt-$ISTHMUS_ATTEMPT-$SLURMD_NODENAME"; '
         'if [ "$ISTHMUS_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
-        'echo "attempt $ISTHMUS_ATTEMPT on $SLURMD_NODENAME finds:" $(cd "$ISTHMUS_CHECKPOINT_DIR" && ls attempt-1-*)'])
+        'echo "attempt $ISTHMUS_ATTEMPT on $SLURMD_NODENAME finds:" $(cd "$ISTHMUS_CHECKPOINT_DIR" && ls attempt-1-*)')])
     running = drive_until(gw, lambda: job_state(gw, job["id"], "running"), timeout_s=90)
     ckpt = Path(job["checkpoint_dir"])
     drive_until(gw, lambda: len(list(ckpt.glob("attempt-1-*"))) == 2, timeout_s=30)
@@ -148,12 +150,12 @@ VERSIONS = {"slurm-24": "24.11", "slurm-26": "26.05"}  # REST APIs that honour r
 
 
 @pytest.fixture(scope="module")
-def gw2(five_pools, root, dev_key_path, tmp_path_factory):  # noqa: F811  (five_pools: the imported fixture)
+def gw2(five_pools, root, dev_key_path, tmp_path_factory):
     """Two Slurm clusters that both have the checkpoint storage (the shared directory)."""
     pools = [p for p in five_pools if p["name"] in VERSIONS]
     path = tmp_path_factory.mktemp("recovery2") / "pools.yaml"
     path.write_text(yaml.safe_dump({"pools": pools, "storage": [
-        {"name": "ckpt", "path": str(root), "mode": "read-write", "pools": dict.fromkeys(VERSIONS, {})}]}))
+        {"name": "ckpt", "path": str(root), "mode": "read-write", "pools": {v: {} for v in VERSIONS}}]}))
     with postgres_database(migrated=True) as url, wired_gateway(url, dev_key_path, {}, pools_file=str(path)) as gw:
         gw.admin = gw.headers("root", admin=True)
         yield gw
@@ -163,9 +165,9 @@ def test_a_gang_its_cluster_can_no_longer_hold_runs_again_on_another(gw2):
     """Four whole nodes: when one of its cluster's four fails, attempt 2 cannot start there,
     and goes to the other cluster, which has the same checkpoint storage."""
     job = submit(gw2, workers=4, command=["sh", "-c",
-        'touch "$ISTHMUS_CHECKPOINT_DIR/attempt-$ISTHMUS_ATTEMPT-$SLURMD_NODENAME"; '
+        ('touch "$ISTHMUS_CHECKPOINT_DIR/attempt-$ISTHMUS_ATTEMPT-$SLURMD_NODENAME"; '
         'if [ "$ISTHMUS_ATTEMPT" = 1 ]; then exec sleep 300; fi; '
-        'echo "attempt $ISTHMUS_ATTEMPT finds" $(cd "$ISTHMUS_CHECKPOINT_DIR" && ls attempt-1-* | wc -l) marks'])
+        'echo "attempt $ISTHMUS_ATTEMPT finds" $(cd "$ISTHMUS_CHECKPOINT_DIR" && ls attempt-1-* | wc -l) marks')])
     running = drive_until(gw2, lambda: job_state(gw2, job["id"], "running"), timeout_s=90)
     first_pool, failed_node = running["assigned_pool"], running["nodes"][0]
     env = slurm_env(VERSIONS[first_pool])

@@ -41,7 +41,7 @@ def root():
 
 
 @pytest.fixture(scope="module")
-def gw(root, k8s, dev_key_path, tmp_path_factory):  # noqa: F811
+def gw(root, k8s, dev_key_path, tmp_path_factory):
     node = read_env_file(NODE_ENV)
     pool = {"name": "kube-node", "kind": "kubernetes", "gpu_types": [node["ISTHMUS_KUBE_NODE_GPU_TYPE"]],
             "settings": kube_node_settings(kube_env(), node)}
@@ -54,14 +54,14 @@ def gw(root, k8s, dev_key_path, tmp_path_factory):  # noqa: F811
         yield gw
 
 
-def test_an_evicted_worker_runs_again_as_a_new_job_in_the_same_checkpoint_dir(gw, k8s):  # noqa: F811
+def test_an_evicted_worker_runs_again_as_a_new_job_in_the_same_checkpoint_dir(gw, k8s):
     _, core, _ = k8s
     r = gw.client.post("/v1/jobs", json={
         "name": "evicted", "account": "team-a", "workers": 1, "gpus_per_worker": 1, "memory_per_worker": "256Mi",
         "time_limit": "5m", "checkpoint": {"storage": "ckpt"}, "command": ["sh", "-c",
-            'echo "attempt $ISTHMUS_ATTEMPT was here" >> "$ISTHMUS_CHECKPOINT_DIR/log"; '
+            ('echo "attempt $ISTHMUS_ATTEMPT was here" >> "$ISTHMUS_CHECKPOINT_DIR/log"; '
             'if [ "$ISTHMUS_ATTEMPT" = 1 ]; then trap "exit 143" TERM; sleep 300 & wait; fi; '
-            'cat "$ISTHMUS_CHECKPOINT_DIR/log"']}, headers=gw.headers("alice", ("team-a",)))
+            'cat "$ISTHMUS_CHECKPOINT_DIR/log"')]}, headers=gw.headers("alice", ("team-a",)))
     assert r.status_code == 202, r.text
     job = r.json()
     log = Path(job["checkpoint_dir"]) / "log"

@@ -13,7 +13,13 @@ import pytest
 
 from gateway.ledger import service as ledger
 from tests.conftest import postgres_database
-from tests.dispatch.conftest import drive_until, job_state, kube_backend_options, kube_env, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    kube_backend_options,
+    kube_env,
+    wired_gateway,
+)
 from tests.pools.test_five_pools import FINAL
 from tests.storage.test_storage import k8s  # noqa: F401  (a fixture)
 
@@ -49,7 +55,7 @@ def remade(core, saved) -> None:
         "daemonEndpoints": {"kubeletEndpoint": {"Port": st.daemon_endpoints.kubelet_endpoint.port}}}})
 
 
-def test_a_worker_whose_node_is_deleted_runs_again_on_another_node(gw, k8s):  # noqa: F811
+def test_a_worker_whose_node_is_deleted_runs_again_on_another_node(gw, k8s):
     _, core, _ = k8s
     r = gw.client.post("/v1/jobs", json={
         "name": "node-lost", "account": "team-a", "pool": POOL, "workers": 1, "gpus_per_worker": 8,

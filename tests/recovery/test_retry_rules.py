@@ -9,7 +9,13 @@ import pytest
 
 from gateway.ledger import service as ledger
 from gateway.ledger.repository import list_entries
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, slurm_env, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    slurm_env,
+    wired_gateway,
+)
 from tests.pools.test_five_pools import FINAL
 
 pytestmark = [pytest.mark.slurm("24.11"), pytest.mark.both_databases]

@@ -14,14 +14,20 @@ import shlex
 import subprocess
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from adapters.base import BackendState, SubmitRequest
 from adapters.slurm.backend import SlurmBackend, SlurmSettings
 from gateway.ledger import service as ledger
-from tests.dispatch.conftest import drive_until, job_state, slurm_backend_options, slurm_env, wired_gateway
+from tests.dispatch.conftest import (
+    drive_until,
+    job_state,
+    slurm_backend_options,
+    slurm_env,
+    wired_gateway,
+)
 
 pytestmark = pytest.mark.slurm
 FINAL = ("succeeded", "failed", "cancelled")
@@ -118,14 +124,14 @@ def test_adoption_requires_the_mapped_user_and_the_submit_window(slurm_cluster):
     try:
         spoof = sbatch_as(slurm_cluster, "bob", f"--comment=isthmus:{gid}", "--wrap", "sleep 60")
         made.append(spoof)
-        first = backend.submit(_request(gid, submitted_after=datetime.now(timezone.utc), first_attempt=False))
+        first = backend.submit(_request(gid, submitted_after=datetime.now(UTC), first_attempt=False))
         made.append(first.backend_job_id)
         assert not first.adopted and first.backend_job_id != spoof  # a new job, as alice
         assert backend.transport.job(first.backend_job_id)["user_name"] == "alice"
-        again = backend.submit(_request(gid, submitted_after=datetime.now(timezone.utc) - timedelta(minutes=5)))
+        again = backend.submit(_request(gid, submitted_after=datetime.now(UTC) - timedelta(minutes=5)))
         assert again.adopted and again.backend_job_id == first.backend_job_id
         # a job of alice's own from before the gateway job existed is not its submission either
-        late = datetime.now(timezone.utc) + timedelta(minutes=10)
+        late = datetime.now(UTC) + timedelta(minutes=10)
         assert backend.find_by_gateway_id(gid, request=_request(gid, submitted_after=late)) is None
         assert backend.find_by_gateway_id(gid, request=_request(gid, user="bob")).backend_job_id == spoof
     finally:

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from gateway.models.jobs import Job
-from tests.conftest import REPO
 
 SPEC = {"name": "b", "account": "team-a", "command": ["true"], "workers": 1}
 MIB = 1024 * 1024

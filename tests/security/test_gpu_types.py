@@ -10,11 +10,11 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from adapters.base import Capacity, PoolCapacity, site_gpu_type
-from gateway.models.jobs import Job
+from gateway.domain.routing import JobShape, PoolView, check_pinned
 from gateway.kit.db import transaction
 from gateway.ledger import service as ledger
+from gateway.models.jobs import Job
 from gateway.models.ledger import LedgerEntry
-from gateway.domain.routing import JobShape, PoolView, check_pinned
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import delete, func, select
 
-from gateway.models.accounts import Account, AccountQuota
-from gateway.models.ledger import AccountBalance
-
-from gateway.models.jobs import IdempotencyKey, Job
-from gateway.jobs.service import set_state
 from gateway.domain.states import JobState
+from gateway.jobs.service import set_state
 from gateway.kit.db import transaction
+from gateway.models.accounts import Account, AccountQuota
+from gateway.models.jobs import IdempotencyKey, Job
+from gateway.models.ledger import AccountBalance
 
 ADMIN = {"user": "adm", "admin": True}
 

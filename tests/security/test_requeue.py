@@ -4,17 +4,16 @@ scenarios on the real Slurm cluster are in tests/dispatch/test_slurm_e2e.py."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from sqlalchemy import select
 
 from adapters.base import BackendState, JobStatus
-from gateway.models.accounts import AccountQuota
-from gateway.domain.status import requeued_at
 from gateway.domain.states import JobState
+from gateway.domain.status import requeued_at
 from gateway.ledger import service as ledger
+from gateway.models.accounts import AccountQuota
 from gateway.models.ledger import Reservation
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
@@ -99,7 +98,7 @@ def test_a_requeue_that_fits_restores_the_whole_commitment(factory):
 
 # --------------------------------------------------- when was the gang requeued (pure)
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 STARTED = NOW - timedelta(hours=1)
 
 

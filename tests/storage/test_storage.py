@@ -28,10 +28,18 @@ from adapters.envfile import read_env_file
 from gateway.pools.adapters import BackendConfigError
 from stack.backends_json import kube_node_settings
 from tests.conftest import REPO, missing_system, postgres_database
-from tests.dispatch.conftest import KWOK_RUN_FOR, drive_until, job_state, kube_env, wired_gateway
+from tests.dispatch.conftest import (
+    KWOK_RUN_FOR,
+    drive_until,
+    job_state,
+    kube_env,
+    wired_gateway,
+)
 from tests.e2e.conftest import ISTHMUS
 from tests.pools.test_five_pools import FINAL, five_pools  # noqa: F401  (five_pools: a fixture)
-from tests.ui.test_pages import SECRET as UI_SECRET  # the /ui session cookies of tests/ui
+from tests.ui.test_pages import (
+    SECRET as UI_SECRET,  # the /ui session cookies of tests/ui
+)
 from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm("22.05", "24.11", "26.05"), pytest.mark.kubernetes, pytest.mark.postgres]
@@ -46,7 +54,7 @@ NODE_POOL = "kube-node"  # the control plane's one real node (stack/kube/node.sh
 
 
 @pytest.fixture(scope="module")
-def pools(five_pools) -> list[dict]:  # noqa: F811  (the imported fixture)
+def pools(five_pools) -> list[dict]:
     """The stack's five pools and a sixth: the real node's ClusterQueue, whose containers run
     the local Debian image as the stack's users at their Slurm uids."""
     if not SHARED.is_dir():
@@ -465,8 +473,8 @@ def test_a_claim_that_is_missing_unbound_or_read_only_stops_start_up(gw, pg_url,
         cases = [
             ({"ckpt_claim": "missing-claim"}, f"claim 'missing-claim' does not exist in namespace '{ns}'"),
             ({"ckpt_claim": pending}, f"claim '{pending}' in namespace '{ns}' is Pending, not Bound"),
-            ({"ckpt_claim": rox}, f"the storage is read-write but claim '{rox}' in namespace '{ns}' is "
-                                  "ReadOnlyMany"),
+            ({"ckpt_claim": rox}, (f"the storage is read-write but claim '{rox}' in namespace '{ns}' is "
+                                  "ReadOnlyMany")),
         ]
         for kwargs, message in cases:
             path = pools_file(tmp_path, pools, root, **kwargs)

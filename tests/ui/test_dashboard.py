@@ -20,7 +20,12 @@ from selenium.webdriver.support.ui import WebDriverWait
 from gateway.app import create_app
 from gateway.kit.settings import Settings
 from tests.browser import network, new_browser, off_loopback, requested_urls, serving
-from tests.identity.conftest import _migrate_and_seed, issuer_configs, oidc_env, provider  # noqa: F401
+from tests.identity.conftest import (  # noqa: F401
+    _migrate_and_seed,
+    issuer_configs,
+    oidc_env,
+    provider,
+)
 from tests.ui.conftest import api, live_click, live_text, log_in, shot, submit
 
 pytestmark = pytest.mark.oidc

@@ -28,8 +28,8 @@ from tests.dispatch.conftest import (  # noqa: F401  (k8s, kube, slurm_cluster: 
     k8s,
     kube,
     kube_backend_options,
-    slurm_cluster,
     slurm_backend_options,
+    slurm_cluster,
     wired_gateway,
     worker_pods,
 )
@@ -65,7 +65,7 @@ def kube_lines(worker: int) -> list[str]:
 
 
 @pytest.fixture
-def pooled(oidc_env, slurm_cluster, kube, dev_key_path, tmp_path):  # noqa: F811
+def pooled(oidc_env, slurm_cluster, kube, dev_key_path, tmp_path):
     """A gateway on the real Slurm and Kueue pools, trusting the real Keycloak, served over HTTP."""
     url = f"sqlite:///{tmp_path}/gw.db"
     run_migrations(url)
@@ -102,8 +102,8 @@ def output_text(driver) -> str:
     return live_text(driver, "output-text")
 
 
-def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_cancel(pooled, provider, oidc_env,  # noqa: F811
-                                                                                      kube, k8s):  # noqa: F811
+def test_jobs_on_real_slurm_and_kueue_move_on_the_page_show_their_output_and_cancel(pooled, provider, oidc_env,
+                                                                                      kube, k8s):
     gw, base = pooled
     alice, bob = provider.password("alice"), provider.password("bob")
     on_slurm = submit(base, alice, name="on-slurm", backend="slurm", workers=2,

@@ -41,8 +41,8 @@ def session_cookie(app, token: str, csrf: str = "the-csrf") -> str:
     from sqlalchemy import update
 
     from gateway.kit.db import transaction
-    from gateway.ui import session as ui_sessions
     from gateway.models.ui import UiSession
+    from gateway.ui import session as ui_sessions
 
     app = getattr(app, "app", app)
     with transaction(app.state.sessionmaker) as s:
@@ -152,8 +152,8 @@ def test_outside_dev_mode_a_ui_issuer_needs_a_session_secret(tmp_path):
 
 def _set_estimate(ui, job_id: str, *, start, pool, reason) -> None:
     from gateway.jobs import service as jobs
-    from gateway.models.jobs import Job
     from gateway.kit.db import transaction
+    from gateway.models.jobs import Job
 
     with transaction(ui.app.state.sessionmaker) as session:
         jobs.note_estimate(session.get(Job, job_id), start=start, pool=pool, reason=reason)

@@ -4,14 +4,14 @@ no cluster. What the round writes is covered by the other files here, against bo
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 from adapters.base import Capacity, PoolCapacity
 from gateway.domain.decide import Params, Snapshot, decide
 from gateway.domain.routing import JobShape, PoolView
 
-NOW = datetime(2026, 1, 5, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
 
 def view(name: str, *, nodes: int, idle: int, gpus_per_node: int = 8) -> PoolView:
@@ -116,7 +116,7 @@ def test_the_plan_starts_what_fits_and_gives_the_rest_an_estimate_and_a_reason()
     assert result.claims == []
     estimates = {e.job.id: e for e in result.estimates}
     assert estimates["gang"].pool == "slurm" and estimates["gang"].start == datetime(2026, 1, 5, 12, 30,
-                                                                                       tzinfo=timezone.utc)
+                                                                                       tzinfo=UTC)
     assert estimates["gang"].reason.startswith("reserved on slurm: planned start 2026-01-05T12:30:00+00:00")
     reasons = {w.job.id: w.reason for w in result.waiting}
     assert reasons["gang"] == f"waiting for capacity: {estimates['gang'].reason} (fair-share position 1)"

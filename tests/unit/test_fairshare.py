@@ -3,13 +3,13 @@ them from the database is tests/ledger/test_fairshare.py."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gateway.domain.fairshare import compute_fairshare, decay
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 H = 7 * 24 * 3600
 
 

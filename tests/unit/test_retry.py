@@ -1,6 +1,13 @@
 """The retry rule (gateway/domain/retry.py): which failed attempts run again."""
 
-from gateway.domain.retry import EXIT_CODE, NODE_FAILURE, PREEMPTED, RetryPolicy, policy_of, verdict
+from gateway.domain.retry import (
+    EXIT_CODE,
+    NODE_FAILURE,
+    PREEMPTED,
+    RetryPolicy,
+    policy_of,
+    verdict,
+)
 
 
 def test_the_site_default_retries_node_failures_only_up_to_its_attempts():

@@ -1,6 +1,12 @@
 import pytest
 
-from gateway.domain.shapes import format_duration, format_memory, normalise_gpu_type, parse_duration_s, parse_memory_mib
+from gateway.domain.shapes import (
+    format_duration,
+    format_memory,
+    normalise_gpu_type,
+    parse_duration_s,
+    parse_memory_mib,
+)
 
 
 @pytest.mark.parametrize("value,mib", [("64Gi", 65536), ("64G", 65536), ("512Mi", 512), ("1Ti", 1048576),

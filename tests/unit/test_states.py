@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from gateway.domain.states import FINAL_STATES, TRANSITIONS, IllegalTransition, JobState, can_transition, check_transition
+from gateway.domain.states import (
+    FINAL_STATES,
+    TRANSITIONS,
+    IllegalTransition,
+    JobState,
+    can_transition,
+    check_transition,
+)
 
 S = JobState
 
@@ -26,7 +35,7 @@ def test_final_is_exactly_the_states_with_no_exit():
     [S.BLOCKED, S.CANCELLED],  # a dependency that can no longer be met
 ])
 def test_the_documented_paths_are_legal(path):
-    for current, target in zip(path, path[1:]):
+    for current, target in itertools.pairwise(path):
         check_transition(current, target)
         assert can_transition(current, target)
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from adapters.base import BackendState, JobStatus
-from gateway.domain.status import BACKEND_TO_JOB, absence, meaning, step
 from gateway.domain.states import JobState
+from gateway.domain.status import BACKEND_TO_JOB, absence, meaning, step
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 STARTED = NOW - timedelta(minutes=10)
 
 

@@ -9,8 +9,16 @@ import dataclasses
 import pytest
 
 from gateway.domain.routing import JobShape, PoolView, check_pinned, ranked, route
-from gateway.domain.storage import (Catalog, MountError, Provision, Storage, check_spec, env_of, mounts_of,
-                                    pinned_refusal)
+from gateway.domain.storage import (
+    Catalog,
+    MountError,
+    Provision,
+    Storage,
+    check_spec,
+    env_of,
+    mounts_of,
+    pinned_refusal,
+)
 from tests.unit.test_routing import view
 
 SHARED, PVC = Provision("shared"), Provision("pvc", claim="ckpt")

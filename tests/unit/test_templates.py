@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from gateway.domain.templates import RENDERED, Template, format_value, render_task, unknown_names
+from gateway.domain.templates import (
+    RENDERED,
+    Template,
+    format_value,
+    render_task,
+    unknown_names,
+)
 
 SPEC = {"image": "busybox", "command": ["train", "--lr={{ lr }}", "--seed={{index}}"],
         "env": {"RUN": "r{{ index }}-{{ lr }}"}, "gpus_per_worker": 1}
@@ -29,4 +35,4 @@ def test_unknown_placeholder_names_the_field():
 
 def test_values_are_written_json_like_and_only_rendered_keys_differ():
     assert (format_value(True), format_value(1.5), format_value(3)) == ("true", "1.5", "3")
-    assert RENDERED == {"command", "env", "parameters"}
+    assert {"command", "env", "parameters"} == RENDERED

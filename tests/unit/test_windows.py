@@ -7,18 +7,26 @@ reservation).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from adapters.base import Capacity, PoolCapacity, Window
 from gateway.domain.planner import Candidate, Outage, PoolModel, Release, plan
 from gateway.domain.routing import PoolView
-from gateway.domain.windows import PlannedWindow, crossing_words, from_backend, limit_words, outages, units, when
+from gateway.domain.windows import (
+    PlannedWindow,
+    crossing_words,
+    from_backend,
+    limit_words,
+    outages,
+    units,
+    when,
+)
 
 SLURM = PoolModel("slurm-a", node_exclusive=True, total_units=4, gpus_per_node=8)
 KUBE = PoolModel("kube-a", node_exclusive=False, total_units=32, gpus_per_node=8)
-T0 = datetime(2026, 12, 8, 2, 0, tzinfo=timezone.utc)  # a Tuesday
+T0 = datetime(2026, 12, 8, 2, 0, tzinfo=UTC)  # a Tuesday
 
 
 def job(id_, workers, limit, pools=("slurm-a",)):

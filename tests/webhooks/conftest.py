@@ -41,7 +41,7 @@ def _name(cn: str) -> x509.Name:
 
 def make_pki(directory: Path, label: str = "test") -> Pki:
     """A CA and a server certificate for 127.0.0.1 signed by it."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name(f"isthmus {label} CA")).issuer_name(_name(f"isthmus {label} CA"))
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
@@ -118,7 +118,7 @@ class Receiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 mode = receiver.mode
                 status = {"ok": 204, "fail": 500, "stall": 204, "trickle": 204}[mode]

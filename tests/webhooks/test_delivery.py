@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
 
@@ -93,7 +93,7 @@ def test_failures_back_off_then_disable_the_endpoint_and_reenabling_delivers(hoo
     items = hooks.deliveries(ep["id"])
     assert [(d["status"], d["attempts"], d["last_status_code"]) for d in items] == [
         ("pending", 0, None), ("pending", 1, 500)]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     wait = (datetime.fromisoformat(items[1]["next_attempt_at"]) - now).total_seconds()
     assert 25 <= wait <= 61, wait  # first retry after base * (0.5..1.0) with jitter
     assert items[1]["last_error"] == "HTTP 500 Internal Server Error"
@@ -128,7 +128,7 @@ def test_failures_back_off_then_disable_the_endpoint_and_reenabling_delivers(hoo
 
 def _make_due(hooks) -> None:
     """What time passing does: every delivery and endpoint backoff runs out."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with hooks.gw.session() as s, s.begin():
         s.execute(update(WebhookDelivery).values(next_attempt_at=now))
         s.execute(update(WebhookEndpoint).values(blocked_until=None))
@@ -216,7 +216,7 @@ def test_a_gap_in_event_ids_holds_the_cursor_until_it_settles(hooks, receiver):
         cursor = s.get(WebhookCursor, "job_event")
         start = min(ids) - 1
         if cursor is None:
-            s.add(WebhookCursor(name="job_event", last_event_id=start, updated_at=datetime.now(timezone.utc)))
+            s.add(WebhookCursor(name="job_event", last_event_id=start, updated_at=datetime.now(UTC)))
         else:
             cursor.last_event_id = start
         # Pretend the first event is not visible yet: renumber it after a gap.
@@ -228,7 +228,7 @@ def test_a_gap_in_event_ids_holds_the_cursor_until_it_settles(hooks, receiver):
     with hooks.gw.session() as s, s.begin():
         assert fan_out(s, settle_s=3600, unseen_s=86400) == 0  # the re-scan writes nothing twice
     with hooks.gw.session() as s, s.begin():
-        s.execute(update(JobEvent).values(at=datetime.now(timezone.utc) - timedelta(hours=2)))
+        s.execute(update(JobEvent).values(at=datetime.now(UTC) - timedelta(hours=2)))
     with hooks.gw.session() as s, s.begin():
         fan_out(s, settle_s=3600, unseen_s=86400)
         assert s.get(WebhookCursor, "job_event").last_event_id == ids[-1] + 5

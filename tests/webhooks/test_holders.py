@@ -6,7 +6,7 @@ real authenticated requests (gateway/identity/seen.py).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, update
 
@@ -91,7 +91,7 @@ def test_an_endpoint_whose_holder_was_not_seen_within_the_period_is_suspended(ho
     # Eight days pass without a request from alice (carol keeps working).
     with gw.session() as s, s.begin():
         s.execute(update(MembershipSeen).where(MembershipSeen.subject == "dev:alice")
-                  .values(last_seen_at=datetime.now(timezone.utc) - timedelta(days=8)))
+                  .values(last_seen_at=datetime.now(UTC) - timedelta(days=8)))
     hooks.submit_and_cancel(user="carol")
     worker.run_once()
     assert len(receiver.received) == 2

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from tests.dispatch.conftest import slurm_cluster  # noqa: F401  (fixture)
 from tests.dispatch.test_faults import (  # noqa: F401  (fixtures)
     gateway,
     pg_url,
@@ -16,7 +17,6 @@ from tests.dispatch.test_faults import (  # noqa: F401  (fixtures)
     wait_states,
     workers,
 )
-from tests.dispatch.conftest import slurm_cluster  # noqa: F401  (fixture)
 from tests.webhooks.conftest import ALLOWLIST, verify
 
 pytestmark = [pytest.mark.slurm("25.11"), pytest.mark.postgres]  # off 22.05, the busiest lane

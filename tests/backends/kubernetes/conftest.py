@@ -10,7 +10,7 @@ import pytest
 
 from adapters.base import SubmitRequest
 from adapters.kubernetes import KubernetesBackend, KubernetesSettings
-from adapters.kubernetes.render import LABEL_MANAGED, MANAGED_VALUE, TOMBSTONE_FINALIZER
+from adapters.kubernetes.render import TOMBSTONE_FINALIZER
 from adapters.kubernetes.settings import read_env_file
 
 REPO = Path(__file__).resolve().parents[3]
@@ -126,12 +126,12 @@ class Kube:
                     self._drop_tombstone(job.metadata.name, ns)
                     try:
                         self.batch.delete_namespaced_job(job.metadata.name, ns, propagation_policy="Background")
-                    except Exception:
+                    except Exception:  # noqa: BLE001, S110 - already gone, or the settle below reports it
                         pass
                 for pod in self.core.list_namespaced_pod(ns, label_selector=sel).items:
                     try:
                         self.core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
-                    except Exception:
+                    except Exception:  # noqa: BLE001, S110 - already gone, or the settle below reports it
                         pass
 
         def leftovers() -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.kubernetes]
 def _kubeconfig(tmp_path, settings, *, server=None, cert=None, key=None) -> str:
     import yaml
 
-    cfg = yaml.safe_load(open(settings.kubeconfig))
+    cfg = yaml.safe_load(Path(settings.kubeconfig).read_text())
     if server:
         cfg["clusters"][0]["cluster"]["server"] = server
     if cert:
@@ -50,10 +51,10 @@ def test_identity_without_rbac_is_backend_forbidden(tmp_path, settings, kube_env
     from cryptography.x509.oid import NameOID
 
     state = kube_env["ISTHMUS_KUBE_STATE_DIR"]
-    ca_cert = x509.load_pem_x509_certificate(open(f"{state}/certs/ca.crt", "rb").read())
-    ca_key = serialization.load_pem_private_key(open(f"{state}/certs/ca.key", "rb").read(), None)
+    ca_cert = x509.load_pem_x509_certificate(Path(f"{state}/certs/ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key(Path(f"{state}/certs/ca.key").read_bytes(), None)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nobody-" + uuid.uuid4().hex[:6])]))
             .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())

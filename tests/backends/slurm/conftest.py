@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config, items):
         return (VERSIONS.index(p["slurm_version"]) if p["slurm_version"] in VERSIONS else 99,
                 _phase(it), TRANSPORTS.index(p.get("transport", "rest")), chosen.index(it))
 
-    for i, it in zip(idx, sorted(chosen, key=key)):
+    for i, it in zip(idx, sorted(chosen, key=key), strict=True):
         items[i] = it
 
 
