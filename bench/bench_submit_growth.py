@@ -122,14 +122,15 @@ def dev_tokens(env: dict[str, str]) -> tuple[str, str]:
 
 
 def ui_cookie(url_db: str, token: str, subject: str) -> str:
-    """A logged-in dashboard session as the login callback makes one (gateway/ui/session.py):
+    """A logged-in dashboard session as the login callback makes one (gateway/identity/ui_sessions.py):
     its row, holding the access token, and the signed cookie naming it."""
     from base64 import b64encode
 
     import itsdangerous
 
+    from gateway.identity import ui_sessions
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
-    from gateway.ui import session as ui_sessions
+    from gateway.ui.session import COOKIE
 
     engine = make_engine(url_db)
     try:
@@ -139,7 +140,7 @@ def ui_cookie(url_db: str, token: str, subject: str) -> str:
         engine.dispose()
     signer = itsdangerous.TimestampSigner(UI_SECRET, salt="isthmus-ui-session")
     value = signer.sign(b64encode(json.dumps({"sid": sid}).encode())).decode()
-    return f"Cookie: {ui_sessions.COOKIE}={value}"
+    return f"Cookie: {COOKIE}={value}"
 
 
 def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]:

@@ -38,6 +38,7 @@ from gateway.domain.routing import topology_words
 from gateway.domain.states import JobState
 from gateway.domain.windows import hold_words, shortfall
 from gateway.domain.windows import words as window_words
+from gateway.identity import ui_sessions
 from gateway.identity.authn import InvalidToken
 from gateway.identity.dependency import note_seen
 from gateway.identity.principal import Principal
@@ -56,7 +57,6 @@ from gateway.pools import reservations as advance
 from gateway.pools import service as pools
 from gateway.pools import windows as pool_windows
 from gateway.ui import plots
-from gateway.ui import session as ui_sessions
 from gateway.ui.headers import UiHeadersMiddleware
 from gateway.ui.session import UiSessionMiddleware
 

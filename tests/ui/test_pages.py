@@ -40,9 +40,9 @@ def session_cookie(app, token: str, csrf: str = "the-csrf") -> str:
     """A logged-in session as the login callback makes it: a server-side row, a cookie with its id."""
     from sqlalchemy import update
 
+    from gateway.identity import ui_sessions
     from gateway.kit.db import transaction
     from gateway.models.ui import UiSession
-    from gateway.ui import session as ui_sessions
 
     app = getattr(app, "app", app)
     with transaction(app.state.sessionmaker) as s:
