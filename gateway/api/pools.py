@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -124,15 +125,8 @@ def list_admin_pools(session: Session = Depends(get_session, scope="function")) 
                     responses=problem_responses(401, 403, 404, 422))
 def update_pool(name: PoolName, body: PoolPatch, request: Request, principal: Principal = Depends(require_admin),
                 session: Session = Depends(get_session, scope="function")) -> AdminPoolOut:
-    p = service.get(session, name)
-    if p is None:
-        raise NotFound(f"no pool {name!r} (GET /v1/admin/pools lists them)")
-    if body.state is not None:
-        p.state, p.state_by = body.state.value, principal.subject
-    if body.weight is not None:
-        p.weight, p.weight_by = body.weight, principal.subject
-    p.updated_at = utcnow()
-    session.flush()
+    p = service.update(session, name=name, state=body.state.value if body.state is not None else None,
+                       weight=body.weight, by=principal.subject, now=utcnow())
     dispatcher = getattr(request.app.state, "dispatcher", None)
     if dispatcher is not None:
         dispatcher.capacity.invalidate()  # the next round reads the new state
@@ -219,22 +213,27 @@ def create_reservation(body: ReservationIn, request: Request, principal: Princip
                        session: Session = Depends(get_session, scope="function")) -> ReservationOut:
     views = _views(request)
     now = utcnow()
-    row = reservations.create(session, views, account=body.account, pool=body.pool, gpu_type=body.gpu_type,
-                              gpus=body.gpus, nodes=body.nodes, starts_at=body.start, ends_at=body.end,
-                              reason=body.reason, by=principal.subject, now=now)
-    session.commit()  # the backend's own reservation is made from the committed row, before the answer
-    _sync_native(request, row.pool)
-    session.refresh(row)
+    # Commits before the answer: the backend's own reservation is made from the committed row.
+    row = reservations.create_synced(session, views, sync=_native_sync(request), account=body.account,
+                                     pool=body.pool, gpu_type=body.gpu_type, gpus=body.gpus, nodes=body.nodes,
+                                     starts_at=body.start, ends_at=body.end, reason=body.reason,
+                                     by=principal.subject, now=now)
     return _reservation_out(reservations.planned_of(row), views, now)
 
 
-def _sync_native(request: Request, pool: str) -> None:
-    """The backend's own reservations of ``pool`` made to match the registry now (in this
-    process, where it runs the dispatcher; else the worker's next sync, within 15 s)."""
+def _native_sync(request: Request) -> Callable[[str], None] | None:
+    """What makes the backend's own reservations of a pool match the registry now: this
+    process's dispatcher, where it runs one (else None: the worker's next sync, within 15 s)."""
     dispatcher = getattr(request.app.state, "dispatcher", None)
-    backend = dispatcher.backends.get(pool) if dispatcher is not None else None
-    if backend is not None:
-        dispatcher.native_reservations.sync(pools={pool: backend})
+    if dispatcher is None:
+        return None
+
+    def sync(pool: str) -> None:
+        backend = dispatcher.backends.get(pool)
+        if backend is not None:
+            dispatcher.native_reservations.sync(pools={pool: backend})
+
+    return sync
 
 
 @reservations_router.delete("/{reservation_id}", status_code=204, operation_id="deleteReservation",
@@ -243,7 +242,5 @@ def _sync_native(request: Request, pool: str) -> None:
                                         "running in it go on.", responses=problem_responses(401, 403, 404))
 def delete_reservation(reservation_id: WindowId, request: Request,
                        session: Session = Depends(get_session, scope="function")) -> Response:
-    pool = reservations.remove(session, reservation_id)
-    session.commit()
-    _sync_native(request, pool)  # its backend reservation goes too
+    reservations.remove_synced(session, reservation_id, sync=_native_sync(request))  # its backend one goes too
     return Response(status_code=204)

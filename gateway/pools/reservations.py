@@ -8,7 +8,7 @@ round call these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from sqlalchemy import delete, select
@@ -83,6 +83,35 @@ def remove(session: Session, reservation_id: str) -> str:
     if pool is None:
         raise NotFound(f"no advance reservation {reservation_id!r}")
     return pool
+
+
+# The one commit in the middle of a request, and why: an admin's new or deleted reservation
+# is made in (or removed from) the backend before the answer (Slurm: a real reservation),
+# by the dispatcher's sync (gateway/dispatch/holds.py). That sync reads the registry and
+# writes the row's ``native`` note in a transaction of its own, so it must see the change
+# committed, and on SQLite (one writer) the request's open write would hold it off. So these
+# two commit, call ``sync(pool)``, and only then is the answer shaped. ``sync`` is None where
+# this process runs no dispatcher: a worker's next pass (within 15 s) does it instead.
+
+
+def create_synced(session: Session, views: Mapping[str, PoolView], *, sync: Callable[[str], None] | None,
+                  **fields) -> AdvanceReservation:
+    """:func:`create` (``fields`` are its arguments), committed, then made in the backend by
+    ``sync``; returns the row as the sync left it (with its ``native`` name or note)."""
+    row = create(session, views, **fields)
+    session.commit()
+    if sync is not None:
+        sync(row.pool)
+    session.refresh(row)
+    return row
+
+
+def remove_synced(session: Session, reservation_id: str, *, sync: Callable[[str], None] | None) -> None:
+    """:func:`remove`, committed, then the backend's own reservation deleted by ``sync``."""
+    pool = remove(session, reservation_id)
+    session.commit()
+    if sync is not None:
+        sync(pool)
 
 
 def planned_of(r: AdvanceReservation) -> PlannedHold:

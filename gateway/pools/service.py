@@ -213,6 +213,24 @@ def get(session, name: str):
     return session.get(Pool, name)
 
 
+def update(session, *, name: str, state: str | None, weight: float | None, by: str, now):
+    """An administrator's change to a pool's state or routing weight (None leaves it as it
+    is), recorded with who made it; wins over the pools file on later start-ups (``reconcile``
+    keeps a ``state_by`` / ``weight_by``). Raises NotFound for a pool the gateway never knew."""
+    from gateway.kit.errors import NotFound
+
+    row = get(session, name)
+    if row is None:
+        raise NotFound(f"no pool {name!r} (GET /v1/admin/pools lists them)")
+    if state is not None:
+        row.state, row.state_by = state, by
+    if weight is not None:
+        row.weight, row.weight_by = weight, by
+    row.updated_at = now
+    session.flush()
+    return row
+
+
 # A pool's stored limits older than this are not trusted at submit time: no dispatcher has
 # looked at the pool lately, so the cluster may have changed (grown) since.
 LIMITS_FRESH_S = 300.0
