@@ -21,10 +21,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
+import functools
+import importlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import ClassVar
+from types import MappingProxyType
+from typing import ClassVar, Protocol, runtime_checkable
 
 # --------------------------------------------------------------------------- errors
 
@@ -292,16 +295,25 @@ class Capacity:
 
 
 class Feature(str, enum.Enum):
-    """Optional capabilities. A backend lists what it cannot do, with the reason."""
+    """Optional capabilities, asked one way: :func:`features_of`.
+
+    The first group is what a submission may ask for; a backend that cannot do one says why
+    in :meth:`Backend.unsupported`. Each of the second group is an optional interface below
+    (``With...``): a backend has the feature when it has the interface's methods.
+    """
 
     CONTAINER_IMAGE = "container_image"
     GPU_TYPE = "gpu_type"
     PRIORITY = "priority"
+    # Show a storage at a path of the job's choosing (a mount namespace: Kubernetes volumes).
+    MOUNT_PATHS = "mount_paths"
+
     WATCH = "watch"
     OUTPUT_FILES = "output_files"
     OUTPUT_STREAM = "output_stream"
-    # Show a storage at a path of the job's choosing (a mount namespace: Kubernetes volumes).
-    MOUNT_PATHS = "mount_paths"
+    LISTING = "listing"
+    RESERVATIONS = "reservations"
+    PREEMPT_SIGNAL = "preempt_signal"
 
 
 # Every reservation the gateway makes on a backend is named with this prefix and the gateway's
@@ -327,10 +339,12 @@ class ReservationRequest:
 
 
 class Backend(abc.ABC):
-    """One pool behind the gateway.
+    """One pool behind the gateway: the required interface.
 
     Subclasses set ``name`` (``"slurm"`` or ``"kubernetes"``) and implement the abstract
-    methods. Blocking calls are fine: the gateway calls adapters from worker threads.
+    methods; optional features are the ``With...`` interfaces below, found by
+    :func:`features_of`. Blocking calls are fine: the gateway calls adapters from worker
+    threads.
     """
 
     name: ClassVar[str] = ""
@@ -338,8 +352,13 @@ class Backend(abc.ABC):
     settings_class: ClassVar[type | None] = None
     # Settings fields that only make sense from Python (callables), never from a pools file.
     code_only_settings: ClassVar[frozenset[str]] = frozenset()
-    # Feature -> why this backend cannot do it (SkyPilot's _CLOUD_UNSUPPORTED_FEATURES).
-    unsupported_features: ClassVar[Mapping[Feature, str]] = {}
+    # Whether each worker is given whole nodes, every GPU on them, whatever it asked for (Slurm
+    # ``--exclusive``); else GPUs are placed one by one (Kubernetes). Read through features_of:
+    # routing, the planner and the ledger count such a pool in nodes.
+    node_exclusive: ClassVar[bool] = False
+    # How a pool of this adapter may provide a storage in the pools file (docs/storage.md):
+    # "shared" (the nodes' own file system, at the storage's path), pvc, nfs, host_path.
+    storage_providers: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def submit(self, request: SubmitRequest) -> SubmitResult:
@@ -365,19 +384,15 @@ class Backend(abc.ABC):
         """Cancel a job; cancelling a finished or unknown job is not an error."""
 
     def preempt(self, backend_job_id: str, grace_s: float) -> str:
-        """Tell a running job it will be stopped in ``grace_s`` seconds (reclaim, docs/recovery.md);
-        returns what was done, in words for the job's history.
+        """Stop a running job for a reclaim (docs/recovery.md), giving it ``grace_s`` seconds if the
+        backend can; returns what was done, in words for the job's history. The job is stopped
+        by this call: a backend that only warns the job first is a :class:`WithPreemptSignal`.
 
-        The default stops it at once: :meth:`cancel`. Slurm signals it (``SIGUSR1``) and is
-        cancelled by the gateway at the deadline; Kubernetes deletes its pods, whose
+        The default stops it at once: :meth:`cancel`. Kubernetes deletes its pods, whose
         ``terminationGracePeriodSeconds`` is the grace period (``SIGTERM``, then ``SIGKILL``).
         """
         self.cancel(backend_job_id)
         return "cancelled at once (this backend has no signal before a stop)"
-
-    # Whether :meth:`preempt` already stops the job by itself at the end of the grace period
-    # (the gateway then does not cancel it at the deadline).
-    preempt_stops: ClassVar[bool] = True
 
     @abc.abstractmethod
     def capacity(self) -> Capacity:
@@ -395,105 +410,21 @@ class Backend(abc.ABC):
         result may be adopted.
         """
 
-    def list_gateway_jobs(self) -> Iterable[JobStatus]:
-        """Every backend job carrying a gateway id (for orphan reports and bulk polling).
-
-        The gateway id on these is the backend's label, not a proof of identity: the
-        gateway matches a listed status to a job by its recorded ``backend_job_id``.
-        Optional: the default says it is unsupported.
-        """
-        raise Unsupported("listing jobs is not supported", backend=self.name)
-
-    def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None,
-                     interested: Callable[[str], bool] | None = None) -> Iterator[JobStatus]:
-        """A change feed: the status of a gateway job each time it changes on the backend.
-
-        Optional (``Feature.WATCH``): a backend without one says why in
-        ``unsupported_features`` and the gateway polls :meth:`status` instead. The
-        iterator blocks until the next change and ends once ``stop_event`` is set; it
-        resumes from ``since_resource_version`` when the backend has such a notion (and
-        then exposes ``resource_version``). A feed that first replays existing jobs may
-        expose ``caught_up`` (False until the replay is done): the gateway keeps polling
-        the backend until then. While replaying, a feed may skip the jobs for which
-        ``interested(backend_job_id)`` is False (e.g. long-finished ones the gateway no
-        longer follows); changes seen live are always yielded.
-
-        Raises:
-            Unsupported: the backend has no change feed.
-            BackendUnavailable: the feed cannot be opened now; retry later.
-        """
-        raise Unsupported(self.unsupported_features.get(Feature.WATCH, "this backend has no change feed"),
-                          backend=self.name)
-
-    def output_file(self, gateway_job_id: str, worker: int) -> str:
-        """Path, on the gateway host, of the file that holds one worker's output (stdout + stderr).
-
-        Optional (``Feature.OUTPUT_FILES``): a backend whose jobs write their output to a
-        filesystem the gateway also mounts names the file here; the gateway reads it itself.
-
-        Raises:
-            Unsupported: this backend's output is not in files the gateway can read.
-        """
-        raise Unsupported(self.unsupported_features.get(Feature.OUTPUT_FILES,
-                                                        "this pool's job output is not readable by the gateway"),
-                          backend=self.name)
-
-    def stream_output(self, backend_job_id: str, worker: int, *, tail_lines: int | None = None,
-                      follow: bool = False) -> Iterator[bytes]:
-        """One worker's output (stdout + stderr) as the backend serves it, in chunks.
-
-        Optional (``Feature.OUTPUT_STREAM``): a backend that keeps its jobs' output itself
-        (Kubernetes: the pod log API) streams it here. ``tail_lines`` starts at the last N
-        lines; ``follow`` keeps the stream open while the worker runs. The caller closes the
-        iterator (``close()``) to stop early.
-
-        Raises:
-            JobNotFound: the worker has no output there (not started yet, or its pod is gone).
-            Unsupported: this backend serves no output.
-            BackendUnavailable: the backend cannot be reached now.
-        """
-        raise Unsupported(self.unsupported_features.get(Feature.OUTPUT_STREAM,
-                                                        "this pool serves no job output"),
-                          backend=self.name)
-
-    def reserve(self, request: ReservationRequest) -> str:
-        """Create (or update) a native reservation; returns what the backend says of it in words.
-
-        Raises:
-            Unsupported: this backend (or this pool's settings) cannot hold capacity for an
-                account; the gateway then holds it in its own planner.
-            BackendUnavailable, BackendForbidden, SubmissionRejected: as for :meth:`submit`.
-        """
-        raise Unsupported(f"{self.name} has no advance reservations: the gateway holds the capacity in its own "
-                          "planner", backend=self.name)
-
-    def unreserve(self, name: str) -> None:
-        """Delete the native reservation ``name``; an unknown one is silently ignored."""
-        raise Unsupported(f"{self.name} has no advance reservations", backend=self.name)
-
-    def gateway_reservations(self) -> list[str] | None:
-        """The names of the native reservations the gateway made here (prefix
-        ``GATEWAY_RESERVATION_PREFIX``) that have not ended; None: this backend has none."""
-        return None
-
-    def supports(self, feature: Feature) -> bool:
-        """Whether this backend offers an optional capability (a method it overrides, say)."""
-        if feature in self.unsupported_features:
-            return False
-        if feature is Feature.WATCH:
-            return type(self).watch_events is not Backend.watch_events
-        if feature is Feature.OUTPUT_FILES:
-            return type(self).output_file is not Backend.output_file
-        if feature is Feature.OUTPUT_STREAM:
-            return type(self).stream_output is not Backend.stream_output
-        return True
+    def unsupported(self) -> Mapping[Feature, str]:
+        """Feature -> why this backend (with its settings and transport) cannot do it, in words
+        that reach the user (SkyPilot's ``_CLOUD_UNSUPPORTED_FEATURES``). A backend lists here
+        what a submission may ask for and it cannot do, and any optional interface it has but
+        cannot use as configured; one it does not have needs no entry (a reason given here
+        replaces the default one). Nobody else calls this: ask :func:`features_of`."""
+        return {}
 
     def check_supported(self, request: SubmitRequest) -> None:
         """Raise Unsupported when the request needs a feature this backend lacks."""
-        if request.image and Feature.CONTAINER_IMAGE in self.unsupported_features:
-            raise Unsupported(self.unsupported_features[Feature.CONTAINER_IMAGE], backend=self.name)
-        if request.gpu_type and Feature.GPU_TYPE in self.unsupported_features:
-            raise Unsupported(self.unsupported_features[Feature.GPU_TYPE], backend=self.name)
+        features = features_of(self)
+        if request.image:
+            features.require(Feature.CONTAINER_IMAGE)
+        if request.gpu_type:
+            features.require(Feature.GPU_TYPE)
 
     def config_problems(self) -> list[tuple[str, str]]:
         """(field, message) for settings the adapter can check only once built (a kubeconfig's
@@ -515,6 +446,184 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """Release connections. Optional."""
+
+
+# ------------------------------------------------------------- optional interfaces
+#
+# One Protocol per optional feature (Kueue's ``JobWithCustomStop``, ``JobWithPriorityClass``):
+# a backend has the feature when it has the methods, whether or not it names the Protocol
+# among its bases (adapters do, for the reader; register() then refuses one that lacks a
+# method). Callers never test for a method or catch a default's Unsupported: they ask
+# ``features_of(backend).has(Feature.X)``.
+
+
+@runtime_checkable
+class WithWatch(Protocol):
+    """``Feature.WATCH``: a change feed (Kubernetes). Without one the gateway polls :meth:`Backend.status`."""
+
+    @abc.abstractmethod
+    def watch_events(self, stop_event: threading.Event, since_resource_version: str | None = None,
+                     interested: Callable[[str], bool] | None = None) -> Iterator[JobStatus]:
+        """The status of a gateway job each time it changes on the backend.
+
+        The iterator blocks until the next change and ends once ``stop_event`` is set; it
+        resumes from ``since_resource_version`` when the backend has such a notion (and
+        then exposes ``resource_version``). A feed that first replays existing jobs may
+        expose ``caught_up`` (False until the replay is done): the gateway keeps polling
+        the backend until then. While replaying, a feed may skip the jobs for which
+        ``interested(backend_job_id)`` is False (e.g. long-finished ones the gateway no
+        longer follows); changes seen live are always yielded.
+
+        Raises:
+            BackendUnavailable: the feed cannot be opened now; retry later.
+        """
+        ...
+
+
+@runtime_checkable
+class WithOutputFiles(Protocol):
+    """``Feature.OUTPUT_FILES``: jobs write their output to a file system the gateway also mounts (Slurm)."""
+
+    @abc.abstractmethod
+    def output_file(self, gateway_job_id: str, worker: int) -> str:
+        """Path, on the gateway host, of the file that holds one worker's output (stdout +
+        stderr); the gateway reads it itself."""
+        ...
+
+
+@runtime_checkable
+class WithOutputStream(Protocol):
+    """``Feature.OUTPUT_STREAM``: the backend keeps its jobs' output and serves it (Kubernetes: the pod log API)."""
+
+    @abc.abstractmethod
+    def stream_output(self, backend_job_id: str, worker: int, *, tail_lines: int | None = None,
+                      follow: bool = False) -> Iterator[bytes]:
+        """One worker's output (stdout + stderr), in chunks. ``tail_lines`` starts at the last N
+        lines; ``follow`` keeps the stream open while the worker runs. The caller closes the
+        iterator (``close()``) to stop early.
+
+        Raises:
+            JobNotFound: the worker has no output there (not started yet, or its pod is gone).
+            BackendUnavailable: the backend cannot be reached now.
+        """
+        ...
+
+
+@runtime_checkable
+class WithJobListing(Protocol):
+    """``Feature.LISTING``: every gateway job in one call (orphan reports, bulk polling)."""
+
+    @abc.abstractmethod
+    def list_gateway_jobs(self) -> Iterable[JobStatus]:
+        """Every backend job carrying a gateway id. The gateway id on these is the backend's
+        label, not a proof of identity: the gateway matches a listed status to a job by its
+        recorded ``backend_job_id``."""
+        ...
+
+
+@runtime_checkable
+class WithReservations(Protocol):
+    """``Feature.RESERVATIONS``: the backend holds whole nodes for an account natively (Slurm
+    reservations); without it the gateway holds the capacity in its own planner."""
+
+    @abc.abstractmethod
+    def reserve(self, request: ReservationRequest) -> str:
+        """Create (or update) a native reservation; returns what the backend says of it in words.
+
+        Raises:
+            Unsupported: this request cannot be held natively (e.g. the pool maps no account);
+                the gateway then holds it in its own planner.
+            BackendUnavailable, BackendForbidden, SubmissionRejected: as for :meth:`Backend.submit`.
+        """
+        ...
+
+    @abc.abstractmethod
+    def unreserve(self, name: str) -> None:
+        """Delete the native reservation ``name``; an unknown one is silently ignored."""
+        ...
+
+    @abc.abstractmethod
+    def gateway_reservations(self) -> list[str]:
+        """The names of the native reservations the gateway made here (prefix
+        ``GATEWAY_RESERVATION_PREFIX``) that have not ended."""
+        ...
+
+
+@runtime_checkable
+class WithPreemptSignal(Protocol):
+    """``Feature.PREEMPT_SIGNAL``: the backend can warn a job before the gateway stops it (Slurm:
+    ``SIGUSR1``); the gateway cancels the job itself at the deadline. Without it the gateway
+    calls :meth:`Backend.preempt`, which stops the job by itself."""
+
+    @abc.abstractmethod
+    def signal_preempt(self, backend_job_id: str, grace_s: float) -> str:
+        """Tell a running job it will be stopped in ``grace_s`` seconds; returns what was done, in
+        words for the job's history. A finished or unknown job is not an error."""
+        ...
+
+
+# Each optional interface and why a backend without it cannot (words for the user; a backend's
+# own ``unsupported()`` may say it better).
+INTERFACES: Mapping[Feature, type] = MappingProxyType({
+    Feature.WATCH: WithWatch,
+    Feature.OUTPUT_FILES: WithOutputFiles,
+    Feature.OUTPUT_STREAM: WithOutputStream,
+    Feature.LISTING: WithJobListing,
+    Feature.RESERVATIONS: WithReservations,
+    Feature.PREEMPT_SIGNAL: WithPreemptSignal,
+})
+_WHY_NOT = {
+    Feature.WATCH: "this backend has no change feed",
+    Feature.OUTPUT_FILES: "this pool's job output is not readable by the gateway",
+    Feature.OUTPUT_STREAM: "this pool serves no job output",
+    Feature.LISTING: "listing jobs is not supported",
+    Feature.RESERVATIONS: "{name} has no advance reservations of its own",
+    Feature.PREEMPT_SIGNAL: "this backend has no signal before a stop",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """What one backend can do, as :func:`features_of` found it."""
+
+    backend: str  # its name (kind)
+    node_exclusive: bool  # Backend.node_exclusive
+    missing: Mapping[Feature, str]  # every feature it lacks -> why, in words for the user
+
+    def has(self, feature: Feature) -> bool:
+        return feature not in self.missing
+
+    def why_not(self, feature: Feature) -> str:
+        """Why the backend lacks ``feature``; "" when it has it."""
+        return self.missing.get(feature, "")
+
+    def require(self, feature: Feature) -> None:
+        """Raise Unsupported, with the reason, unless the backend has ``feature``."""
+        if feature in self.missing:
+            raise Unsupported(self.missing[feature], backend=self.backend)
+
+
+def features_of(backend: Backend | type[Backend] | str | None) -> Features:
+    """The one way to ask what a backend can do: of a built backend (its settings and transport
+    count), of an adapter class, or of a pool kind (the adapter registered for it; an unknown
+    kind or None has no optional feature). A class or a kind knows only what every pool of the
+    adapter has: use the backend when there is one."""
+    if backend is None or isinstance(backend, (str, type)):
+        return _class_features(_adapter_or_none(backend) if isinstance(backend, str) else backend)
+    declared = dict(backend.unsupported())
+    name = backend.name
+    missing = {f: declared.pop(f, "") or _WHY_NOT[f].format(name=name)
+               for f, interface in INTERFACES.items() if not isinstance(backend, interface)}
+    missing.update(declared)
+    return Features(name, bool(backend.node_exclusive), MappingProxyType(missing))
+
+
+@functools.lru_cache(maxsize=64)
+def _class_features(cls: type | None) -> Features:
+    name = getattr(cls, "name", "") or ""
+    missing = {f: _WHY_NOT[f].format(name=name) for f, interface in INTERFACES.items()
+               if cls is None or not issubclass(cls, interface)}
+    return Features(name, bool(getattr(cls, "node_exclusive", False)), MappingProxyType(missing))
 
 
 # ------------------------------------------------------------------------- registry
@@ -539,3 +648,20 @@ def register(cls: type[Backend]) -> type[Backend]:
 
 def registered() -> dict[str, type[Backend]]:
     return dict(_REGISTRY)
+
+
+# Where each pool KIND's adapter lives (never a pool name). Importing it registers the adapter
+# class here (register()). Imported lazily: a site without Kubernetes pools never loads the
+# Kubernetes adapter, and the adapters load their SDKs lazily in turn.
+ADAPTER_MODULES: Mapping[str, str] = MappingProxyType({"slurm": "adapters.slurm", "kubernetes": "adapters.kubernetes"})
+
+
+def adapter_class(kind: str) -> type[Backend]:
+    """The adapter registered for pools of ``kind``. Raises KeyError for a kind there is none of."""
+    if kind not in _REGISTRY:
+        importlib.import_module(ADAPTER_MODULES[kind])
+    return _REGISTRY[kind]
+
+
+def _adapter_or_none(kind: str) -> type[Backend] | None:
+    return adapter_class(kind) if kind in _REGISTRY or kind in ADAPTER_MODULES else None

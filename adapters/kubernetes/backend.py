@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from adapters.base import (
     Backend,
@@ -31,6 +31,9 @@ from adapters.base import (
     SubmitResult,
     TopologyDomain,
     VolumeMount,
+    WithJobListing,
+    WithOutputStream,
+    WithWatch,
     register,
     site_gpu_type,
 )
@@ -95,7 +98,7 @@ def node_domains(levels: tuple[tuple[str, str], ...], node_labels: dict[str, dic
 
 
 @register
-class KubernetesBackend(Backend):
+class KubernetesBackend(Backend, WithWatch, WithOutputStream, WithJobListing):
     """A Kueue ClusterQueue behind LocalQueues in per-account namespaces.
 
     Args:
@@ -104,7 +107,7 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
     settings_class = KubernetesSettings
-    unsupported_features: ClassVar[dict[str, str]] = {}
+    storage_providers = ("pvc", "nfs", "host_path")
 
     def __init__(self, settings: KubernetesSettings | None = None, **kwargs: Any):
         self.settings = settings or KubernetesSettings(**kwargs)

@@ -29,6 +29,10 @@ from adapters.base import (
     SubmitRequest,
     SubmitResult,
     Unsupported,
+    WithJobListing,
+    WithOutputFiles,
+    WithPreemptSignal,
+    WithReservations,
     register,
     site_gpu_type,
 )
@@ -223,13 +227,16 @@ class TimedRead(Generic[T]):
 
 
 @register
-class SlurmBackend(Backend):
+class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, WithPreemptSignal):
     """A Slurm cluster (one partition) behind the gateway."""
 
     name = "slurm"
     settings_class = SlurmSettings
     code_only_settings = frozenset({"token"})  # a token source object, for tests and embedding
-    unsupported_features = MappingProxyType({
+    # Every transport submits with --exclusive (cli.py, rest.py, pyslurm_worker.py).
+    node_exclusive = True
+    storage_providers = ("shared",)
+    UNSUPPORTED = MappingProxyType({
         Feature.CONTAINER_IMAGE: "this Slurm pool runs commands on the nodes' own OS; "
                                  "container images are not configured (no pyxis/enroot)",
         Feature.PRIORITY: "Slurm orders jobs by the site's priority policy; the gateway "
@@ -238,6 +245,11 @@ class SlurmBackend(Backend):
         Feature.MOUNT_PATHS: "a Slurm job sees storage where the nodes' shared file system has it, "
                              "not at a path of its choosing",
     })
+
+    def unsupported(self) -> Mapping[Feature, str]:
+        # The same on every transport: what one cannot do itself (write reservations, read the
+        # topology) goes through scontrol (_cli), and each one signals a job.
+        return self.UNSUPPORTED
 
     def __init__(self, settings: SlurmSettings | None = None, *, transport: Transport | None = None,
                  **kwargs):
@@ -335,14 +347,11 @@ class SlurmBackend(Backend):
             return
         self._transport.cancel(str(backend_job_id))
 
-    # The gateway cancels a preempted job itself at its deadline (Slurm's own cancel then
-    # sends SIGTERM to every step and SIGKILL after the cluster's KillWait).
-    preempt_stops = False
-
-    def preempt(self, backend_job_id: str, grace_s: float) -> str:
+    def signal_preempt(self, backend_job_id: str, grace_s: float) -> str:
         """``SIGUSR1`` to the batch shell and its children: srun, which the batch script execs,
         forwards it to every task of the gang (what Lightning's Slurm auto-requeue handler
-        listens for). The gateway cancels the job at the deadline (docs/recovery.md)."""
+        listens for). The gateway cancels the job itself at the deadline (docs/recovery.md;
+        Slurm's own cancel then sends SIGTERM to every step and SIGKILL after KillWait)."""
         if str(backend_job_id).isdigit():
             self._transport.signal(str(backend_job_id), "USR1")
         return (f"SIGUSR1 sent to Slurm job {backend_job_id} (its batch shell and every task); it is cancelled in "
@@ -446,7 +455,7 @@ class SlurmBackend(Backend):
         self._reservation_writer().delete_reservation(name)
         self.forget_reservations()
 
-    def gateway_reservations(self) -> list[str] | None:
+    def gateway_reservations(self) -> list[str]:
         records, error = self._reservation_records()
         if error:
             raise BackendUnavailable(f"Slurm reservations could not be read ({error})", backend=self.name)

@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from adapters.base import Backend, Feature, JobStatus
+from adapters.base import Backend, Feature, JobStatus, features_of
 from gateway.dispatch.capacity import Capacity
 from gateway.dispatch.claim import Claimer
 from gateway.dispatch.common import Launch, log
@@ -49,7 +49,7 @@ class Dispatcher:
         # snapshot may still count their units as used for some seconds (plan_inputs.lagging_ends).
         self.recent_ends: collections.deque[tuple[str, int, int, float]] = collections.deque(maxlen=4096)
         # Backends with a change feed are followed by one watch thread each (docs/dispatch.md).
-        self.watched = [name for name, b in backends.items() if b.supports(Feature.WATCH)]
+        self.watched = [name for name, b in backends.items() if features_of(b).has(Feature.WATCH)]
         common = {"sessions": sessions, "backends": backends}
         self.open_feeds = open_feeds = OpenFeeds()
         deferred = Deferred()

@@ -32,8 +32,10 @@ from adapters.base import (
     GATEWAY_RESERVATION_PREFIX,
     Backend,
     BackendError,
+    Feature,
     ReservationRequest,
     Unsupported,
+    features_of,
 )
 from gateway.dispatch.common import log
 from gateway.domain.routing import PoolView
@@ -82,15 +84,16 @@ class NativeReservations:
             changed = 0
             for pool, backend in (pools if pools is not None else self.backends).items():
                 mine = [r for r in rows if r[1] == pool]
+                features = features_of(backend)
+                if not features.has(Feature.RESERVATIONS):  # the gateway's planner holds them alone
+                    for r in mine:
+                        self._note(r, native=None,
+                                   note=f"held by the gateway's planner ({features.why_not(Feature.RESERVATIONS)})")
+                    continue
                 try:
                     made = backend.gateway_reservations()
                 except BackendError as exc:
                     log.warning("pool %s: the gateway's reservations there could not be read: %s", pool, exc.message)
-                    continue
-                if made is None:  # the backend has none: the gateway's planner holds them alone
-                    for r in mine:
-                        self._note(r, native=None, note=f"held by the gateway's planner ({backend.name} has no "
-                                                         "advance reservations of its own)")
                     continue
                 wanted = {native_name(r[0]) for r in mine}
                 for name in sorted(set(made) - wanted):  # deleted or ended in the registry

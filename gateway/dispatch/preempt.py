@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from adapters.base import BackendError
+from adapters.base import BackendError, Feature, features_of
 from gateway.dispatch.common import ACTOR, log
 from gateway.domain.states import JobState
 from gateway.jobs import preemption
@@ -61,10 +61,14 @@ class Preemptor:
             try:
                 if signalled_at is None:
                     grace = max(0.0, (deadline - now).total_seconds())
-                    words = backend.preempt(backend_job_id, grace)
+                    # A backend that can warn the job first does; the gateway cancels it at the
+                    # deadline. Any other stops it now, with the grace period if it can.
+                    warns = features_of(backend).has(Feature.PREEMPT_SIGNAL)
+                    words = backend.signal_preempt(backend_job_id, grace) if warns else backend.preempt(
+                        backend_job_id, grace)
                     with transaction(self.sessions) as s:
                         preemption.signalled(s, job_id, attempt, at=now, actor=ACTOR, words=words)
-                        if backend.preempt_stops:
+                        if not warns:
                             preemption.stopped(s, job_id, attempt, at=now, actor=ACTOR,
                                                words=f"{pool} stops it itself at the end of the grace period")
                     calls += 1

@@ -18,6 +18,7 @@ from adapters.base import (
     Feature,
     JobNotFound,
     JobStatus,
+    features_of,
 )
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
 from gateway.domain import retry
@@ -188,9 +189,11 @@ class Reconciler:
         can submit can write ``isthmus:<id>`` into a Slurm comment (docs/dispatch.md, "Job
         identity").
         """
+        if not features_of(backend).has(Feature.LISTING):
+            return {}  # one call per job
         try:
             return {st.backend_job_id: st for st in backend.list_gateway_jobs() if st.backend_job_id}
-        except BackendError:  # Unsupported or a failed listing: fall back to one call per job
+        except BackendError:  # a failed listing: fall back to one call per job
             return {}
 
     def _find_submitted(self, backend: Backend, job_id: str) -> JobStatus | None:
@@ -209,7 +212,7 @@ class Reconciler:
                 return None
             backend_job_id = found.backend_job_id
         tried = self._kept_before_cancel
-        if backend.supports(Feature.OUTPUT_STREAM) and job_id not in tried:
+        if features_of(backend).has(Feature.OUTPUT_STREAM) and job_id not in tried:
             # Cancelling deletes the pods with their output: keep it first (one try per job
             # and process: a pool that cannot serve it must not slow every cancel round).
             tried.add(job_id)
@@ -456,7 +459,7 @@ class Reconciler:
         In the background by default (two threads per dispatcher), so that a large output
         never holds up the reconciler; ``wait`` keeps it before returning.
         """
-        if backend_job_id is None or not backend.supports(Feature.OUTPUT_STREAM):
+        if backend_job_id is None or not features_of(backend).has(Feature.OUTPUT_STREAM):
             return
         args = (backend, job_id, backend_job_id, workers, self.settings.output_keep_dir,
                 self.settings.output_keep_mib * 1024 * 1024)
@@ -511,6 +514,7 @@ class Reconciler:
         out: list[dict] = []
         for name, backend in self.backends.items():
             try:
+                features_of(backend).require(Feature.LISTING)  # Unsupported says why, as an error
                 listed = list(backend.list_gateway_jobs())
             except BackendError as exc:
                 out.append({"backend": name, "error": exc.message})

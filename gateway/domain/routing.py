@@ -1,9 +1,9 @@
 """Routing: which pool a gang goes to, and why, in words a user can read.
 
-Pools are data (gateway/pools): any number, each of a kind (``slurm``: node-exclusive;
-``kubernetes``: GPUs packed) with a state, a routing weight and a cost. A pool is a
-candidate when it is ``active`` (draining and disabled pools get nothing new), of the
-job's ``pool_kind`` if it asks for one, the job can EVER fit it (static limits: GPUs per
+Pools are data (gateway/pools): any number, each of a kind whose adapter says whether it is
+node-exclusive (Slurm) or packs GPUs (Kubernetes), with a state, a routing weight and a
+cost. A pool is a candidate when it is ``active`` (draining and disabled pools get nothing
+new), of the job's ``pool_kind`` if it asks for one, the job can EVER fit it (static limits: GPUs per
 node, node count, total GPUs, container support, GPU type) and the account's per-pool
 quota allows it. Among candidates, the job goes to a pool where the WHOLE gang fits now
 (Slurm: enough idle nodes for exclusive allocation; Kubernetes: enough free GPUs in the
@@ -18,7 +18,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 
-from adapters.base import Backend, BackendError, Capacity, Feature
+from adapters.base import Backend, BackendError, Capacity, Feature, features_of
 from gateway.domain.planner import take_domains
 from gateway.domain.shapes import normalise_gpu_type, parse_memory_mib
 from gateway.domain.storage import needed_storages, remounts
@@ -68,9 +68,9 @@ class PoolView:
         if not self.kind:
             self.kind = getattr(self.backend, "name", None) or self.name
         if self.backend is not None:
-            unsupported = getattr(self.backend, "unsupported_features", {})
-            self.image_unsupported = self.image_unsupported or unsupported.get(Feature.CONTAINER_IMAGE, "")
-            self.remount_unsupported = self.remount_unsupported or unsupported.get(Feature.MOUNT_PATHS, "")
+            features = features_of(self.backend)
+            self.image_unsupported = self.image_unsupported or features.why_not(Feature.CONTAINER_IMAGE)
+            self.remount_unsupported = self.remount_unsupported or features.why_not(Feature.MOUNT_PATHS)
 
     # The facts never_fits() reads, which do not move from round to round: what a process
     # without a dispatcher judges a submission by (gateway/pools/service.py stored_views).
@@ -127,9 +127,10 @@ class PoolView:
 
     @property
     def node_exclusive(self) -> bool:
-        # From the pool's KIND, never its name: Slurm allocates whole nodes (--exclusive);
-        # Kubernetes packs pods by GPU.
-        return self.kind == "slurm"
+        """Whether a worker takes whole nodes: routing, the planner and the ledger then count the
+        pool in nodes. As the adapter of the pool's kind says (never the pool's name), so that a
+        view built from a stored row (another process, no backend) counts as the dispatcher's."""
+        return features_of(self.kind).node_exclusive
 
     def describe(self) -> str:
         # Asked for every pool of every job a round routes; it changes only when take() does.

@@ -57,6 +57,7 @@ import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
+from adapters.base import features_of
 from gateway.domain.fairshare import compute_fairshare
 from gateway.domain.planner import (
     INF,
@@ -77,7 +78,7 @@ POLICIES = (GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW)
 @dataclasses.dataclass(frozen=True)
 class SimPool:
     name: str
-    kind: str  # "slurm" (whole nodes) or "kubernetes" (GPUs)
+    kind: str  # "slurm" or "kubernetes": its adapter says whether it counts whole nodes
     nodes: int
     gpus_per_node: int
     storages: frozenset[str] = frozenset()  # the storages it provides (docs/storage.md)
@@ -85,7 +86,7 @@ class SimPool:
 
     @property
     def node_exclusive(self) -> bool:
-        return self.kind == "slurm"
+        return features_of(self.kind).node_exclusive
 
     @property
     def gpus(self) -> int:

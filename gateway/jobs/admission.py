@@ -66,10 +66,10 @@ def refuse_bad_storage(session, app_state, principal, spec: JobSpec) -> None:
     except MountError as exc:
         raise Invalid(exc.field, exc.message) from None
     if spec.pool != "auto":
-        from adapters.base import Feature
+        from adapters.base import Feature, features_of
 
         backend = (getattr(app_state, "backends", None) or {}).get(spec.pool)
-        remount = getattr(backend, "unsupported_features", {}).get(Feature.MOUNT_PATHS, "")
+        remount = features_of(backend).why_not(Feature.MOUNT_PATHS) if backend is not None else ""
         refusal = pinned_refusal(data, catalog, spec.pool, remount)
         if refusal:
             raise Invalid(*refusal)

@@ -31,6 +31,7 @@ from adapters.base import (
     Feature,
     JobNotFound,
     Unsupported,
+    features_of,
 )
 from gateway.kit.errors import BackendUnavailable as GatewayUnavailable
 from gateway.kit.errors import Conflict, GatewayError, Invalid
@@ -132,7 +133,7 @@ def keep_output(backend: Backend, job_id: str, backend_job_id: str, workers: int
     of the job once more). Returns how many workers were kept; never raises for a backend
     error (it is logged): keeping output must not stop the dispatcher.
     """
-    if not backend.supports(Feature.OUTPUT_STREAM):
+    if not features_of(backend).has(Feature.OUTPUT_STREAM):
         return 0
     kept = 0
     for worker in range(workers):
@@ -181,7 +182,7 @@ def open_output(backends: dict[str, Backend], job: Job, worker: int, *, keep_dir
     """
     backend = pool_backend(backends, job, worker)
     final = job.state in FINAL_STATES
-    if not backend.supports(Feature.OUTPUT_STREAM):
+    if not features_of(backend).has(Feature.OUTPUT_STREAM):
         path = output_path(backends, job, worker)
         try:
             os.close(open_output_file(path))  # refused now, with a problem, not half-way into a 200
@@ -229,10 +230,10 @@ def open_held(streams: StreamLimiter, subject: str, backends: dict[str, Backend]
 def output_path(backends: dict[str, Backend], job: Job, worker: int) -> str:
     """The file holding ``worker``'s output, or a problem saying why there is none."""
     backend = pool_backend(backends, job, worker)
-    try:
-        return backend.output_file(job.id, worker)
-    except Unsupported as exc:
-        raise OutputUnavailable(f"pool {job.pool!r}: {exc.message}") from None
+    features = features_of(backend)
+    if not features.has(Feature.OUTPUT_FILES):
+        raise OutputUnavailable(f"pool {job.pool!r}: {features.why_not(Feature.OUTPUT_FILES)}")
+    return backend.output_file(job.id, worker)
 
 
 def tail_offset(path: str, lines: int) -> int:

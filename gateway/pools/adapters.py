@@ -10,24 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import logging
 from typing import Any
 
-from adapters.base import Backend, registered
+# The one registry of adapters by pool kind (adapters.base): it knows where each kind's adapter
+# lives (ADAPTER_MODULES, imported lazily) and its settings dataclass (``settings_class``): a
+# pool's settings are that dataclass's fields.
+from adapters.base import ADAPTER_MODULES, Backend, adapter_class
+
+__all__ = ["ADAPTER_MODULES", "BackendConfigError", "adapter_class", "build_backend", "settings_of"]
 
 log = logging.getLogger("isthmus.backends")
-
-# Where each pool KIND's adapter lives (never a pool name). Importing it registers the
-# adapter class in the one registry (adapters.base.register), which also knows its settings
-# dataclass (``settings_class``): a pool's settings are that dataclass's fields. Imported
-# lazily: a site without Kubernetes pools never loads the Kubernetes client.
-ADAPTER_MODULES = {"slurm": "adapters.slurm", "kubernetes": "adapters.kubernetes"}
-
-
-def adapter_class(kind: str) -> type[Backend]:
-    importlib.import_module(ADAPTER_MODULES[kind])
-    return registered()[kind]
 
 
 class BackendConfigError(ValueError):

@@ -31,7 +31,12 @@ from gateway.domain.storage import (
     clean_path,
 )
 from gateway.kit.names import ACCOUNT_NAME, POOL_NAME  # (used with fullmatch)
-from gateway.pools.adapters import ADAPTER_MODULES, BackendConfigError, settings_of
+from gateway.pools.adapters import (
+    ADAPTER_MODULES,
+    BackendConfigError,
+    adapter_class,
+    settings_of,
+)
 
 POOL_STATES = ("active", "draining", "disabled")
 POOL_KINDS = tuple(sorted(ADAPTER_MODULES))
@@ -217,8 +222,6 @@ def check_storage(catalog: Catalog, backends: dict[str, Any], accounts: Iterable
 
 
 _STORAGE_KEYS = ("name", "path", "mode", "tenancy", "accounts", "pools")
-# How a pool of each kind may provide a storage (docs/storage.md).
-_PROVIDERS_OF_KIND = {"slurm": ("shared",), "kubernetes": ("pvc", "nfs", "host_path")}
 
 
 def _storage_where(source: str, name: str, field: str | None = None) -> str:
@@ -231,7 +234,8 @@ def _provision(source: str, name: str, pool: str, kind: str, value: Any) -> Prov
     def sub(key: str) -> str:
         return _storage_where(source, name, f"pools.{pool}.{key}")
 
-    allowed = _PROVIDERS_OF_KIND.get(kind, ())
+    # How a pool of this kind may provide a storage: its adapter says (docs/storage.md).
+    allowed = adapter_class(kind).storage_providers if kind in ADAPTER_MODULES else ()
     if value is None:
         value = {}
     if not isinstance(value, dict) or len(value) > 1:
@@ -241,7 +245,7 @@ def _provision(source: str, name: str, pool: str, kind: str, value: Any) -> Prov
     if provider not in PROVIDERS:
         raise BackendConfigError(f"{where}: unknown key {provider!r}; one of pvc, nfs, host_path (or {{}})")
     if provider not in allowed:
-        if kind == "slurm":
+        if allowed == ("shared",):
             raise BackendConfigError(f"{where}: a slurm pool has the storage on its shared file system at the "
                                      f"storage's path: write {{}} (got {provider})")
         raise BackendConfigError(f"{where}: a {kind} pool must say how it mounts the storage: "

@@ -70,12 +70,12 @@ class _StreamingPool:
 
 
 def test_keep_output_keeps_the_last_bytes_per_worker_and_never_loses_a_kept_copy(tmp_path):
-    from adapters.base import Feature
+    from adapters.base import Feature, features_of
     from gateway.jobs.logs import keep_output, kept_path
 
     job_id = "0b7a52c2-7f77-4b0e-9c43-7d1c1f7b9f0e"
     pool = _StreamingPool({0: b"".join(b"line %d\n" % i for i in range(100)), 1: b"w1\n"})
-    assert pool.backend.supports(Feature.OUTPUT_STREAM)
+    assert features_of(pool.backend).has(Feature.OUTPUT_STREAM)
     assert keep_output(pool.backend, job_id, "ns/job", 2, tmp_path, keep_bytes=16) == 2
     assert kept_path(tmp_path, job_id, 0).read_bytes() == b"\nline 98\nline 99\n"[-16:]
     assert kept_path(tmp_path, job_id, 1).read_bytes() == b"w1\n"
