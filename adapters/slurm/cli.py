@@ -18,8 +18,8 @@ from adapters.slurm.errors import (
     AmbiguousSubmit,
     classify,
     error_from,
-    is_done,
     no_such_reservation,
+    stop,
 )
 from adapters.slurm.script import JobSpec, ReservationSpec, slurm_duration
 from adapters.slurm.transport import Record, Transport
@@ -176,27 +176,16 @@ class CliTransport(Transport):
                 out[job_id.strip()] = "" if comment == "(null)" else comment
         return out
 
-    def cancel(self, job_id: str) -> None:
-        proc = self._run(["scancel", str(job_id)], user=self._admin_user)
+    def _scancel(self, *argv: str) -> None:
+        proc = self._run(["scancel", *argv], user=self._admin_user)
         if proc.returncode != 0:
-            msg = self._message(proc)
-            if is_done(msg):
-                return
-            exc = classify(msg)
-            if isinstance(exc, JobNotFound):
-                return
-            raise exc
+            raise classify(self._message(proc))
+
+    def cancel(self, job_id: str) -> None:
+        stop(lambda: self._scancel(str(job_id)))
 
     def signal(self, job_id: str, signal: str) -> None:
-        proc = self._run(["scancel", "--batch", f"--signal={signal}", str(job_id)], user=self._admin_user)
-        if proc.returncode != 0:
-            msg = self._message(proc)
-            if is_done(msg):
-                return
-            exc = classify(msg)
-            if isinstance(exc, JobNotFound):
-                return
-            raise exc
+        stop(lambda: self._scancel("--batch", f"--signal={signal}", str(job_id)))
 
     def _scontrol_json(self, *what: str) -> dict | None:
         """``scontrol --json show <what>`` (23.02+), or None on 22.05, which has no --json."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from adapters.base import (
@@ -35,6 +36,23 @@ class AmbiguousSubmit(BackendUnavailable):
     """The submission was sent but its answer was lost; the job may exist."""
 
 
+class AlreadyDone(BackendUnavailable):
+    """Slurm says the job is already completing or completed (a cancel or signal came late).
+
+    A BackendUnavailable, as this answer was before it had a type of its own, for any call but
+    a stop; :func:`stop` takes it for success."""
+
+
+def stop(call: Callable[[], object]) -> None:
+    """Cancel or signal a job with ``call``, by the rule every transport (REST, CLI, pyslurm)
+    follows: a job Slurm says is finished, or does not know (gone after MinJobAge, never
+    submitted), is stopped already, so that is success. Any other error is raised."""
+    try:
+        call()
+    except (JobNotFound, AlreadyDone):
+        return
+
+
 def is_done(message: str, number: int | None = None) -> bool:
     return number == ESLURM_ALREADY_DONE or any(t in message.lower() for t in _DONE_TEXT)
 
@@ -52,6 +70,8 @@ def classify(message: str, number: int | None = None, *, submitting: bool = Fals
     text = message.lower()
     if number == ESLURM_INVALID_JOB_ID or any(t in text for t in _NOT_FOUND_TEXT):
         return JobNotFound(message, backend="slurm")
+    if is_done(message, number) and not submitting:
+        return AlreadyDone(message, backend="slurm")
     if number == SLURM_PROTOCOL_AUTHENTICATION_ERROR:
         return BackendForbidden(f"slurmctld rejected the credentials: {message}", backend="slurm")
     if number == -1 and text.startswith("unspecified error") and not submitting:
@@ -88,7 +108,7 @@ def error_from(data: Any, *, submitting: bool = False) -> BackendError | None:
     The most specific entry decides; Slurm often adds a generic one next to it.
     """
     classified = [classify(t, n, submitting=submitting) for t, n in slurm_errors(data)]
-    for kind in (JobNotFound, BackendForbidden, SubmissionRejected):
+    for kind in (JobNotFound, AlreadyDone, BackendForbidden, SubmissionRejected):
         for exc in classified:
             if type(exc) is kind:
                 return exc

@@ -39,11 +39,10 @@ from typing import Any
 from adapters.base import (
     BackendForbidden,
     BackendUnavailable,
-    JobNotFound,
     SubmissionRejected,
     Unsupported,
 )
-from adapters.slurm.errors import AmbiguousSubmit, classify, is_done
+from adapters.slurm.errors import AmbiguousSubmit, classify, stop
 from adapters.slurm.script import JobSpec, slurm_duration
 from adapters.slurm.transport import Record, Transport
 
@@ -294,24 +293,10 @@ class PyslurmTransport(Transport):
         return dict(self._call("comments"))
 
     def cancel(self, job_id: str) -> None:
-        try:
-            self._call("cancel", job_id=int(job_id))
-        except JobNotFound:
-            return
-        except BackendUnavailable as exc:
-            if is_done(exc.message):
-                return
-            raise
+        stop(lambda: self._call("cancel", job_id=int(job_id)))
 
     def signal(self, job_id: str, signal: str) -> None:
-        try:
-            self._call("signal", job_id=int(job_id), signal=signal)
-        except JobNotFound:
-            return
-        except BackendUnavailable as exc:
-            if is_done(exc.message):
-                return
-            raise
+        stop(lambda: self._call("signal", job_id=int(job_id), signal=signal))
 
     def nodes(self) -> list[Record]:
         return list(self._call("nodes"))

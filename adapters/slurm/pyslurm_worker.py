@@ -156,18 +156,16 @@ def _submit(pyslurm, req: dict[str, Any]) -> int:
 
 
 def _cancel(pyslurm, job_id: int) -> str:
+    """A job that is finished or unknown is the parent's rule (adapters.slurm.errors.stop): its
+    RPCError goes back with Slurm's errno."""
     try:
         pyslurm.Job(job_id).cancel()
         return "cancelled"
     except pyslurm.RPCError:
         # pyslurm reads errno after slurm_kill_job without resetting it first, so a
-        # stale errno can look like a failure: believe the job's state instead.
-        try:
-            job = pyslurm.Job.load(job_id)
-        except pyslurm.RPCError as exc:
-            if getattr(exc, "errno", None) == 2017:  # ESLURM_INVALID_JOB_ID: gone
-                return "unknown"
-            raise
+        # stale errno can look like a failure: believe the job's state instead (loading a
+        # job slurmctld no longer has raises its own ESLURM_INVALID_JOB_ID).
+        job = pyslurm.Job.load(job_id)
         if str(job.state).split(",")[0] in ("PENDING", "RUNNING", "SUSPENDED", "CONFIGURING"):
             raise
         return "done"
@@ -177,13 +175,8 @@ def _signal(pyslurm, job_id: int, signal: str) -> str:
     """``scancel --batch --signal=...``: the batch step and its children (srun forwards it)."""
     if signal not in ("USR1", "USR2", "TERM", "INT", "HUP", "CONT"):
         raise ValueError(f"signal {signal!r} is not one the gateway sends")
-    try:
-        pyslurm.Job(job_id).send_signal(f"SIG{signal}", steps="batch")
-        return "signalled"
-    except pyslurm.RPCError as exc:
-        if getattr(exc, "errno", None) == 2017:  # ESLURM_INVALID_JOB_ID: gone
-            return "unknown"
-        raise
+    pyslurm.Job(job_id).send_signal(f"SIG{signal}", steps="batch")  # gone or done: the parent's rule
+    return "signalled"
 
 
 def handle(pyslurm, req: dict[str, Any]) -> Any:

@@ -19,9 +19,9 @@ from adapters.base import (
 from adapters.slurm.errors import (
     AmbiguousSubmit,
     error_from,
-    is_done,
     no_such_reservation,
     slurm_errors,
+    stop,
 )
 from adapters.slurm.script import JobSpec, ReservationSpec
 from adapters.slurm.token import TokenSource
@@ -245,28 +245,14 @@ class RestTransport(Transport):
 
     def cancel(self, job_id: str) -> None:
         self.negotiate()
-        status, data = self._send("DELETE", self._paths["job"] + str(job_id))
-        for text, num in self._errors(data):
-            if is_done(text, num):
-                return
-        try:
-            self._raise_for(status, data)
-        except JobNotFound:
-            return
+        stop(lambda: self._raise_for(*self._send("DELETE", self._paths["job"] + str(job_id))))
 
     def signal(self, job_id: str, signal: str) -> None:
         version = self.negotiate()
         # v0.0.41 and later take flags=BATCH_JOB (scancel --batch); v0.0.38-0.0.40 know only
         # the signal, which then goes to every step of the job, the batch step included.
         query = f"?signal=SIG{signal}" + ("&flags=BATCH_JOB" if version >= "v0.0.41" else "")
-        status, data = self._send("DELETE", self._paths["job"] + str(job_id) + query)
-        for text, num in self._errors(data):
-            if is_done(text, num):
-                return
-        try:
-            self._raise_for(status, data)
-        except JobNotFound:
-            return
+        stop(lambda: self._raise_for(*self._send("DELETE", self._paths["job"] + str(job_id) + query)))
 
     def nodes(self) -> list[Record]:
         self.negotiate()

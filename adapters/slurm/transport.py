@@ -45,13 +45,14 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def cancel(self, job_id: str) -> None:
-        """Cancel; a finished or unknown job is silently ignored."""
+        """Cancel; a finished or unknown job is silently ignored (``errors.stop``)."""
 
+    @abc.abstractmethod
     def signal(self, job_id: str, signal: str) -> None:
         """Send ``signal`` (e.g. ``USR1``) to the job's batch shell and its children (``scancel
         --batch``): srun, which the batch script execs, forwards it to every task of the gang.
-        A finished or unknown job is silently ignored."""
-        raise Unsupported(f"the {self.name} transport cannot signal a job", backend="slurm")
+        A finished or unknown job is silently ignored (``errors.stop``). Every transport can:
+        SlurmBackend offers ``Feature.PREEMPT_SIGNAL`` whichever one it uses."""
 
     @abc.abstractmethod
     def nodes(self) -> list[Record]:
