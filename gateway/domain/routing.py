@@ -63,6 +63,7 @@ class PoolView:
     # pool, not once per job and pool. Not copied by dataclasses.replace (a fresh view).
     _excluded_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
     _described: tuple = dataclasses.field(default=(None, ""), init=False, repr=False, compare=False)
+    _exclusive: tuple = dataclasses.field(default=(None, False), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.kind:
@@ -130,7 +131,11 @@ class PoolView:
         """Whether a worker takes whole nodes: routing, the planner and the ledger then count the
         pool in nodes. As the adapter of the pool's kind says (never the pool's name), so that a
         view built from a stored row (another process, no backend) counts as the dispatcher's."""
-        return features_of(self.kind).node_exclusive
+        kind, exclusive = self._exclusive  # asked many times per job a round routes
+        if kind != self.kind:
+            exclusive = features_of(self.kind).node_exclusive
+            self._exclusive = (self.kind, exclusive)
+        return exclusive
 
     def describe(self) -> str:
         # Asked for every pool of every job a round routes; it changes only when take() does.

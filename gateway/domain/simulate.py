@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -69,7 +70,7 @@ from gateway.domain.planner import (
     pick_domains,
     plan,
 )
-from gateway.domain.preempt import RATE_WINDOW_S, Room, Running, choose_eviction
+from gateway.domain.preempt import RATE_WINDOW_S, ReclaimRound, Room, Running
 
 GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
 POLICIES = (GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW)
@@ -84,7 +85,7 @@ class SimPool:
     storages: frozenset[str] = frozenset()  # the storages it provides (docs/storage.md)
     blocks: tuple[int, ...] = ()  # nodes of each network block (level "block"), node-exclusive pools only
 
-    @property
+    @functools.cached_property  # asked in every simulated round; a frozen pool's kind never changes
     def node_exclusive(self) -> bool:
         return features_of(self.kind).node_exclusive
 
@@ -542,10 +543,13 @@ class _Replay:
         return out
 
     def _reclaim_round(self, now: float, planned_at: Mapping[str, float]) -> None:
+        """The waiting gangs within their guarantee ask the round rule (``preempt.ReclaimRound``,
+        the dispatcher's own) for victims: accounts in fair-share order, each's first
+        ``per_account`` gangs, at most ``max_asks_per_round`` asks."""
         r = self.reclaim
-        asks = 0
-        hopeless: set[tuple] = set()  # shapes no eviction can place this round
-        victims: list[Running] | None = None
+        asks = ReclaimRound(lambda: self._victims_now(now), now=now, min_runtime_s=r.min_runtime_s,
+                            max_per_pool_per_minute=r.max_per_pool_per_minute, recent=self.recent,
+                            max_asks=r.max_asks_per_round)
         for account in self._order():
             room = self.guarantees.get(account, 0) - self._load(account)
             if room <= 0:
@@ -559,26 +563,13 @@ class _Replay:
                 # Where it fits now the plan holds the room for a higher job's reservation.
                 names = tuple(p for p in names if self.model_of[p].units(j.workers, j.gpus_per_worker)
                               > self.free[p])
-                key = (j.workers, j.gpus_per_worker, names)
-                if not names or key in hopeless:
-                    continue
-                if victims is None:
-                    victims = self._victims_now(now)
-                recent = {p: list(self.recent[p]) for p in names}
-                asks += 1
-                ev = choose_eviction(workers=j.workers, gpus_per_worker=j.gpus_per_worker,
-                                     pools={p: self._room(p) for p in names}, running=victims, now=now,
-                                     min_runtime_s=r.min_runtime_s, recent=recent,
-                                     max_per_pool_per_minute=r.max_per_pool_per_minute, preemptor=account)
-                if ev is None or not ev.victims:
-                    hopeless.add(key)
-                else:
+                ev = asks.ask(account=account, workers=j.workers, gpus_per_worker=j.gpus_per_worker,
+                              rooms={p: self._room(p) for p in names})
+                if ev is not None:
                     self._evict(j, ev.pool, [v.id for v in ev.victims], now)
                     self.eviction_log.extend((now, ev.pool, v.id, j.id, ev.reason) for v in ev.victims)
-                    stopped = {v.id for v in ev.victims}
-                    victims = [v for v in victims if v.id not in stopped]
                     room = self.guarantees.get(account, 0) - self._load(account)
-                if asks >= r.max_asks_per_round:
+                if asks.exhausted:
                     return
                 if room <= 0:
                     break
