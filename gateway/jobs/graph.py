@@ -207,7 +207,7 @@ def readable_sets(principal: Principal):
 
 def counts(session: Session, set_id: str) -> dict[str, int]:
     rows = session.execute(select(Job.state, func.count()).where(Job.job_set_id == set_id).group_by(Job.state))
-    return dict(rows)
+    return dict(rows.all())
 
 
 # ------------------------------------------------------------------ the hook

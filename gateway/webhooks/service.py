@@ -119,7 +119,7 @@ def pending_counts(session: Session, endpoint_ids: list[int]) -> dict[int, int]:
     rows = session.execute(select(WebhookDelivery.endpoint_id, func.count()).where(
         WebhookDelivery.endpoint_id.in_(endpoint_ids), WebhookDelivery.status == PENDING)
         .group_by(WebhookDelivery.endpoint_id))
-    return dict(rows)
+    return dict(rows.all())
 
 
 def deliveries(session: Session, *, endpoint_id: int, status: str | None, limit: int) -> list[WebhookDelivery]:
