@@ -35,6 +35,7 @@ from gateway.kit.db import (
     make_async_engine,
     make_async_sessionmaker,
     make_engine,
+    make_read_sessionmaker,
     make_sessionmaker,
     transaction,
 )
@@ -175,6 +176,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
         app.state.async_engine = make_async_engine(settings.database_url, pool_size=settings.database_pool_size)
         app.state.async_sessionmaker = (make_async_sessionmaker(app.state.async_engine)
                                         if app.state.async_engine is not None else None)
+        # Reads (lists, one job, the dashboard's pages) without BEGIN / COMMIT (kit/db.py, issue #46).
+        app.state.read_sessionmaker = make_read_sessionmaker(engine)
         if settings.dev_mode:
             log.warning("DEV MODE: the local development issuer is trusted; do not use in production")
             _seed_dev_accounts(app, settings)

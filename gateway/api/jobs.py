@@ -6,7 +6,7 @@ import asyncio
 import base64
 import binascii
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import (
     APIRouter,
@@ -19,6 +19,8 @@ from fastapi import (
     Response,
 )
 from fastapi.responses import StreamingResponse
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+from sqlalchemy.orm import Session
 
 from gateway.domain.shapes import format_duration
 from gateway.domain.states import JobState
@@ -37,12 +39,13 @@ from gateway.jobs.schemas import (
     JobSpec,
     PreemptionOut,
 )
-from gateway.kit.db import DbSession, in_transaction
+from gateway.kit.db import DbSession, in_read, in_transaction
 from gateway.kit.errors import Invalid, NotFound, problem_responses
 from gateway.kit.groupcommit import GroupCommit
 from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
+from gateway.kit.unicode import JSONResponse
 from gateway.models.jobs import Job
 from gateway.models.specs import checkpoint_dir_of, spec_of
 
@@ -51,12 +54,15 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
-def to_out(job: Job) -> JobOut:
-    spec = spec_of(job)
-    return JobOut(
+def job_fields(job: Job, session: Session | None = None) -> dict[str, Any]:
+    """The job's fields of JobOut (the rest keep their defaults): the one shaping of a job for
+    the API, for ``to_out`` and for the list, which sends them without building models.
+    ``job``: an ORM object or a row of ``repository.SHOWN``; ``session``: for a set task's spec."""
+    spec = spec_of(job, session)
+    return dict(
         id=job.id, name=job.name, account=job.account_name, user=job.username, submitted_by=job.submitted_by,
         pool=job.requested_pool, pool_kind=spec.get("pool_kind"), assigned_pool=job.pool,
-        backend=job.requested_pool, assigned_backend=job.pool, state=JobState(job.state),
+        backend=job.requested_pool, assigned_backend=job.pool, state=job.state,
         state_reason=job.state_reason or "", routing_reason=job.routing_reason or "",
         command=spec["command"], image=spec.get("image"), workers=job.workers,
         gpus_per_worker=job.gpus_per_worker, total_gpus=job.total_gpus, held_gpus=job.held_gpus,
@@ -70,6 +76,29 @@ def to_out(job: Job) -> JobOut:
         mounts=spec.get("mounts") or None, attempt=job.attempt or 1, borrowed=job.borrowed,
         checkpoint_at=as_utc(job.checkpoint_at), gpu_hours_at_risk=checkpoints.at_risk(job), **_estimate(job),
     )
+
+
+def to_out(job: Job) -> JobOut:
+    return JobOut(**job_fields(job))
+
+
+# Every field of JobOut in its order, at its default: a listed job is these, updated with its
+# fields, so that its JSON has JobOut's keys in JobOut's order (tests/api/test_list_json.py).
+_JOB_OUT = {name: None if f.is_required() else f.get_default(call_default_factory=True)
+            for name, f in JobOut.model_fields.items()}
+
+
+def jobs_json(session: Session, jobs: list) -> list[dict[str, Any]]:
+    """Rows of ``repository.SHOWN`` as JobOut's JSON, without a model per row (issue #46): read
+    from the registry, they were validated when they were written; ``to_jsonable_python`` makes
+    the same JSON values as FastAPI's serialization of the model."""
+    fields = [{**_JOB_OUT, **job_fields(j, session)} for j in jobs]
+    try:
+        return to_jsonable_python(fields)
+    except (UnicodeEncodeError, PydanticSerializationError):
+        # A lone surrogate in a key (a row stored before bodies were checked, kit/unicode.py):
+        # the models' own serialization, which the list used before.
+        return [JobOut(**f).model_dump(mode="json") for f in fields]
 
 
 def with_checkpoint_dir(out: JobOut, job: Job, request: Request) -> JobOut:
@@ -169,9 +198,9 @@ async def submit_job(
                 "Filters combine; `state` may repeat. Follow `next_cursor` for more.",
     responses=problem_responses(401, 422),
 )
-def list_jobs(
+async def list_jobs(
     principal: CurrentPrincipal,
-    session: DbSession,
+    request: Request,
     state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
     account: Annotated[str | None, Query(pattern=ACCOUNT_NAME_RE)] = None,
     pool: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63,
@@ -182,14 +211,20 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     job_set: Annotated[str | None, Query(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
                                          description="Only the tasks of this array or sweep.")] = None
-) -> JobPage:
+) -> Response:
     after = _decode_cursor(cursor) if cursor else None
-    jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
-                                    account=account, pool=pool or backend,
-                                    after_id=after, limit=limit + 1, job_set=job_set)
-    more = len(jobs) > limit
-    jobs = jobs[:limit]
-    return JobPage(items=[to_out(j) for j in jobs], next_cursor=_encode_cursor(jobs[-1].id) if more else None)
+
+    def page(session: Session) -> dict[str, Any]:
+        jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
+                                        account=account, pool=pool or backend, after_id=after, limit=limit + 1,
+                                        job_set=job_set, columns=repository.SHOWN)
+        more = len(jobs) > limit
+        jobs = jobs[:limit]
+        return {"items": jobs_json(session, jobs), "next_cursor": _encode_cursor(jobs[-1].id) if more else None}
+
+    # Read without a transaction, in one thread-pool hop (kit/db.py in_read), sent as built: the page
+    # is JobPage's JSON already (issue #46).
+    return JSONResponse(await in_read(request.app.state, page))
 
 
 JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
@@ -199,7 +234,12 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 @router.get("/{job_id}", response_model=JobOut, operation_id="getJob", summary="Get a job",
             responses=problem_responses(401, 404, 422))
-def get_job(principal: CurrentPrincipal, session: DbSession, job_id: JobId, request: Request) -> JobOut:
+async def get_job(principal: CurrentPrincipal, job_id: JobId, request: Request) -> JobOut:
+    # Read without a transaction, in one thread-pool hop (kit/db.py in_read; issue #46).
+    return await in_read(request.app.state, lambda session: _job_view(session, principal, job_id, request))
+
+
+def _job_view(session: Session, principal, job_id: str, request: Request) -> JobOut:
     from gateway.jobs.graph import dependencies_of, dependents_of
 
     job = service.get_or_raise(session, principal=principal, job_id=job_id)

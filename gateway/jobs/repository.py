@@ -33,10 +33,25 @@ def get_for_update(session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id, with_for_update=True)
 
 
+# What a job's reader is shown (the API's JobOut): every column but the dispatcher's own
+# bookkeeping. A list reads these as plain rows, not ORM objects (issue #46): a row has the
+# same attribute names, and hydrating fifty whole objects cost more than the query.
+SHOWN = (Job.id, Job.name, Job.account_name, Job.submitted_by, Job.username, Job.requested_pool, Job.pool, Job.state,
+         Job.state_reason, Job.spec, Job.workers, Job.gpus_per_worker, Job.total_gpus, Job.held_gpus, Job.time_limit_s,
+         Job.priority, Job.backend_job_id, Job.routing_reason, Job.exit_code, Job.nodes, Job.created_at, Job.updated_at,
+         Job.started_at, Job.ended_at, Job.cancel_requested_at, Job.job_set_id, Job.array_index, Job.estimated_start,
+         Job.estimated_pool, Job.estimate_reason, Job.attempt, Job.borrowed, Job.checkpoint_at)
+# The dashboard's table of jobs (gateway/ui/templates/jobs.html): no spec, whose JSON it never shows.
+IN_TABLE = (Job.id, Job.name, Job.account_name, Job.username, Job.state, Job.state_reason, Job.pool,
+            Job.requested_pool, Job.created_at, Job.estimated_start, Job.estimated_pool, Job.estimate_reason)
+
+
 def list_readable(session: Session, principal: Principal, *, states: Sequence[str] = (),
                   account: str | None = None, pool: str | None = None,
-                  after_id: str | None = None, limit: int = 50, job_set: str | None = None) -> list[Job]:
-    """The caller's jobs, newest first (``after_id``: older than that one)."""
+                  after_id: str | None = None, limit: int = 50, job_set: str | None = None,
+                  columns: Sequence | None = None) -> list:
+    """The caller's jobs, newest first (``after_id``: older than that one): ORM objects, or with
+    ``columns`` (``SHOWN``, ``IN_TABLE``) rows of just those columns."""
     stmt = readable_jobs(principal)
     if job_set:
         stmt = stmt.where(Job.job_set_id == job_set)
@@ -50,10 +65,16 @@ def list_readable(session: Session, principal: Principal, *, states: Sequence[st
         accounts = _probed_accounts(session, principal, account)
         if accounts and len(accounts) * len(states) <= MAX_LIST_PROBES:
             ids = _newest_ids_per_account_state(stmt, accounts, list(states), limit)
-            return list(session.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id.desc())))
+            return _read(session, select(Job).where(Job.id.in_(ids)).order_by(Job.id.desc()), columns)
     if states:
         stmt = stmt.where(Job.state.in_(list(states)))
-    return list(session.scalars(stmt.order_by(Job.id.desc()).limit(limit)))
+    return _read(session, stmt.order_by(Job.id.desc()).limit(limit), columns)
+
+
+def _read(session: Session, stmt: Select, columns: Sequence | None) -> list:
+    if columns is None:
+        return list(session.scalars(stmt))
+    return list(session.execute(stmt.with_only_columns(*columns)))
 
 
 # A state filter on Postgres walks ix_job_account_state_id once per (account, state) pair, up

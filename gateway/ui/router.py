@@ -17,6 +17,7 @@ import secrets
 import warnings
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -45,7 +46,7 @@ from gateway.identity.principal import Principal
 from gateway.jobs import checkpoints, preemption
 from gateway.jobs import repository as jobs_repo
 from gateway.jobs import service as jobs
-from gateway.kit.db import transaction
+from gateway.kit.db import reading, transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
@@ -234,12 +235,15 @@ def render(request: Request, template: str, context: dict[str, Any], *, principa
 @router.get("/", name="ui_jobs")
 def jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
     principal = principal_of(request)
-    with transaction(request.app.state.sessionmaker) as session:
+    with reading(request.app.state) as session:
         rows = jobs_repo.list_readable(session, principal, states=[state] if state else (),
-                                       account=account or None, pool=pool or None, limit=200)
-        items = [{"id": j.id, "name": j.name, "account": j.account_name, "user": j.username, "state": j.state,
-                  "why": j.state_reason or "", "estimate": estimate_of(j), "pool": job_pool(j) or "",
-                  "created_at": j.created_at}
+                                       account=account or None, pool=pool or None, limit=200,
+                                       columns=jobs_repo.IN_TABLE)
+        # Objects, not dicts: Jinja looks an attribute up first and a key after it, and a dict's
+        # missing attribute, an exception per cell, was most of the page's rendering (issue #46).
+        items = [SimpleNamespace(id=j.id, name=j.name, account=j.account_name, user=j.username, state=j.state,
+                                 why=j.state_reason or "", estimate=_namespace(estimate_of(j)),
+                                 pool=job_pool(j) or "", created_at=j.created_at)
                  for j in rows]
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
@@ -250,10 +254,14 @@ def jobs_page(request: Request, state: str = "", account: str = "", pool: str = 
                   principal=principal)
 
 
+def _namespace(values: dict[str, Any] | None) -> SimpleNamespace | None:
+    return SimpleNamespace(**values) if values is not None else None
+
+
 @router.get("/jobs/{job_id}", name="ui_job")
 def job_page(request: Request, job_id: str, partial: str = ""):
     principal = principal_of(request)
-    with transaction(request.app.state.sessionmaker) as session:
+    with reading(request.app.state) as session:
         job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
         events = jobs_repo.list_events(session, job.id)
         ctx = {"job": job, "spec": spec_of(job, session), "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
@@ -344,7 +352,7 @@ def cancel(request: Request, job_id: str, csrf: str = Depends(posted_csrf)):
 def accounts_page(request: Request):
     principal = principal_of(request)
     half_life = request.app.state.settings.fairshare_half_life_s
-    with transaction(request.app.state.sessionmaker) as session:
+    with reading(request.app.state) as session:
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
         fs = ledger.fairshare(session, half_life_s=half_life)
@@ -405,7 +413,7 @@ def admin_page(request: Request, days: int = 30):
     today = utcnow().date()
     since = today - timedelta(days=days - 1)
     health = pools.current(getattr(request.app.state, "dispatcher", None))  # before the transaction (SQLite)
-    with transaction(request.app.state.sessionmaker) as session:
+    with reading(request.app.state) as session:
         windows = _windows(session, health)
         pool_names = [p.name for p in pools.all_pools(session) if p.configured]
         views = {name: h.view for name, h in health.items()}
