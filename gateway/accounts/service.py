@@ -84,6 +84,29 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
     accounts = [a.name for a in chain(session, name)]
     rows = {q.account_name: q for q in session.scalars(
         select(AccountQuota).where(AccountQuota.account_name.in_(accounts)))}
+    pool_rows = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(accounts))))
+    return _effective(accounts, rows, pool_rows)
+
+
+def effective_quotas(session: Session, tree: dict[str, Account]) -> dict[str, dict[str, Any]]:
+    """:func:`effective_quota` of every account of ``tree`` (``load_tree``), from two statements
+    in all instead of three per account (the admin page; issue #46). An account whose chain
+    leaves the tree, loops or is too deep is asked alone, which raises as it always did."""
+    parent_of = {a.name: a.parent_name for a in tree.values()}
+    rows = {q.account_name: q for q in session.scalars(select(AccountQuota))}
+    pool_rows: dict[str, list[AccountPoolQuota]] = {}
+    for row in session.scalars(select(AccountPoolQuota)):
+        pool_rows.setdefault(row.account_name, []).append(row)
+    out = {}
+    for name in tree:
+        accounts = walk_up(parent_of, name)
+        out[name] = effective_quota(session, name) if accounts is None else _effective(
+            list(accounts), rows, [r for acc in accounts for r in pool_rows.get(acc, ())])
+    return out
+
+
+def _effective(accounts: list[str], rows: dict[str, AccountQuota], pool_rows: list[AccountPoolQuota]) -> dict[str, Any]:
+    """The limits of the last of ``accounts`` (a chain, root first) from its quota rows."""
     out: dict[str, Any] = {}
     for field in QUOTA_FIELDS:
         out[field] = EffectiveLimit(None, None)
@@ -92,7 +115,6 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
             if q is not None and getattr(q, field) is not None:
                 out[field] = EffectiveLimit(getattr(q, field), acc)
                 break
-    pool_rows = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(accounts))))
     for field, column in PER_POOL:
         per_pool: dict[str, EffectiveLimit] = {}
         for row in pool_rows:

@@ -30,6 +30,8 @@ class Capacity:
         self._views_at = 0.0
 
     def views(self, *, fresh: bool = False) -> dict[str, PoolView]:
+        if not self.backends:  # no pool to snapshot: no query (every dashboard page asks; issue #46)
+            return {}
         if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
             with transaction(self.sessions) as s:  # each pool's row and its jobs dispatching or queued
                 meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))

@@ -145,13 +145,14 @@ def principal_of(request: Request) -> Principal:
     if not sid:
         raise LoginRequired
     principal = None
-    with transaction(request.app.state.sessionmaker) as session:
+    with reading(request.app.state) as session:  # a read on every page: no BEGIN / COMMIT (issue #46)
         row = ui_sessions.get(session, sid=sid)
-        if row is not None:
-            try:
-                principal = request.app.state.authenticator.authenticate(row.access_token)
-                request.state.ui_csrf = row.csrf
-            except InvalidToken:  # its token expired or was revoked: so is the session
+    if row is not None:
+        try:
+            principal = request.app.state.authenticator.authenticate(row.access_token)
+            request.state.ui_csrf = row.csrf
+        except InvalidToken:  # its token expired or was revoked: so is the session
+            with transaction(request.app.state.sessionmaker) as session:
                 ui_sessions.revoke(session, sid=sid)
     if principal is None:  # logged out, expired, or never ours
         request.session.clear()
@@ -421,10 +422,10 @@ def admin_page(request: Request, days: int = 30):
                  "native_note": h.native_note}
                 for h in advance.planned(session, now=utcnow())]
         rows = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="month")
-        tree = accounts.load_tree(session)
+        effective = accounts.effective_quotas(session, accounts.load_tree(session))
         quotas = []
-        for name in sorted(tree):
-            eff = accounts.effective_quota(session, name)
+        for name in sorted(effective):
+            eff = effective[name]
             quotas.append({"name": name, "max_gpus": eff["max_gpus"].value,
                            "budget_h": _h(eff["budget_gpu_seconds"].value),
                            "source": eff["budget_gpu_seconds"].source})
