@@ -14,6 +14,7 @@ the gateway, where fair share orders it, rather than queueing in a backend's own
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Iterable, Mapping
@@ -121,10 +122,17 @@ class PoolView:
         )
 
     def for_round(self) -> PoolView:
-        """A copy a round may move (take()), with domain counts of its own."""
-        return dataclasses.replace(self, domains={level: dict(d) for level, d in self.domains.items()},
-                                   domain_gpus={level: {name: list(f) for name, f in d.items()}
-                                                for level, d in self.domain_gpus.items()})
+        """A copy a round may move (take()), with domain counts and memos of its own.
+
+        A shallow copy, not ``dataclasses.replace``: replace runs ``__post_init__``, which asks
+        the backend for its features again (runtime Protocol checks, a tenth of a millisecond a
+        pool), and the copy's come from the same backend as this view's (issue #46: 100 pools).
+        """
+        view = copy.copy(self)
+        view.domains = {level: dict(d) for level, d in self.domains.items()}
+        view.domain_gpus = {level: {name: list(f) for name, f in d.items()} for level, d in self.domain_gpus.items()}
+        view._excluded_memo, view._described, view._exclusive = {}, (None, ""), (None, False)
+        return view
 
     @property
     def node_exclusive(self) -> bool:
