@@ -5,7 +5,7 @@ snapshot -> decide -> apply (gateway/dispatch/claim.py), the shape of Armada's
 the round picked, the pools' capacity views and what the planner needs, and returns a
 :class:`RoundResult` (claims with their pool, held GPUs and reason; waiting notes;
 estimates; jobs that can never run). It runs no SQL and changes no job: the caller writes
-the result in bulk (``jobs.Claims``, ``RoundLedger``, ``jobs.finish``).
+the result in bulk (``jobs.claims.Claims``, ``RoundLedger``, ``jobs.finish``).
 
 The ledger's rules are asked through :class:`LedgerPort`. For an account chain without
 limits they are answered from the round's one read and the reservation is only recorded
@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from gateway.domain import plan_inputs as planning
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.planner import Candidate, Hold, Outage, Release, plan
-from gateway.domain.preempt import Eviction, Room, Running, choose_eviction
+from gateway.domain.preempt import Eviction, ReclaimRound, Room, Running
 from gateway.domain.routing import (
     JobShape,
     PoolView,
@@ -349,16 +349,17 @@ def _reclaim(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundRe
     """Borrowed GPUs back for work within its guarantee (docs/recovery.md, "Reclaim").
 
     Each job that waits for capacity only and would run within its guarantee on a pool it
-    may use asks :func:`gateway.domain.preempt.choose_eviction` for one eviction set across
-    those pools (borrowed victims of other accounts only, the cheapest by the GPU-hours
-    they would lose, never younger than the minimum runtime, never more than needed, at
-    most so many per pool a minute). A job whose victims are still stopping waits for them.
+    may use asks the round's :class:`gateway.domain.preempt.ReclaimRound` (the simulator's
+    too) for one eviction set across those pools (borrowed victims of other accounts only,
+    the cheapest by the GPU-hours they would lose, never younger than the minimum runtime,
+    never more than needed, at most so many per pool a minute). A job whose victims are still stopping waits for them.
     The job keeps waiting (its reason says for whom it stops what); once the victims have
     ended, work within a guarantee is placed first, so it takes what they gave back.
     """
-    g, views, now = snap.guarantees, snap.views, snap.now.timestamp()
-    taken: set[str] = set()
-    recent = {pool: list(times) for pool, times in snap.recent_evictions.items()}
+    g, views = snap.guarantees, snap.views
+    asks = ReclaimRound(lambda: snap.running, now=snap.now.timestamp(), min_runtime_s=params.preempt_min_runtime_s,
+                        max_per_pool_per_minute=params.preempt_max_per_pool_per_minute,
+                        recent=snap.recent_evictions)
     notes = {w.job.id: i for i, w in enumerate(result.waiting)}
     for job in result.short:
         if job.id in snap.reclaiming:
@@ -377,18 +378,10 @@ def _reclaim(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundRe
             if ledger.limited(job.account_name) and not ledger.admission_check(job, name, held)[0]:
                 continue  # its own limits would refuse it there: stopping others would not help
             rooms[name] = Room(name, view.node_exclusive, view.free_gpus, view.idle_nodes)
-        if not rooms:
+        eviction = asks.ask(account=job.account_name, workers=shape.workers,
+                            gpus_per_worker=max(shape.gpus_per_worker, 0), rooms=rooms)
+        if eviction is None:
             continue
-        candidates = [r for r in snap.running if r.id not in taken and r.account != job.account_name]
-        eviction = choose_eviction(workers=shape.workers, gpus_per_worker=max(shape.gpus_per_worker, 0),
-                                   pools=rooms, running=candidates, now=now,
-                                   min_runtime_s=params.preempt_min_runtime_s, recent=recent,
-                                   max_per_pool_per_minute=params.preempt_max_per_pool_per_minute,
-                                   preemptor=job.account_name)
-        if eviction is None or not eviction.victims:
-            continue
-        taken.update(v.id for v in eviction.victims)
-        recent.setdefault(eviction.pool, []).extend([now] * len(eviction.victims))
         result.reclaims.append(Reclaim(job, eviction))
         why = f"reclaiming borrowed GPUs {eviction.reason}; it starts when they have stopped"
         if job.id in notes:

@@ -32,7 +32,7 @@ the set it returns is minimal, not always the cheapest of all minimal sets.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
 RATE_WINDOW_S = 60.0
@@ -150,6 +150,66 @@ def choose_eviction(*, workers: int, gpus_per_worker: int, pools: Mapping[str, R
     chosen = best[1]
     reason = _reason(chosen, workers * gpus_per_worker, preemptor, now)
     return dataclasses.replace(chosen, reason=reason)
+
+
+class ReclaimRound:
+    """One round of reclaim asks: THE round rule, called by the dispatcher's round
+    (``gateway/domain/decide.py``) and by the scheduling simulator (``simulate.py``) alike.
+
+    The caller walks its waiting gangs in its own order and asks for each one's eviction set
+    over the pools it may use (``rooms``: where it would run within its guarantee and does not
+    fit now). The round keeps what the asks share:
+
+    * the running gangs still to be had: a victim chosen for one gang is not offered to the
+      next, and a gang's own account's jobs are never its victims;
+    * the evictions of this round in each pool's rate budget (``recent``);
+    * the shapes no eviction could place: victims only go and the budgets only fill during a
+      round, so a (account, shape, rooms) that found no set will find none later in it;
+    * at most ``max_asks`` calls of :func:`choose_eviction` (None: no limit).
+
+    ``victims`` is called once, at the first ask that needs them (a round that asks nothing
+    never builds the list).
+    """
+
+    def __init__(self, victims: Callable[[], Sequence[Running]], *, now: float, min_runtime_s: float,
+                 max_per_pool_per_minute: int, recent: Mapping[str, Sequence[float]] = _NO_EVICTIONS,
+                 max_asks: int | None = None):
+        self._source = victims
+        self._running: list[Running] | None = None
+        self.now = now
+        self.min_runtime_s = min_runtime_s
+        self.max_per_pool_per_minute = max_per_pool_per_minute
+        self.recent: dict[str, list[float]] = {pool: list(times) for pool, times in recent.items()}
+        self.max_asks = max_asks
+        self.asks = 0
+        self._hopeless: set[tuple] = set()
+
+    @property
+    def exhausted(self) -> bool:
+        return self.max_asks is not None and self.asks >= self.max_asks
+
+    def ask(self, *, account: str, workers: int, gpus_per_worker: int, rooms: Mapping[str, Room]) -> Eviction | None:
+        """The eviction set for one waiting gang of ``account``, taken out of the round's
+        candidates; None when there is none (or nothing to stop, or no asks left)."""
+        if not rooms or self.exhausted:
+            return None
+        key = (account, workers, gpus_per_worker, tuple(sorted(rooms.items())))
+        if key in self._hopeless:
+            return None
+        if self._running is None:
+            self._running = list(self._source())
+        self.asks += 1
+        eviction = choose_eviction(workers=workers, gpus_per_worker=gpus_per_worker, pools=rooms,
+                                   running=[r for r in self._running if r.account != account], now=self.now,
+                                   min_runtime_s=self.min_runtime_s, recent=self.recent,
+                                   max_per_pool_per_minute=self.max_per_pool_per_minute, preemptor=account)
+        if eviction is None or not eviction.victims:
+            self._hopeless.add(key)
+            return None
+        stopped = {v.id for v in eviction.victims}
+        self._running = [r for r in self._running if r.id not in stopped]
+        self.recent.setdefault(eviction.pool, []).extend([self.now] * len(eviction.victims))
+        return eviction
 
 
 def _frees(room: Room, job: Running) -> int:
