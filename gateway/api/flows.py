@@ -11,7 +11,6 @@ from gateway.domain.states import JobState
 from gateway.flows import service
 from gateway.flows.schemas import JobSetOut, JobSetSpec
 from gateway.identity.dependency import CurrentPrincipal
-from gateway.jobs import admission
 from gateway.jobs.schemas import JobPage
 from gateway.kit.db import DbSession
 from gateway.kit.errors import problem_responses
@@ -51,13 +50,7 @@ def to_set_out(session, job_set: JobSet) -> JobSetOut:
 def submit_job_set(principal: CurrentPrincipal, session: DbSession, request: Request, response: Response,
                    background: BackgroundTasks,
                    spec: Annotated[JobSetSpec, Body(openapi_examples=EXAMPLES)]) -> JobSetOut:
-    settings = request.app.state.settings
-    admission.refuse_early(session, request.app.state, principal, spec)
-    job_set = service.create_set(
-        session, principal=principal, spec=spec, max_tasks=settings.max_array_tasks,
-        max_points=settings.max_sweep_points, default_time_limit_s=settings.default_time_limit_s,
-        max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
-        waiting_reason=admission.set_waiting_reason(session, request.app.state, principal, spec))
+    job_set = service.record_set(session, request.app.state, principal, spec)
     response.headers["Location"] = f"/v1/job-sets/{job_set.id}"
     _wake_dispatcher(request, background)
     return to_set_out(session, job_set)

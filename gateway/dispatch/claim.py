@@ -37,6 +37,7 @@ from gateway.domain.decide import Params, RoundResult, Snapshot, decide
 from gateway.domain.routing import PoolView
 from gateway.domain.states import JobState
 from gateway.domain.windows import holds, outages
+from gateway.jobs import claims as job_claims
 from gateway.jobs import preemption
 from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
@@ -281,11 +282,11 @@ class Claimer:
     def _apply(self, s: Session, result: RoundResult, rl: RoundLedger, now: datetime,
                natives: dict[str, str]) -> None:
         """Write the decision: failures through the state machine's ``finish``; claims, waiting
-        notes and estimates through the one writer (``jobs.Claims``), the reservations of chains
+        notes and estimates through the one writer (``job_claims.Claims``), the reservations of chains
         without limits through the round's ledger (both in bulk)."""
         for f in result.failures:
             jobs.finish(s, f.job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f.reason)
-        writes = jobs.Claims(s)
+        writes = job_claims.Claims(s)
         for w in result.waiting:
             writes.note_waiting(w.job, reason=w.reason, actor=ACTOR)
         for e in result.estimates:

@@ -11,13 +11,11 @@ reservation then apply), to ``cancelled`` when a dependency can no longer be met
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import JSON, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.domain import templates
@@ -48,7 +46,7 @@ from gateway.jobs.schemas import JobSpec
 from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.timeutil import new_id, new_ids, utcnow
 from gateway.models.flows import JobSet
-from gateway.models.jobs import Job, JobEvent
+from gateway.models.jobs import Job
 
 log = logging.getLogger("isthmus.flows")
 
@@ -103,24 +101,52 @@ def _check_rendered(command: list[str], env: dict[str, str], index: int) -> None
             raise Invalid(f"body.env.{key}", f"task {index} after substitution: value is longer than 4096 characters")
 
 
+def record_set(session: Session, app_state: Any, principal: Principal, spec: JobSetSpec) -> JobSet:
+    """``POST /v1/job-sets``: admit and record a set with all its tasks in the caller's
+    transaction, by the same checks, in the same order, as a single job
+    (gateway/jobs/admission.py ``record_jobs``)."""
+    from gateway.jobs import admission
+
+    settings = app_state.settings
+    admission.refuse_early(session, app_state, principal, spec)
+    return create_set(session, principal=principal, spec=spec, max_tasks=settings.max_array_tasks,
+                      max_points=settings.max_sweep_points, default_time_limit_s=settings.default_time_limit_s,
+                      max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
+                      waiting_reason=admission.waiting_reason(app_state),
+                      hold=admission.budget_hold(session, spec, settings))
+
+
 def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_tasks: int, max_points: int,
-               default_time_limit_s: int, max_time_limit_s: int, caps: Any, waiting_reason: str
-               ) -> JobSet:
+               default_time_limit_s: int, max_time_limit_s: int, caps: Any, waiting_reason: str,
+               hold: Callable[[list[Any]], str | None] | None = None) -> JobSet:
     """Record a set and all its tasks in the caller's transaction: a few bulk statements.
+
+    Judged as a single job is (gateway/jobs/intake.py), in the same order: the caller, the
+    time limit, the caps (``caps``; every task counts), then ``hold`` on the account chain the
+    cap check read (gateway/jobs/admission.py ``budget_hold``: why the tasks are held, or a
+    refusal), then the dependencies. ``caps`` None checks no caps and asks no ``hold``.
 
     Raises:
         Forbidden, Invalid, LimitExceeded: nothing is written.
     """
-    from gateway.jobs import service as jobs
+    from gateway.jobs import caps as job_caps
+    from gateway.jobs import intake, store
 
-    jobs.check_caller(principal, spec.account)
+    intake.check_caller(principal, spec.account)
     base = spec.job_spec()
     combos = expand(spec, max_tasks=max_tasks, max_points=max_points)
     count = len(combos)
-    time_limit_s = jobs.time_limit_of(spec.time_limit, default_s=default_time_limit_s, max_s=max_time_limit_s)
+    time_limit_s = intake.time_limit_of(spec.time_limit, default_s=default_time_limit_s, max_s=max_time_limit_s)
     if caps is not None:
-        jobs.check_caps(session, account=spec.account, username=principal.username, subject=principal.subject,
-                        caps=caps, with_key=False, adding=count)
+        job_caps.lock_caps(session, [(spec.account, principal.username)])
+        read = job_caps.read_caps(session, account=spec.account, username=principal.username,
+                                  subject=principal.subject, caps=caps, with_key=False)
+        if read is None:
+            raise Invalid("body.account", f"unknown account {spec.account!r}")
+        job_caps.admit(read, job_caps.CapTally(), adding=count)
+        held = hold(read.chain[::-1]) if hold is not None else None
+        if held:
+            waiting_reason = f"held: {held}"
     resolved = resolve(session, principal=principal, depends_on=spec.depends_on)
     max_running = spec.array.max_running if spec.array else None
     now = utcnow()
@@ -134,7 +160,7 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
     except Exception as exc:  # an unknown account fails the foreign key: nothing written
         from sqlalchemy.exc import IntegrityError
 
-        if isinstance(exc, IntegrityError) and jobs._is_foreign_key_violation(exc):
+        if isinstance(exc, IntegrityError) and store.is_foreign_key_violation(exc):
             raise Invalid("body.account", f"unknown account {spec.account!r}") from None
         raise
     templated = "{{" in "".join(base.command) + "".join(base.env.values())
@@ -142,8 +168,7 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
     # task none but its index, which has a column): gateway/models/specs.py renders the whole.
     params = names_of(spec)
     ids = new_ids(count)
-    job_rows: list[tuple[Any, ...]] = []
-    event_rows: list[tuple[Any, ...]] = []
+    rows: list[dict[str, Any]] = []
     blocked_by_deps = JobState.BLOCKED.value, resolved.reason
     waiting_slot = JobState.BLOCKED.value, f"waiting for a free slot (max_running {max_running})"
     pending = JobState.PENDING.value, waiting_reason
@@ -158,17 +183,15 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
             state, reason = waiting_slot
         else:
             state, reason = pending
-        own = json.dumps({"parameters": {k: values[k] for k in params}}) if params else "{}"
-        job_rows.append((ids[i], state, reason, own, i))
-        event_rows.append((ids[i], state, f'{{"job_set": "{set_id}", "array_index": {i}}}'))
-    bulk_insert(conn, Job.__table__, dict(
+        own = {"parameters": {k: values[k] for k in params}} if params else {}
+        rows.append({"id": ids[i], "state": state, "state_reason": reason, "spec": own, "array_index": i,
+                     "event_data": {"job_set": set_id, "array_index": i}})
+    store.insert_jobs(session, rows, shared=dict(
         name=spec.name, account_name=spec.account, submitted_by=principal.subject, username=principal.username,
         requested_pool=spec.pool, pool=None, workers=spec.workers,
         gpus_per_worker=spec.gpus_per_worker, total_gpus=spec.total_gpus, time_limit_s=time_limit_s,
         priority=spec.priority, routing_reason="", dispatch_attempts=0, created_at=now, updated_at=now,
-        job_set_id=set_id), ("id", "state", "state_reason", "spec", "array_index"), job_rows)
-    bulk_insert(conn, JobEvent.__table__, dict(at=now, actor=principal.subject, kind="state", from_state=None,
-                                               reason="submitted"), ("job_id", "to_state", "data"), event_rows)
+        job_set_id=set_id, lineage=None, actor=principal.subject))
     add_dependencies(session, ids, resolved)
     log.info("job set %s: %d tasks (%s)", set_id, count, kind,
              extra={"account": spec.account, "actor": principal.subject})
@@ -177,61 +200,6 @@ def create_set(session: Session, *, principal: Principal, spec: JobSetSpec, max_
 
 def names_of(spec: JobSetSpec) -> list[str]:
     return list(spec.sweep) if spec.sweep is not None else []
-
-
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
-
-
-def _copy_text(value: Any, is_json: bool = False) -> str:
-    """One value in COPY's text format (docs: COPY, "Text Format")."""
-    if type(value) is str and not is_json:
-        if "\\" in value or "\n" in value or "\r" in value or "\t" in value:
-            return value.translate(_COPY_ESCAPES)
-        return value
-    if value is None:
-        return "\\N"
-    if is_json and not isinstance(value, str):
-        value = json.dumps(value)
-    if isinstance(value, bool):
-        return "t" if value else "f"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, str):
-        # Most values need no escape; looking costs far less than translating.
-        if "\\" in value or "\n" in value or "\r" in value or "\t" in value:
-            return value.translate(_COPY_ESCAPES)
-        return value
-    raise TypeError(f"no COPY text form for {type(value).__name__}")
-
-
-def bulk_insert(conn, table, shared: dict[str, Any], columns: Sequence[str], rows: Sequence[tuple[Any, ...]],
-                *, chunk: int = 2000) -> None:
-    """Insert many rows in the connection's transaction: COPY on Postgres, executemany elsewhere.
-
-    Each row is ``shared`` (the values every row has) plus its own ``columns`` values, JSON
-    columns among those already encoded as text. psycopg's executemany still sends one
-    INSERT per row (pipelined); COPY streams them all in one command, and the rows' text is
-    built here with the shared part formatted once, which is what makes a 10,000-task
-    array one short request (bench/bench_arrays.py). Same transaction either way: a
-    failure writes nothing.
-    """
-    if not rows:
-        return
-    json_cols = {c.name for c in table.c if isinstance(c.type, JSON)}
-    if conn.dialect.name != "postgresql":
-        conn.execute(table.insert(), [
-            {**shared, **{c: json.loads(v) if c in json_cols and v is not None else v for c, v in zip(columns, row, strict=True)}}
-            for row in rows])
-        return
-    names = [*shared, *columns]
-    head = "".join(_copy_text(v, k in json_cols) + "\t" for k, v in shared.items())
-    raw = conn.connection.driver_connection
-    with raw.cursor() as cur, cur.copy(f"COPY {table.name} ({', '.join(names)}) FROM STDIN") as copy:
-        for start in range(0, len(rows), chunk):
-            copy.write("".join([head + "\t".join([_copy_text(v) for v in row]) + "\n"
-                                for row in rows[start:start + chunk]]))
 
 
 def list_tasks(session: Session, set_id: str, *, after_index: int = -1, limit: int = 100,

@@ -1,12 +1,13 @@
 """Admission at submit: the checks every entry point runs before a job or a job set is recorded.
 
-Single jobs (gateway/api/jobs.py) and job sets (gateway/api/flows.py) both call
-:func:`refuse_early` and then record through their service, which checks membership and the
-caps in the same transaction; :func:`budget_hold` (single jobs, on the chain the cap check
-read) and :func:`set_waiting_reason` (a set, once for all its tasks) give the budget verdict and
-refuse a job no concurrent-GPU limit lets run. One place, so the two paths cannot drift: a
-set whose tasks exceed the account's ``max_gpus`` was once accepted while the same single job
-got a 422 (issue #28).
+Single jobs (:func:`record_jobs`) and job sets (gateway/flows/service.py ``record_set``) take one path, in one
+order: :func:`refuse_early`, then their service checks membership, the time limit and the
+caps (gateway/jobs/caps.py: the same read and the same rule, a set counting all its tasks),
+and then :func:`budget_hold` on the account chain the cap check read gives the budget verdict
+and refuses a job no concurrent-GPU limit lets run. One place, so the two paths cannot
+drift: a set whose tasks exceed the account's ``max_gpus`` was once accepted while the same
+single job got a 422 (issue #28), and a set was once judged on its budget before its caps
+(issue #46).
 
 ``app_state`` is the FastAPI app's state: its dispatcher (capacity snapshot) and backends.
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 import functools
 
 from gateway.identity import system_users
-from gateway.jobs import service
+from gateway.jobs import caps as job_caps
+from gateway.jobs import intake
 from gateway.jobs.schemas import JobSpec
 from gateway.kit.errors import Forbidden, Invalid
 
@@ -97,38 +99,24 @@ def checkpoint_lineage(session, principal, spec: JobSpec) -> str | None:
     return earlier.checkpoint_lineage
 
 
-def set_waiting_reason(session, app_state, principal, spec: JobSpec) -> str:
-    """A job set's tasks' reason to wait (held by the budget, or for dispatch); 422 for a task
-    that could never run under the account's GPU limits or budget, as for a single job.
-
-    Only for a member of the account: anyone else is refused by the set's service (403)
-    before learning anything of the account's limits.
-    """
-    if not principal.may_use(spec.account):
-        return waiting_reason(app_state)
-    refuse_if_never_admissible(session, spec)
-    held = budget_verdict(session, spec, app_state.settings)
-    return f"held: {held}" if held else waiting_reason(app_state)
-
-
-def record_jobs(session, app_state, submissions: list[service.Submission]) -> list:
+def record_jobs(session, app_state, submissions: list[intake.Submission]) -> list:
     """``POST /v1/jobs``: admit and record ``submissions`` in one transaction (a group
     commit's batch, gateway/kit/groupcommit.py; one request is a batch of one), judged in
     order as if each were alone. One result each: ``(job, created)`` or its refusal."""
     settings = app_state.settings
 
-    def prepare(session, sub: service.Submission) -> None:
+    def prepare(session, sub: intake.Submission) -> None:
         refuse_early(session, app_state, sub.principal, sub.spec)
         sub.lineage = checkpoint_lineage(session, sub.principal, sub.spec)
         sub.hold = budget_hold(session, sub.spec, settings)
 
-    return service.create_many(session, submissions, default_time_limit_s=settings.default_time_limit_s,
+    return intake.create_many(session, submissions, default_time_limit_s=settings.default_time_limit_s,
                                max_time_limit_s=settings.max_time_limit_s, caps=caps(settings),
                                waiting_reason=waiting_reason(app_state), prepare=prepare)
 
 
-def caps(settings) -> service.SubmitCaps:
-    return service.SubmitCaps(pending_per_user=settings.max_pending_jobs_per_user,
+def caps(settings) -> job_caps.SubmitCaps:
+    return job_caps.SubmitCaps(pending_per_user=settings.max_pending_jobs_per_user,
                               pending_per_account=settings.max_pending_jobs_per_account,
                               keys_per_user=settings.max_idempotency_keys_per_user,
                               key_window_s=settings.idempotency_key_window_s)
@@ -142,7 +130,7 @@ def _denied_users(value: str) -> frozenset[str]:
 def refuse_system_user(principal, settings) -> None:
     """403 before anything is recorded when the caller's POSIX user is a system account."""
     if not principal.username:
-        return  # refused by service.create_many with its own reason
+        return  # refused by intake.create_many with its own reason
     reason = system_users.refusal(principal.username, min_uid=settings.min_job_uid,
                                   denied=_denied_users(settings.denied_job_users))
     if reason:
@@ -252,36 +240,22 @@ def refuse_if_never_admissible(session, spec: JobSpec) -> None:
 
 
 def budget_hold(session, spec: JobSpec, settings):
-    """For create(): refuse a job no concurrent-GPU limit lets run, or one bigger than a whole
-    budget period; the reason it is held when this period's budget is short. Works on the
-    account chain the cap check read (budgets and whether GPU limits are set ride along), so
-    the common case costs no read of its own."""
+    """Refuse a job no concurrent-GPU limit lets run, or one bigger than a whole budget period;
+    the reason it is held when this period's budget is short. Works on the account chain the
+    cap check read (budgets and whether GPU limits are set ride along), so the common case
+    costs no read of its own. Single jobs and every task of a set (one verdict for all: they
+    share a shape) are judged by it, after the caps."""
     from gateway.ledger import service as ledger
 
     def hold(chain) -> str | None:  # called by create() after it checked the caller and the time limit
         if any(row.max_gpus is not None or row.has_pool_limits for row in chain):
             refuse_if_never_admissible(session, spec)  # reads only when a GPU limit is set
-        time_limit_s = service.time_limit_of(spec.time_limit, default_s=settings.default_time_limit_s,
+        time_limit_s = intake.time_limit_of(spec.time_limit, default_s=settings.default_time_limit_s,
                                              max_s=settings.max_time_limit_s)
         return held_reason(ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
                                                      time_limit_s=time_limit_s, gpu_type=spec.gpu_type))
 
     return hold
-
-
-def budget_verdict(session, spec, settings) -> str | None:
-    """The same verdict as :func:`budget_hold`, read on its own (job sets: once per set)."""
-    from gateway.kit.errors import NotFound
-    from gateway.ledger import service as ledger
-
-    time_limit_s = service.time_limit_of(spec.time_limit, default_s=settings.default_time_limit_s,
-                                         max_s=settings.max_time_limit_s)
-    try:
-        verdict = ledger.budget_verdict(session, account=spec.account, total_gpus=spec.total_gpus,
-                                        time_limit_s=time_limit_s, gpu_type=spec.gpu_type)
-    except NotFound:
-        return None  # an unknown account: create() names the field
-    return held_reason(verdict)
 
 
 def held_reason(verdict) -> str | None:

@@ -28,10 +28,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.domain.preempt import Running, at_risk_gpu_hours
 from gateway.domain.states import JobState
+from gateway.jobs import journal
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, Unauthorized
 from gateway.kit.timeutil import as_utc, utcnow
-from gateway.models.jobs import GatewaySecret, Job, JobAttempt, JobEvent
+from gateway.models.jobs import GatewaySecret, Job, JobAttempt
 
 SECRET_NAME = "job-credential-key"
 PREFIX = "ijt1"
@@ -123,8 +124,8 @@ def report(session: Session, job: Job, *, attempt: int | None, at: datetime, act
         raise Conflict(f"job is {job.state}: only a running job reports checkpoints")
     job.checkpoint_at = at
     words = "checkpoint committed" + (f" at step {step}" if step is not None else "") + (f": {note}" if note else "")
-    session.add(JobEvent(job_id=job.id, at=at, actor=actor, kind=KIND, reason=words,
-                         data={"attempt": job.attempt, "step": step}))
+    journal.record(session, job.id, at=at, actor=actor, kind=KIND, reason=words,
+                   data={"attempt": job.attempt, "step": step})
     return job
 
 

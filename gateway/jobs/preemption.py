@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from gateway.domain.preempt import at_risk_gpu_hours
 from gateway.domain.states import JobState
-from gateway.models.jobs import Job, JobEvent, JobPreemption
+from gateway.jobs import journal
+from gateway.models.jobs import Job, JobPreemption
 
 KIND = "preemption"  # the kind of the events it writes
 
@@ -56,13 +57,13 @@ def choose(session: Session, reclaims: Sequence[Any], *, now: datetime, grace_s:
             if not done.rowcount:
                 continue
             recorded.append(victim.id)
-            session.add(JobEvent(job_id=victim.id, at=now, actor=actor, kind=KIND, reason=why, data={
+            journal.record(session, victim.id, at=now, actor=actor, kind=KIND, reason=why, data={
                 "preemptor": preemptor.id, "preemptor_account": preemptor.account_name, "pool": ev.pool,
-                "deadline": deadline.isoformat(), "gpu_hours_at_risk": round(risk, 4)}))
-        session.add(JobEvent(job_id=preemptor.id, at=now, actor=actor, kind=KIND,
-                             reason=f"reclaiming borrowed GPUs {ev.reason}",
-                             data={"victims": [v.id for v in ev.victims], "pool": ev.pool,
-                                   "deadline": deadline.isoformat()}))
+                "deadline": deadline.isoformat(), "gpu_hours_at_risk": round(risk, 4)})
+        journal.record(session, preemptor.id, at=now, actor=actor, kind=KIND,
+                       reason=f"reclaiming borrowed GPUs {ev.reason}",
+                       data={"victims": [v.id for v in ev.victims], "pool": ev.pool,
+                             "deadline": deadline.isoformat()})
     session.flush()
     return recorded
 
@@ -87,13 +88,13 @@ def _mark(session: Session, job_id: str, attempt: int, **values: Any) -> None:
 def signalled(session: Session, job_id: str, attempt: int, *, at: datetime, actor: str, words: str) -> None:
     """The backend was asked to signal the victim (what it sends is in ``words``)."""
     _mark(session, job_id, attempt, signalled_at=at)
-    session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND, reason=words))
+    journal.record(session, job_id, at=at, actor=actor, kind=KIND, reason=words)
 
 
 def stopped(session: Session, job_id: str, attempt: int, *, at: datetime, actor: str, words: str) -> None:
     """The backend was asked to stop the victim (the grace period is over)."""
     _mark(session, job_id, attempt, stopped_at=at)
-    session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND, reason=words))
+    journal.record(session, job_id, at=at, actor=actor, kind=KIND, reason=words)
 
 
 # The states in which a preemptor still waits for the room its reclaim makes.
@@ -120,8 +121,8 @@ def reason_gone(session: Session, p: JobPreemption) -> str | None:
 def call_off(session: Session, job_id: str, attempt: int, *, at: datetime, actor: str, why: str) -> None:
     """The reclaim of the victim's attempt is over before it was stopped: the victim keeps running."""
     _mark(session, job_id, attempt, ended_at=at)
-    session.add(JobEvent(job_id=job_id, at=at, actor=actor, kind=KIND,
-                         reason=f"reclaim called off: {why}. This job keeps running", data={"called_off": True}))
+    journal.record(session, job_id, at=at, actor=actor, kind=KIND,
+                   reason=f"reclaim called off: {why}. This job keeps running", data={"called_off": True})
 
 
 def close(session: Session, job_id: str, attempt: int, *, at: datetime) -> None:

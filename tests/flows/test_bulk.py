@@ -17,6 +17,7 @@ from sqlalchemy import select
 from gateway.domain import templates
 from gateway.flows import service
 from gateway.flows.schemas import JobSetSpec
+from gateway.kit import bulk
 from gateway.kit.timeutil import new_id, new_ids
 from gateway.models import specs
 from gateway.models.flows import JobSet
@@ -61,11 +62,11 @@ def test_a_template_renders_each_task_as_the_per_task_code(extra):
 
 
 def test_copy_text_escapes_what_copy_reads_specially():
-    assert service._copy_text("a\tb\nc\rd\\e") == "a\\tb\\nc\\rd\\\\e"
-    assert service._copy_text("\\N") == "\\\\N"  # a string, not NULL
-    assert service._copy_text(None) == "\\N"
-    assert service._copy_text({"k": "v\n"}, True) == '{"k": "v\\\\n"}'
-    assert service._copy_text(7) == "7" and service._copy_text(True) == "t"
+    assert bulk._copy_text("a\tb\nc\rd\\e") == "a\\tb\\nc\\rd\\\\e"
+    assert bulk._copy_text("\\N") == "\\\\N"  # a string, not NULL
+    assert bulk._copy_text(None) == "\\N"
+    assert bulk._copy_text({"k": "v\n"}, True) == '{"k": "v\\\\n"}'
+    assert bulk._copy_text(7) == "7" and bulk._copy_text(True) == "t"
 
 
 def test_new_ids_are_unique_and_strictly_increasing_past_4096_per_millisecond():

@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from gateway.domain.states import IllegalTransition, JobState
 from gateway.jobs import service
+from gateway.jobs.claims import Claims
 from gateway.models.jobs import Job, JobEvent
 
 SPEC = {"name": "s", "account": "team-a", "command": ["true"]}
@@ -58,7 +59,7 @@ def test_direct_assignment_is_validated_too():
 
 
 def test_the_bulk_claim_checks_every_change_against_the_table_before_it_writes_any(gw):
-    """The dispatch round's writer (service.Claims) applies the state machine too: a batch holding
+    """The dispatch round's writer (gateway/jobs/claims.py) applies the state machine too: a batch holding
     one illegal change (a cancelled job claimed) raises IllegalTransition, and none of it lands."""
     from datetime import timedelta
 
@@ -68,7 +69,7 @@ def test_the_bulk_claim_checks_every_change_against_the_table_before_it_writes_a
     gw.client.post(f"/v1/jobs/{cancelled_id}/cancel", headers=gw.headers())
     with gw.session() as s:
         n_events = len(s.scalars(select(JobEvent)).all())
-        writes = service.Claims(s)
+        writes = Claims(s)
         for job_id in (ok_id, cancelled_id):
             writes.claim(s.get(Job, job_id), pool="slurm", held_gpus=0, reason="routed to slurm",
                          lease_until=utcnow() + timedelta(seconds=60), actor="system:test")

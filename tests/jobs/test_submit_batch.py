@@ -1,7 +1,7 @@
 """Group commit of submissions (issue #32): many POST /v1/jobs in one transaction.
 
 Each worker records the submissions that arrive while its transaction is in flight
-together (gateway/kit/groupcommit.py, ``admission.record_jobs`` -> ``service.create_many``).
+together (gateway/kit/groupcommit.py, ``admission.record_jobs`` -> ``intake.create_many``).
 A batch must answer each member as if it had been alone: caps exact, idempotency keys as
 before (a duplicate inside one batch too), a refused member writes nothing and does not
 fail the others. On SQLite and Postgres.
@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import event, func, select
 
 from gateway.identity.principal import Principal
-from gateway.jobs import admission
-from gateway.jobs import service as jobs
+from gateway.jobs import admission, store
+from gateway.jobs import intake as jobs
 from gateway.jobs.schemas import JobSpec
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, Forbidden, Invalid, LimitExceeded
@@ -163,16 +163,16 @@ def test_concurrent_batches_never_pass_a_cap_on_postgres(gw, site, monkeypatch):
         pytest.skip("SQLite serialises writers itself; the race is Postgres's")
     site(max_pending_jobs_per_user=5)
     arrived = []
-    insert = jobs._insert_new
+    insert = store.insert_jobs
 
-    def held(session, new_rows):
-        insert(session, new_rows)
+    def held(session, new_rows, **kw):
+        insert(session, new_rows, **kw)
         arrived.append(1)
         deadline = time.monotonic() + 1
         while len(arrived) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    monkeypatch.setattr(jobs, "_insert_new", held)
+    monkeypatch.setattr(store, "insert_jobs", held)
     results: list = []
 
     def worker(tag):
@@ -196,16 +196,16 @@ def test_concurrent_api_submissions_share_transactions(gw, monkeypatch):
 
     from sqlalchemy.util.concurrency import await_only, in_greenlet
 
-    insert = jobs._insert_new
+    insert = store.insert_jobs
 
-    def slow(session, new_rows):
-        insert(session, new_rows)
+    def slow(session, new_rows, **kw):
+        insert(session, new_rows, **kw)
         if in_greenlet():
             await_only(asyncio.sleep(0.2))
         else:
             time.sleep(0.2)  # SQLite: in the thread pool
 
-    monkeypatch.setattr(jobs, "_insert_new", slow)
+    monkeypatch.setattr(store, "insert_jobs", slow)
     n = 8
 
     def post(i):
@@ -252,7 +252,7 @@ def test_a_refusal_after_writing_rolls_back_that_request_and_spares_its_batch_ma
     assert alone.status_code == 422 and alone.headers["content-type"].startswith("application/problem+json")
     assert rows(gw) == 1
 
-    insert = jobs._insert_new
+    insert = store.insert_jobs
 
     def slow(session, new_rows):  # the first batch is in flight while the others queue
         insert(session, new_rows)
@@ -261,7 +261,7 @@ def test_a_refusal_after_writing_rolls_back_that_request_and_spares_its_batch_ma
         else:
             time.sleep(0.2)
 
-    monkeypatch.setattr(jobs, "_insert_new", slow)
+    monkeypatch.setattr(store, "insert_jobs", slow)
     bodies = [{**BODY, "name": f"ok{i}"} for i in range(4)]
     bodies.insert(2, {**BODY, "name": "dep", "depends_on": [{"job": first}]})
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from sqlalchemy import func, select, update
 
 from gateway.domain.states import JobState
-from gateway.jobs.service import WAITING_STATES, set_state
+from gateway.jobs.caps import WAITING_STATES
+from gateway.jobs.service import set_state
 from gateway.kit.db import transaction
 from gateway.models.jobs import Job, WaitingCount
 

@@ -143,7 +143,7 @@ def test_concurrent_requests_never_pass_a_cap_on_postgres(gw, site, monkeypatch,
     from sqlalchemy.util.concurrency import await_only, in_greenlet
 
     from gateway.flows import service as flows
-    from gateway.jobs import service as jobs
+    from gateway.jobs import store
 
     if not gw.settings.database_url.startswith("postgresql"):
         pytest.skip("SQLite serialises writers itself; the race is Postgres's")
@@ -177,7 +177,7 @@ def test_concurrent_requests_never_pass_a_cap_on_postgres(gw, site, monkeypatch,
     if case.startswith("sets"):
         monkeypatch.setattr(flows, "add_dependencies", held(flows.add_dependencies))
     else:
-        monkeypatch.setattr(jobs, "_insert_new", held(jobs._insert_new))
+        monkeypatch.setattr(store, "insert_jobs", held(store.insert_jobs))
 
     def submit(req):
         user, account, groups = req

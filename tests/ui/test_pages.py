@@ -151,7 +151,7 @@ def test_outside_dev_mode_a_ui_issuer_needs_a_session_secret(tmp_path):
 
 
 def _set_estimate(ui, job_id: str, *, start, pool, reason) -> None:
-    from gateway.jobs import service as jobs
+    from gateway.jobs import claims as jobs
     from gateway.kit.db import transaction
     from gateway.models.jobs import Job
 
