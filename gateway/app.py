@@ -318,15 +318,17 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
 def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
     from sqlalchemy.exc import IntegrityError
 
-    from gateway.models.accounts import Account
+    from gateway.accounts.service import exists
+    from gateway.admin import lifecycle
 
     names = [n.strip() for n in settings.dev_accounts.split(",") if n.strip()]
     for attempt in (1, 2):
         try:
             with transaction(app.state.sessionmaker) as session:
                 for name in names:
-                    if session.get(Account, name) is None:
-                        session.add(Account(name=name, shares=1, description="dev-mode demo account"))
+                    if not exists(session, name):
+                        lifecycle.create(session, name=name, parent_name=None, shares=1,
+                                         description="dev-mode demo account")
             return
         except IntegrityError:
             # Another worker process of `serve --workers N` seeded them between our read and

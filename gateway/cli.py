@@ -261,18 +261,24 @@ def account() -> None:
 @click.option("--parent", default=None, help="parent account (quotas and budgets are inherited from it)")
 @click.option("--shares", default=1, show_default=True, type=int, help="fair-share shares among its siblings")
 def account_create(name: str, parent: str | None, shares: int) -> None:
+    from gateway.accounts.service import exists
+    from gateway.admin import lifecycle
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
-    from gateway.models.accounts import Account
+    from gateway.kit.errors import GatewayError
 
     settings = _settings()
     engine = make_engine(settings.database_url)
-    with transaction(make_sessionmaker(engine)) as session:
-        if session.get(Account, name) is None:
-            session.add(Account(name=name, parent_name=parent, shares=shares))
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            if exists(session, name):
+                click.echo(f"account {name} exists")
+                return
+            lifecycle.create(session, name=name, parent_name=parent, shares=shares)
             click.echo(f"created account {name}")
-        else:
-            click.echo(f"account {name} exists")
-    engine.dispose()
+    except GatewayError as exc:  # a bad name, an unknown parent, a tree too deep: the API's words
+        raise click.ClickException(str(exc)) from None
+    finally:
+        engine.dispose()
 
 
 # ----------------------------------------------------------------- client side

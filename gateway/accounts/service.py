@@ -253,3 +253,11 @@ def chains(session: Session, accounts: list[str]) -> dict[str, list[str]]:
 
 def exists(session: Session, name: str) -> bool:
     return session.get(Account, name) is not None
+
+
+def forget(session: Session, name: str) -> None:
+    """Drop a deleted account's quotas and members (gateway/admin/lifecycle.py)."""
+    from sqlalchemy import delete
+
+    for model in (AccountPoolQuota, AccountQuota, AccountMember):
+        session.execute(delete(model).where(model.account_name == name).execution_options(synchronize_session="fetch"))

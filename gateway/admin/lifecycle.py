@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete as sa_delete
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gateway.accounts import service as accounts
 from gateway.accounts.service import (
     _check_name,
     chain,
@@ -26,10 +26,11 @@ from gateway.accounts.tree import MAX_DEPTH
 from gateway.domain.states import FINAL_STATES
 from gateway.kit.errors import Conflict, Invalid
 from gateway.kit.timeutil import utcnow
+from gateway.ledger import service as ledger
 from gateway.ledger.service import move_subtree
-from gateway.models.accounts import Account, AccountMember, AccountQuota
+from gateway.models.accounts import Account
 from gateway.models.jobs import Job
-from gateway.models.ledger import AccountBalance, Reservation
+from gateway.pools import reservations
 
 
 def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "",
@@ -45,8 +46,7 @@ def create(session: Session, *, name: str, parent_name: str | None, shares: int,
                   priority_class=priority_class, created_at=utcnow())
     session.add(acc)
     session.flush()
-    session.add(AccountBalance(account_name=name, updated_at=utcnow()))
-    session.flush()
+    ledger.open_account(session, name)
     return acc
 
 
@@ -92,23 +92,12 @@ def delete(session: Session, *, name: str) -> None:
         Job.account_name == name, Job.state.not_in([s.value for s in FINAL_STATES])))
     if active:
         raise Conflict(f"account {name!r} has {active} active job(s); wait for them or cancel them first")
-    held = session.scalar(select(func.count()).select_from(Reservation).where(
-        Reservation.account_name == name, Reservation.status.in_(["reserved", "started"])))
-    if held:
-        raise Conflict(f"account {name!r} still holds {held} reservation(s)")
     history = session.scalar(select(func.count()).select_from(Job).where(Job.account_name == name))
     if history:
         raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
                        "to 0 instead of deleting it")
-    from gateway.models.accounts import AccountPoolQuota
-    from gateway.models.ledger import AccountPoolBalance
-    from gateway.models.pools import AdvanceReservation
-
-    session.execute(sa_delete(AdvanceReservation).where(AdvanceReservation.account == name)
-                    .execution_options(synchronize_session="fetch"))
-
-    for model in (AccountBalance, AccountPoolBalance, AccountPoolQuota, AccountQuota, AccountMember):
-        session.execute(sa_delete(model).where(model.account_name == name)
-                        .execution_options(synchronize_session="fetch"))
+    ledger.close_account(session, name)  # refuses while it holds reservations
+    reservations.remove_for_account(session, name)
+    accounts.forget(session, name)
     session.delete(acc)
     session.flush()

@@ -19,7 +19,7 @@ import math
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, bindparam, case, func, select, update
+from sqlalchemy import String, bindparam, case, delete, func, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased, object_session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -72,6 +72,25 @@ def _balance_rows(session: Session, names: list[str], *, lock: bool) -> dict[str
         _insert_missing_balances(session, missing)
         rows = {b.account_name: b for b in session.scalars(stmt)}
     return rows
+
+
+def open_account(session: Session, name: str) -> None:
+    """A new account's balance row (zero); an account that has one keeps it."""
+    _insert_missing_balances(session, [name])
+
+
+def close_account(session: Session, name: str) -> None:
+    """Drop a deleted account's balance rows (its history of entries stays).
+
+    Raises:
+        Conflict: the account still holds reservations (reserved or started).
+    """
+    held = session.scalar(select(func.count()).select_from(Reservation).where(
+        Reservation.account_name == name, Reservation.status.in_(["reserved", "started"])))
+    if held:
+        raise Conflict(f"account {name!r} still holds {held} reservation(s)")
+    for model in (AccountBalance, AccountPoolBalance):
+        session.execute(delete(model).where(model.account_name == name).execution_options(synchronize_session="fetch"))
 
 
 def _insert_missing_balances(session: Session, names: list[str]) -> None:
@@ -208,13 +227,6 @@ def charged_in_period(session: Session, account_name: str, since: date) -> int:
     return int(session.scalar(_CHARGED_SINCE, {"root": account_name, "since": since}) or 0)
 
 
-def _queued_by_user(session: Session, account_name: str, username: str) -> int:
-    stmt = select(func.count()).select_from(Reservation).where(
-        Reservation.username == username, Reservation.status == "reserved",
-        Reservation.account_name.in_(subtree_names(account_name)))
-    return int(session.scalar(stmt) or 0)
-
-
 def _pool_limits(session: Session, names: list[str], pools: list[str] | None) -> dict[tuple[str, str], tuple[int, int]]:
     """(account, pool) -> (limit, GPUs held there) for every per-pool limit set in the chain."""
     stmt = (select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus,
@@ -228,7 +240,7 @@ def _pool_limits(session: Session, names: list[str], pools: list[str] | None) ->
 
 
 def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], gpus: int,
-             pool: str | None, committed: int, username: str, now: datetime,
+             pool: str | None, committed: int, now: datetime,
              quotas: dict[str, Any] | None = None,
              pool_limits: dict[tuple[str, str], tuple[int, int]] | None = None) -> str | None:
     """Why the gang does not fit (first failing limit, leaf first), or None.
@@ -258,12 +270,8 @@ def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountB
             return "; ".join(blocked)
         if q is None:
             continue
-        if q.max_queued_jobs is not None and b.queued_jobs + 1 > q.max_queued_jobs:
-            return f"{name}: {b.queued_jobs} of {q.max_queued_jobs} queued jobs"
-        if q.max_queued_jobs_per_user is not None:
-            mine = _queued_by_user(session, name, username)
-            if mine + 1 > q.max_queued_jobs_per_user:
-                return f"{name}: user {username} has {mine} of {q.max_queued_jobs_per_user} queued jobs"
+        # max_queued_jobs and max_queued_jobs_per_user are not the ledger's: they count the
+        # jobs that wait to start, judged once, at submit (gateway/jobs/caps.py; issue #46).
         if q.budget_gpu_seconds is not None:
             since = period_start(q.budget_period, q.budget_window_days, now)
             charged = charged_in_period(session, name, since)
@@ -364,7 +372,7 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
     gpus = job.total_gpus if gpus is None else gpus
     committed = committed_for(gpus, job.time_limit_s, weight)
     why = _refusal(session, names=names, balances=balances, gpus=gpus, pool=pool,
-                   committed=committed, username=job.username, now=now)
+                   committed=committed, now=now)
     if why:
         return False, why
     return True, f"fits the quotas of {' > '.join(names)}"
@@ -443,8 +451,7 @@ _DEFAULT_WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool ==
                                                          GpuBillingWeight.gpu_type == "*").scalar_subquery()
 _POOL_COST = select(Pool.cost).where(Pool.name == bindparam("pool")).scalar_subquery()
 _BALANCE_COLS = ("reserved_gpus", "committed_gpu_seconds", "charged_gpu_seconds", "queued_jobs")
-_QUOTA_COLS = ("max_gpus", "max_queued_jobs", "max_queued_jobs_per_user",
-               "budget_gpu_seconds", "budget_period", "budget_window_days")
+_QUOTA_COLS = ("max_gpus", "budget_gpu_seconds", "budget_period", "budget_window_days")
 # Per-pool limit and GPUs held in the reserving pool, per chain account (NULL: no limit /
 # no row). The balance row is written under the chain's lock, like account_balance.
 _POOL_LIMIT = select(AccountPoolQuota.max_gpus).where(
@@ -514,7 +521,7 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
     committed = committed_for(held, job.time_limit_s, weight)
     pool_limits = {(r.name, pool): (r.pool_limit, r.pool_held or 0) for r in rows if r.pool_limit is not None}
     why = _refusal(session, names=names, balances=balances, gpus=held, pool=pool,
-                   committed=committed, username=job.username, now=now, quotas=quotas, pool_limits=pool_limits)
+                   committed=committed, now=now, quotas=quotas, pool_limits=pool_limits)
     if why:
         raise QuotaExceeded(why)
     row, entry = reserve_rows(job=job, pool=pool, gpu_type=gpu_type, held=held, weight=weight,
@@ -715,8 +722,6 @@ _ZERO = _BalanceView()
 @dataclasses.dataclass(frozen=True)
 class _QuotaView:
     max_gpus: int | None
-    max_queued_jobs: int | None
-    max_queued_jobs_per_user: int | None
     budget_gpu_seconds: int | None
     budget_period: str
     budget_window_days: int

@@ -85,6 +85,12 @@ def remove(session: Session, reservation_id: str) -> str:
     return pool
 
 
+def remove_for_account(session: Session, account: str) -> None:
+    """Delete every advance reservation of an account being deleted (gateway/admin/lifecycle.py)."""
+    session.execute(delete(AdvanceReservation).where(AdvanceReservation.account == account)
+                    .execution_options(synchronize_session="fetch"))
+
+
 # The one commit in the middle of a request, and why: an admin's new or deleted reservation
 # is made in (or removed from) the backend before the answer (Slurm: a real reservation),
 # by the dispatcher's sync (gateway/dispatch/holds.py). That sync reads the registry and

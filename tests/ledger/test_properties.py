@@ -46,8 +46,6 @@ def _check(s, names: list[str]) -> None:
         for pool, limit in ledger.accounts.effective_quota(s, name)["max_gpus_per_pool"].items():
             if limit.source == name:
                 assert held.get(pool, 0) <= limit.value, (name, pool)
-        if q.max_queued_jobs is not None:
-            assert b.queued_jobs <= q.max_queued_jobs
         if q.budget_gpu_seconds is not None:
             charged = ledger.charged_in_period(s, name, T0.date().replace(day=1))
             remaining = q.budget_gpu_seconds - charged - b.committed_gpu_seconds
