@@ -8,9 +8,11 @@ bench/bench_submit_growth.py documents (``jobs`` jobs, ``pending`` of them waiti
 through httpx's ASGI transport on this thread's event loop: no server, no load generator.
 For each read it prints the median request time as served (the thread pool as in production),
 then profiles ``requests`` more with cProfile, the thread pool's work run inline so that one
-profiler sees all of it, and sums the functions' own time by where their code lives:
-SQLAlchemy, the driver (psycopg, which includes waiting for Postgres), pydantic, FastAPI and
-Starlette, Jinja2, json, the gateway's own code, the rest. Prints only; docs/benchmarks.md
+profiler sees all of it, timed in this thread's CPU time (what the gateway's process spends;
+Postgres's own time and the load of other processes on the host are not in it), and sums the
+functions' own time by where their code lives: SQLAlchemy, the driver (psycopg), pydantic,
+FastAPI and Starlette, Jinja2, json, the gateway's own code, the rest; then the statements
+each request sent. Prints only; docs/benchmarks.md
 ("Reads as cheap as writes (issue #46)") holds the figures of a run.
 """
 
@@ -34,7 +36,7 @@ from bench.bench_submit_growth import UI_SECRET, dev_tokens, grow, ui_cookie
 from bench.common import fresh_database
 
 # Where a function's code lives -> the bucket its own time is summed into (first match wins).
-BUCKETS = (("psycopg", "driver (psycopg, waiting for Postgres)"), ("sqlalchemy", "SQLAlchemy (ORM, Core, pool)"),
+BUCKETS = (("psycopg", "driver (psycopg)"), ("sqlalchemy", "SQLAlchemy (ORM, Core, pool)"),
            ("pydantic", "pydantic"), ("fastapi", "FastAPI"), ("starlette", "Starlette"), ("jinja2", "Jinja2"),
            ("markupsafe", "Jinja2"), ("/json/", "json"), ("httpx", "test client (httpx)"),
            ("/gateway/", "gateway"), ("asyncio", "event loop"), ("anyio", "event loop"))
@@ -101,7 +103,7 @@ async def measure(app, headers: dict, reads: dict, job: str, n: int, top: int, p
                     _sql[key] = _sql.get(key, 0) + 1
 
                 event.listen(Engine, "before_cursor_execute", count)
-                prof = cProfile.Profile()
+                prof = cProfile.Profile(time.thread_time)  # CPU time: no Postgres, no other process's load
                 prof.enable()
                 for _ in range(n):
                     await client.get(url, headers=headers[who], follow_redirects=False)
@@ -122,7 +124,8 @@ def report(name: str, res: dict, n: int, top: int) -> None:
     for (filename, _line, _fn), (_cc, _nc, tt, _ct, _callers) in st.stats.items():
         sums[bucket(filename)] = sums.get(bucket(filename), 0.0) + tt
         total += tt
-    print(f"profiled (thread pool inline, cProfile's own overhead included): {total / n * 1e3:.2f} ms per request")
+    print(f"profiled (CPU time, thread pool inline, cProfile's own overhead included): {total / n * 1e3:.2f} ms "
+          f"per request, {sum(v[1] for v in st.stats.values()) / n:,.0f} function calls")
     for b, t in sorted(sums.items(), key=lambda kv: -kv[1]):
         print(f"  {b:42} {t / n * 1e3:6.2f} ms  {t / total:5.1%}")
     for order, where in (("tottime", ""), ("cumulative", "/gateway/")):

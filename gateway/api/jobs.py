@@ -19,13 +19,13 @@ from fastapi import (
     Response,
 )
 from fastapi.responses import StreamingResponse
-from pydantic_core import PydanticSerializationError, to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
 from sqlalchemy.orm import Session
 
 from gateway.domain.shapes import format_duration
 from gateway.domain.states import JobState
 from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
-from gateway.jobs import admission, checkpoints, intake, preemption, repository, service
+from gateway.jobs import admission, checkpoints, preemption, repository, service
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
@@ -88,17 +88,26 @@ _JOB_OUT = {name: None if f.is_required() else f.get_default(call_default_factor
             for name, f in JobOut.model_fields.items()}
 
 
-def jobs_json(session: Session, jobs: list) -> list[dict[str, Any]]:
-    """Rows of ``repository.SHOWN`` as JobOut's JSON, without a model per row (issue #46): read
-    from the registry, they were validated when they were written; ``to_jsonable_python`` makes
-    the same JSON values as FastAPI's serialization of the model."""
-    fields = [{**_JOB_OUT, **job_fields(j, session)} for j in jobs]
+def page_response(session: Session, jobs: list, next_cursor: str | None) -> Response:
+    """Rows of ``repository.SHOWN`` as JobPage's JSON, without a model per row (issue #46): read
+    from the registry, they were validated when they were written.
+
+    Written by pydantic's serializer in one pass, the bytes FastAPI's serialization of the model
+    wrote (json.dumps of its JSON values), except for a float below 1e-4, which Python writes
+    as ``5e-05`` and pydantic as ``0.00005``: a page holding a sweep's parameters, the one place
+    such floats can be, takes that longer path, as does a string no UTF-8 encoder takes (a lone
+    surrogate stored before bodies were checked, kit/unicode.py)."""
+    items = [{**_JOB_OUT, **job_fields(j, session)} for j in jobs]
+    page = {"items": items, "next_cursor": next_cursor}
+    if not any(i["parameters"] for i in items):
+        try:
+            return Response(to_json(page), media_type="application/json")
+        except PydanticSerializationError:
+            pass
     try:
-        return to_jsonable_python(fields)
-    except (UnicodeEncodeError, PydanticSerializationError):
-        # A lone surrogate in a key (a row stored before bodies were checked, kit/unicode.py):
-        # the models' own serialization, which the list used before.
-        return [JobOut(**f).model_dump(mode="json") for f in fields]
+        return JSONResponse(to_jsonable_python(page))
+    except (UnicodeEncodeError, PydanticSerializationError):  # a surrogate in a key: the models' own way
+        return JSONResponse({"items": [JobOut(**i).model_dump(mode="json") for i in items], "next_cursor": next_cursor})
 
 
 def with_checkpoint_dir(out: JobOut, job: Job, request: Request) -> JobOut:
@@ -133,10 +142,10 @@ def _submissions(state) -> GroupCommit:
     loop = asyncio.get_running_loop()
     held = getattr(state, "submissions", None)
     if held is None or held[0] is not loop:
-        async def run(items: list[intake.Submission]) -> list:
+        async def run(items: list[service.Submission]) -> list:
             try:
                 return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
-            except intake.RefusedWhileWriting as exc:
+            except service.RefusedWhileWriting as exc:
                 if len(items) == 1:
                     return [exc.refusal]  # rolled back: nothing of it is kept
                 raise  # the group commit re-runs each member alone
@@ -184,7 +193,7 @@ async def submit_job(
     # loop (kit/db.py in_transaction): no thread-pool hop.
     await admission.look_up_user(principal)
     job, created = await _submissions(request.app.state).submit(
-        intake.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
+        service.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
@@ -214,17 +223,17 @@ async def list_jobs(
 ) -> Response:
     after = _decode_cursor(cursor) if cursor else None
 
-    def page(session: Session) -> dict[str, Any]:
+    def page(session: Session) -> Response:
         jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
                                         account=account, pool=pool or backend, after_id=after, limit=limit + 1,
                                         job_set=job_set, columns=repository.SHOWN)
         more = len(jobs) > limit
         jobs = jobs[:limit]
-        return {"items": jobs_json(session, jobs), "next_cursor": _encode_cursor(jobs[-1].id) if more else None}
+        return page_response(session, jobs, _encode_cursor(jobs[-1].id) if more else None)
 
-    # Read without a transaction, in one thread-pool hop (kit/db.py in_read), sent as built: the page
-    # is JobPage's JSON already (issue #46).
-    return JSONResponse(await in_read(request.app.state, page))
+    # Read without a transaction, in one thread-pool hop (kit/db.py in_read), sent as built: the
+    # page is JobPage's JSON already (issue #46).
+    return await in_read(request.app.state, page)
 
 
 JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",

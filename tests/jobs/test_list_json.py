@@ -4,8 +4,9 @@ The list no longer builds a model per row (gateway/api/jobs.py ``jobs_json``): i
 job's fields as read. A user must not see the difference: each listed job is what
 ``GET /v1/jobs/{id}`` answers for it, with the fields only getJob fills (``depends_on``,
 ``dependents``, ``attempts``, ``preemption``, ``checkpoint_dir``) null, as the model gave them;
-for a single job, an array's task (its spec rendered from the set's), a running job (its
-GPU-hours at risk) and a pending one with an estimate.
+for a single job, an array's task (its spec rendered from the set's), a sweep's (its
+parameter values), a running job (its GPU-hours at risk) and a pending one with an
+estimate.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def test_each_listed_job_is_its_getjob_json_in_jobout_order(gw):
     r = gw.client.post("/v1/job-sets", json={"name": "arr", "account": "team-a", "command": ["echo", "{{ index }}"],
                                              "array": {"count": 2}}, headers=gw.headers())
     assert r.status_code in (200, 201, 202), r.text
+    sweep = gw.client.post("/v1/job-sets", json={"name": "sw", "account": "team-a", "command": ["train", "{{ lr }}"],
+                                                 "sweep": {"lr": [0.00005]}}, headers=gw.headers())
+    assert sweep.status_code in (200, 201, 202), sweep.text
     now = utcnow()
     with gw.session() as s:
         s.query(Job).filter(Job.id == running).update(
@@ -54,7 +58,8 @@ def test_each_listed_job_is_its_getjob_json_in_jobout_order(gw):
     by_id = {j["id"]: j for j in items}
     assert by_id[estimated]["estimate_reason"] == "behind 2 jobs" and by_id[estimated]["estimated_pool"] == "slurm"
     assert by_id[single]["env"] == {"A": "é", "B": "x"}
-    assert sorted(j["command"][1] for j in items if j["job_set_id"]) == ["0", "1"]
-    # The page is JSON as the app writes it: compact, non-ASCII as UTF-8.
+    assert sorted(j["command"][1] for j in items if j["job_set_id"] and not j["parameters"]) == ["0", "1"]
+    # The page is JSON as the app writes it: compact, non-ASCII as UTF-8, a sweep's values as stored.
     assert '"env":{"A":"é","B":"x"}' in listed.content.decode()
+    assert '"parameters":{"lr":"5e-05"}' in listed.content.decode()
     assert listed.json() == json.loads(listed.content)
