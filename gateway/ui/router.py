@@ -9,6 +9,7 @@ state-changing form carries the session's CSRF token (docs/ui.md).
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -32,6 +33,7 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.accounts import service as accounts
@@ -240,23 +242,36 @@ def jobs_page(request: Request, state: str = "", account: str = "", pool: str = 
         rows = jobs_repo.list_readable(session, principal, states=[state] if state else (),
                                        account=account or None, pool=pool or None, limit=200,
                                        columns=jobs_repo.IN_TABLE)
-        # Objects, not dicts: Jinja looks an attribute up first and a key after it, and a dict's
-        # missing attribute, an exception per cell, was most of the page's rendering (issue #46).
-        items = [SimpleNamespace(id=j.id, name=j.name, account=j.account_name, user=j.username, state=j.state,
-                                 why=j.state_reason or "", estimate=_namespace(estimate_of(j)),
-                                 pool=job_pool(j) or "", created_at=j.created_at)
-                 for j in rows]
+        items = [job_row(j.id, j.name, j.account_name, j.username, j.state, j.state_reason or "", job_pool(j) or "",
+                         j.created_at, *_estimate_key(estimate_of(j))) for j in rows]
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
     pool_names = sorted(getattr(request.app.state, "backends", {}) or {})
-    return render(request, "jobs.html", {"jobs": items, "states": [s.value for s in JobState],
+    return render(request, "jobs.html", {"rows": items, "states": [s.value for s in JobState],
                                          "accounts": names, "pools": pool_names,
                                          "filters": {"state": state, "account": account, "pool": pool}},
                   principal=principal)
 
 
-def _namespace(values: dict[str, Any] | None) -> SimpleNamespace | None:
-    return SimpleNamespace(**values) if values is not None else None
+_ESTIMATE = ("at", "iso", "in", "pool", "reason")
+
+
+def _estimate_key(estimate: dict[str, Any] | None) -> tuple:
+    return (False,) + (None,) * len(_ESTIMATE) if estimate is None else (True, *map(estimate.get, _ESTIMATE))
+
+
+@functools.lru_cache(maxsize=4096)
+def job_row(job_id, name, account, user, state, why, pool, created_at, estimated, *estimate) -> Markup:
+    """One row of the jobs table (templates/job_row.html), rendered once for each distinct set of
+    the values it shows and kept: the page's 200 rows were most of its time, and between two
+    polls of the page (every 5 s) few of them change (issue #46). An estimate's "in 5 min" is
+    one of the values, so a row whose words change is rendered anew."""
+    values = dict(zip(_ESTIMATE, estimate, strict=True))
+    # Attributes, not dict keys: Jinja tries an attribute first, and a dict's missing one is an exception.
+    row = SimpleNamespace(id=job_id, name=name, account=account, user=user, state=state, why=why, pool=pool,
+                          created_at=created_at,
+                          estimate=SimpleNamespace(**values) if estimated else None)
+    return Markup(templates.get_template("job_row.html").render(j=row))
 
 
 @router.get("/jobs/{job_id}", name="ui_job")
