@@ -1,9 +1,11 @@
 """The dispatch round before/after a change, in ONE run: the two code versions measured in turns.
 
-Usage: python bench/bench_round_ab.py --before REV [--jobs 100000] [--rounds 15] [--pools 10] [--repeats 3]
+Usage: python bench/bench_round_ab.py --before REV [--after REV] [--jobs 100000] [--rounds 15] [--pools 10] [--repeats 3]
 
 The "before" code is git revision REV (``git archive`` into a temporary directory), the
-"after" code this checkout (with any uncommitted changes). Each measurement runs in its own
+"after" code this checkout (with any uncommitted changes), or with ``--after`` another
+revision exported the same way (the committed code only: in a working tree that others
+edit too, their uncommitted changes would be measured with yours). Each measurement runs in its own
 Python process with that tree first on ``sys.path``, and uses that tree's own
 ``bench/bench_dispatch_round.py`` (``_seed`` and ``_rounds``) on a fresh Postgres database
 migrated by that tree's own migrations, so a schema change between the two (a renamed
@@ -53,19 +55,21 @@ def _run(tree: str, *, jobs: int, pools: int, rounds: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True, help="git revision of the 'before' code")
+    ap.add_argument("--after", help="git revision of the 'after' code (default: this checkout as it is)")
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--pools", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    before_rev, after_rev = short_rev(a.before), short_rev("HEAD")
-    changed = dirty()
+    before_rev, after_rev = short_rev(a.before), short_rev(a.after or "HEAD")
+    changed = "" if a.after else dirty()
     results = {"before": {"ms": [], "cpu": [], "statements": [], "runs": []},
                "after": {"ms": [], "cpu": [], "statements": [], "runs": []}}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="isthmus-round-ab-") as tmp:
         before_tree = export_rev(before_rev, os.path.join(tmp, "before"))
-        trees = (("before", before_tree), ("after", str(REPO)))
+        after_tree = export_rev(after_rev, os.path.join(tmp, "after")) if a.after else str(REPO)
+        trees = (("before", before_tree), ("after", after_tree))
         for repeat in range(a.repeats):
             for name, tree in trees:
                 got = _run(tree, jobs=a.jobs, pools=a.pools, rounds=a.rounds)
@@ -82,7 +86,7 @@ def main() -> None:
     body = "\n".join([
         "## One dispatch round, before / after (`bench/bench_round_ab.py`)",
         "",
-        (f"`python bench/bench_round_ab.py --before {before_rev} --jobs {a.jobs} --rounds {a.rounds} "
+        (f"`python bench/bench_round_ab.py --before {before_rev}{f' --after {after_rev}' if a.after else ''} --jobs {a.jobs} --rounds {a.rounds} "
         f"--pools {a.pools} --repeats {a.repeats}` ({machine()}; Postgres; run {time.strftime('%Y-%m-%d %H:%M')} UTC; "
         f"load average {load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at the end). The round of "
         "`bench/bench_dispatch_round.py` (100 of the pending jobs claimed over "
