@@ -9,6 +9,7 @@ from gateway.domain.states import JobState
 from gateway.domain.storage import NO_STORAGE, Catalog
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
+from gateway.pools import service as pools
 from gateway.pools.service import LIMITS_REFRESH_S, pool_meta, record_limits
 
 
@@ -35,8 +36,8 @@ class Capacity:
         if fresh or time.monotonic() - self._views_at > self.settings.capacity_ttl_s or not self._views:
             with transaction(self.sessions) as s:  # each pool's row and its jobs dispatching or queued
                 meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))
-            self._views = {name: PoolView.snapshot(name, b, depth.get(name, 0),
-                                                   {**meta.get(name, {}), "storages": self.storage.provided_by(name)})
+            self._views = {name: pools.snapshot(name, b, depth.get(name, 0),
+                                                {**meta.get(name, {}), "storages": self.storage.provided_by(name)})
                            for name, b in self.backends.items()}
             self._views_at = time.monotonic()
         return self._views

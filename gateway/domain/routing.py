@@ -19,7 +19,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 
-from adapters.base import Backend, BackendError, Capacity, Feature, features_of
+from adapters.base import Capacity, Feature, Features, features_of
 from gateway.domain.planner import take_domains
 from gateway.domain.shapes import normalise_gpu_type, parse_memory_mib
 from gateway.domain.storage import needed_storages, remounts
@@ -30,7 +30,6 @@ class PoolView:
     """One backend's capacity as seen at the start of a dispatch round."""
 
     name: str
-    backend: Backend | None
     capacity: Capacity | None
     error: str = ""
     free_gpus: int = 0
@@ -65,12 +64,15 @@ class PoolView:
     _excluded_memo: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
     _described: tuple = dataclasses.field(default=(None, ""), init=False, repr=False, compare=False)
     _exclusive: tuple = dataclasses.field(default=(None, False), init=False, repr=False, compare=False)
+    # What the pool's adapter can do (adapters.base.features_of of the built backend: its
+    # settings and transport count); None: only what its kind's adapter class says.
+    features: Features | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.kind:
-            self.kind = getattr(self.backend, "name", None) or self.name
-        if self.backend is not None:
-            features = features_of(self.backend)
+            self.kind = self.features.backend if self.features is not None else self.name
+        if self.features is not None:
+            features = self.features
             self.image_unsupported = self.image_unsupported or features.why_not(Feature.CONTAINER_IMAGE)
             self.remount_unsupported = self.remount_unsupported or features.why_not(Feature.MOUNT_PATHS)
 
@@ -95,22 +97,23 @@ class PoolView:
         known = {f: limits[f] for f in cls.LIMIT_FIELDS if f in limits}
         if "topology_sizes" in known:
             known["topology_sizes"] = dict(known["topology_sizes"] or {})
-        return cls(name=name, backend=None, capacity=Capacity(backend=meta.get("kind", name), pools=()),
+        return cls(name=name, capacity=Capacity(backend=meta.get("kind", name), pools=()),
                    gpu_types=frozenset(limits.get("gpu_types") or ()), **known, **meta)
 
     @classmethod
-    def snapshot(cls, name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> PoolView:
-        """Ask the backend for its capacity now. ``meta``: the pool's row (kind, state, weight, cost,
-        gpu_types); configured GPU types replace the ones the backend reports."""
+    def of_capacity(cls, name: str, features: Features | None, cap: Capacity | None, *, error: str = "",
+                    queue_depth: int = 0, meta: Mapping | None = None) -> PoolView:
+        """The view of what a pool's adapter answered (``cap``), or of why it could not
+        (``error``, with ``cap`` None). Pure: asking the adapter is the caller's
+        (``gateway/pools/service.py::snapshot``; issue #46). ``meta``: the pool's row (kind,
+        state, weight, cost, gpu_types); configured GPU types replace the ones it reports."""
         meta = dict(meta or {})
         configured_types = frozenset(normalise_gpu_type(t) for t in meta.pop("gpu_types", None) or ())
-        try:
-            cap = backend.capacity()
-        except BackendError as exc:
-            return cls(name=name, backend=backend, capacity=None, error=exc.message, queue_depth=queue_depth,
+        if cap is None:
+            return cls(name=name, features=features, capacity=None, error=error, queue_depth=queue_depth,
                        gpu_types=configured_types, **meta)
         return cls(
-            name=name, backend=backend, capacity=cap, **meta,
+            name=name, features=features, capacity=cap, **meta,
             free_gpus=sum(p.free_gpus for p in cap.pools), idle_nodes=sum(p.idle_nodes for p in cap.pools),
             total_gpus=sum(p.total_gpus for p in cap.pools), total_nodes=sum(p.total_nodes for p in cap.pools),
             gpus_per_node=max((p.gpus_per_node for p in cap.pools), default=0),

@@ -9,8 +9,9 @@ it as idle (a snapshot without capacity never fits now).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
-from adapters.base import Backend
+from adapters.base import Backend, BackendError, features_of
 from gateway.domain.routing import PoolView
 
 
@@ -51,9 +52,19 @@ def require_known(session, pool: str, field: str, *, or_auto: bool = False) -> s
     return pool
 
 
+def snapshot(name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> PoolView:
+    """Ask the pool's adapter for its capacity now, and see it as a round does
+    (``PoolView.of_capacity``): the one place a capacity is asked for a view."""
+    try:
+        cap, error = backend.capacity(), ""
+    except BackendError as exc:
+        cap, error = None, exc.message
+    return PoolView.of_capacity(name, features_of(backend), cap, error=error, queue_depth=queue_depth, meta=meta)
+
+
 def probe(name: str, backend: Backend) -> PoolHealth:
     """Ask the backend now (start-up; tests)."""
-    return health_of(PoolView.snapshot(name, backend))
+    return health_of(snapshot(name, backend))
 
 
 def current(dispatcher) -> dict[str, PoolHealth]:

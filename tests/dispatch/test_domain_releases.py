@@ -30,7 +30,7 @@ def sessions(tmp_path, sqlite_template):
 
 def view() -> PoolView:
     cap = Capacity(backend="slurm", pools=(PoolCapacity("gpu", 4, 1, 32, 8, 8, topology=BLOCKS),))
-    return PoolView(name="slurm", backend=None, capacity=cap, kind="slurm", idle_nodes=1, total_nodes=4,
+    return PoolView(name="slurm", capacity=cap, kind="slurm", idle_nodes=1, total_nodes=4,
                     total_gpus=32, free_gpus=8, gpus_per_node=8, domains={"block": {"b1": 0, "b2": 1}},
                     topology_sizes={"block": 2})
 

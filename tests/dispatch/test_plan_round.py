@@ -201,7 +201,7 @@ def test_free_now_never_counts_a_dispatched_job_twice():
 
     def view(idle):
         cap = Capacity(backend="slurm", pools=(PoolCapacity("gpu", 4, idle, 32, 8 * idle, 8),))
-        return {"slurm": PoolView(name="slurm", backend=None, capacity=cap, idle_nodes=idle, free_gpus=8 * idle,
+        return {"slurm": PoolView(name="slurm", capacity=cap, idle_nodes=idle, free_gpus=8 * idle,
                                   total_nodes=4, total_gpus=32, gpus_per_node=8)}
 
     # registry: 2 nodes held (one running, one just queued)
@@ -225,7 +225,7 @@ def test_units_of_a_gang_that_just_ended_but_still_show_as_used_free_soon_so_the
 
     def views(free_gpus):  # one Kubernetes pool, 32 GPUs on four 8-GPU nodes
         cap = Capacity(backend="kubernetes", pools=(PoolCapacity("q", 4, 4, 32, free_gpus, 8),))
-        return {"kube": PoolView(name="kube", backend=None, capacity=cap, kind="kubernetes", idle_nodes=4,
+        return {"kube": PoolView(name="kube", capacity=cap, kind="kubernetes", idle_nodes=4,
                                  free_gpus=free_gpus, total_nodes=4, total_gpus=32, gpus_per_node=8)}
 
     running = [Release("kube", 8, t + 100), Release("kube", 8, t + 110)]  # two 8-GPU stream jobs

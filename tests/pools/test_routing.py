@@ -21,7 +21,7 @@ def view(name: str, kind: str, *, nodes: int = 4, idle: int = 4, gpus_per_node: 
     cap = Capacity(backend=kind, pools=(PoolCapacity(pool="p", total_nodes=nodes, idle_nodes=idle,
                                                      total_gpus=nodes * gpus_per_node, free_gpus=idle * gpus_per_node,
                                                      gpus_per_node=gpus_per_node),))
-    return PoolView(name=name, backend=None, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
+    return PoolView(name=name, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
                     total_gpus=nodes * gpus_per_node, total_nodes=nodes, gpus_per_node=gpus_per_node,
                     gpu_types=frozenset(gpu_types), kind=kind, state=state, cost=cost, weight=weight)
 

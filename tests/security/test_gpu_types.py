@@ -74,7 +74,7 @@ class _Pool:
 
 
 def test_routing_matches_gpu_types_without_case():
-    views = {"slurm": PoolView.snapshot("slurm", _Pool())}
+    views = {"slurm": PoolView.of_capacity("slurm", None, _Pool().capacity())}
     shape = JobShape(workers=1, gpus_per_worker=8, total_gpus=8, image=None, gpu_type="h100")
     assert check_pinned(shape, "slurm", views) in (None, "")
 

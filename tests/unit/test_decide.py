@@ -18,7 +18,7 @@ def view(name: str, *, nodes: int, idle: int, gpus_per_node: int = 8) -> PoolVie
     cap = Capacity(backend=name, pools=(PoolCapacity(pool="p", total_nodes=nodes, idle_nodes=idle,
                                                      total_gpus=nodes * gpus_per_node, free_gpus=idle * gpus_per_node,
                                                      gpus_per_node=gpus_per_node),))
-    return PoolView(name=name, backend=None, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
+    return PoolView(name=name, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
                     total_gpus=nodes * gpus_per_node, total_nodes=nodes, gpus_per_node=gpus_per_node)
 
 

@@ -78,3 +78,58 @@ def test_importing_the_domain_loads_nothing_outside_the_core():
     loaded = run.stdout.split()
     assert set(modules) <= set(loaded)
     assert not [m for m in loaded if _offending(m)]
+
+
+# What the core may not be handed (issue #46): a database session or connection, or a pool's
+# adapter (whose methods reach a cluster). Adapter *data* (Capacity, Features) is fine.
+_HANDLES = {"Session", "Connection", "Engine", "AsyncSession", "Backend", "Transport"}
+_HANDLE_NAMES = {"session", "conn", "connection", "engine", "backend", "backends", "transport"}
+
+
+def _handles_taken(source: str) -> list[str]:
+    """Parameters and dataclass fields of ``source`` that take a session or a backend, by
+    annotation or by name, and imports of those types."""
+    tree = ast.parse(source)
+    found = []
+
+    def named(annotation: ast.AST | None) -> set[str]:
+        if annotation is None:
+            return set()
+        text = ast.unparse(annotation)
+        return {w for w in _HANDLES if w in text.replace("[", " ").replace("]", " ").replace("|", " ").replace(".", " ")
+                .replace(",", " ").split()}
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and {a.name for a in node.names} & _HANDLES:
+            found.append(f"line {node.lineno}: imports {sorted({a.name for a in node.names} & _HANDLES)}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                if a is None:
+                    continue
+                if a.arg in _HANDLE_NAMES or named(a.annotation):
+                    found.append(f"line {a.lineno}: parameter {a.arg}")
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and (
+                        stmt.target.id in _HANDLE_NAMES or named(stmt.annotation)):
+                    found.append(f"line {stmt.lineno}: field {node.name}.{stmt.target.id}")
+    return found
+
+
+def test_the_handle_checker_finds_sessions_and_backends():
+    assert _handles_taken("def f(session): pass\n")
+    assert _handles_taken("def f(s: Session): pass\n")
+    assert _handles_taken("def f(*, pool: Backend | None = None): pass\n")
+    assert _handles_taken("class V:\n    backend: Backend | None\n")
+    assert _handles_taken("from adapters.base import Backend, Capacity\n")
+    assert not _handles_taken("from adapters.base import Capacity, Features\n"
+                              "def f(cap: Capacity, features: Features | None, sessions_seen: int): pass\n")
+
+
+def test_domain_functions_take_no_session_and_no_backend():
+    """The round decides over data: capacity snapshots (PoolView.of_capacity, built by
+    gateway/pools/service.py::snapshot, which asks the adapter), shapes, fair share. Still
+    not pure (docs/architecture.md): decide's LedgerPort, whose implementation runs SQL."""
+    bad = {str(p.relative_to(ROOT)): found for p in sorted(DOMAIN.glob("*.py")) if (found := _handles_taken(p.read_text()))}
+    assert bad == {}, bad

@@ -13,7 +13,7 @@ def view(name: str, *, nodes: int, idle: int, gpus_per_node: int = 8, depth: int
     cap = Capacity(backend=name, pools=(PoolCapacity(pool="p", total_nodes=nodes, idle_nodes=idle,
                                                      total_gpus=nodes * gpus_per_node, free_gpus=idle * gpus_per_node,
                                                      gpus_per_node=gpus_per_node),))
-    return PoolView(name=name, backend=None, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
+    return PoolView(name=name, capacity=cap, free_gpus=idle * gpus_per_node, idle_nodes=idle,
                     total_gpus=nodes * gpus_per_node, total_nodes=nodes, gpus_per_node=gpus_per_node,
                     queue_depth=depth)
 
@@ -112,7 +112,7 @@ def test_a_view_from_stored_limits_refuses_what_the_live_view_refuses():
     assert verdicts == [check_pinned(s, "slurm", {"slurm": stored}) for s in shapes]
     assert [v is None for v in verdicts] == [False, False, False, False, True]
     assert stored.free_gpus == 0 and stored.idle_nodes == 0  # never a basis for routing
-    assert PoolView(name="x", backend=None, capacity=None).limits() is None  # no snapshot: nothing known
+    assert PoolView(name="x", capacity=None).limits() is None  # no snapshot: nothing known
 
 
 # ---------------------------------------------------------------- topology (docs/planning.md)

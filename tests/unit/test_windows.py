@@ -111,7 +111,7 @@ def test_an_ended_window_changes_nothing():
 
 def view(name="slurm-24", exclusive=True, windows=()):
     cap = Capacity("slurm", (PoolCapacity(name, 4, 4, 32, 32, gpus_per_node=8, windows=tuple(windows)),))
-    return PoolView(name=name, backend=None, capacity=cap, free_gpus=32, idle_nodes=4, total_gpus=32,
+    return PoolView(name=name, capacity=cap, free_gpus=32, idle_nodes=4, total_gpus=32,
                     total_nodes=4, gpus_per_node=8, kind="slurm" if exclusive else "kubernetes")
 
 
