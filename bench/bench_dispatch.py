@@ -29,7 +29,7 @@ def pick(args) -> None:
     from gateway.dispatch import pending_order
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.timeutil import new_id, utcnow
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
     from gateway.models.accounts import Account
     from gateway.models.jobs import Job
 
@@ -67,7 +67,7 @@ def pick(args) -> None:
         for _ in range(args.repeats):
             with sessions() as s, s.begin():
                 t = time.perf_counter()
-                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now, half_life_s=7 * 86400).items()}
+                factors = {n: f.factor for n, f in ledger_reading.fairshare(s, now=now, half_life_s=7 * 86400).items()}
                 t1 = time.perf_counter()
                 jobs = pending_order(s, now=now, limit=100, lock=True, factors=factors)
                 t2 = time.perf_counter()
@@ -86,7 +86,7 @@ def pick(args) -> None:
 ({machine()}; Postgres 15 on loopback; run {time.strftime('%Y-%m-%d')}). {args.pending:,} pending jobs spread over
 {args.accounts:,} accounts with random priorities. "Pick" is `pending_order`: the next 100 jobs in
 fair-share order (accounts by factor, then priority, then age), locked `FOR UPDATE SKIP LOCKED`.
-The fair-share factors (one `ledger.fairshare` call per dispatch round) are timed separately.
+The fair-share factors (one `ledger_reading.fairshare` call per dispatch round) are timed separately.
 
 | | median | p90 |
 |---|---|---|
@@ -109,7 +109,7 @@ def plan_round(args) -> None:
     from gateway.kit.db import make_engine, make_sessionmaker
     from gateway.kit.settings import Settings
     from gateway.kit.timeutil import new_id, utcnow
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
     from gateway.models.accounts import Account
     from gateway.models.jobs import Job
     from gateway.pools.config import PoolConfig
@@ -184,7 +184,7 @@ def plan_round(args) -> None:
             # Its parts, in a transaction rolled back (same state).
             with sessions() as s, s.begin():
                 t0 = time.perf_counter()
-                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now, half_life_s=7 * 86400).items()}
+                factors = {n: f.factor for n, f in ledger_reading.fairshare(s, now=now, half_life_s=7 * 86400).items()}
                 picked = pending_order(s, now=now, limit=window, lock=True, factors=factors, per_account=per_account)
                 t1 = time.perf_counter()
                 rels, registry_held = planning.releases(s, views, now=now)
@@ -200,7 +200,7 @@ def plan_round(args) -> None:
             plan_ms.append((t3 - t2) * 1e3)
             with sessions() as s, s.begin():  # reference, same run: the greedy round's pick (dispatch-pick)
                 t = time.perf_counter()
-                factors = {n: f.factor for n, f in ledger.fairshare(s, now=now, half_life_s=7 * 86400).items()}
+                factors = {n: f.factor for n, f in ledger_reading.fairshare(s, now=now, half_life_s=7 * 86400).items()}
                 assert len(pending_order(s, now=now, limit=100, lock=True, factors=factors)) == 100
                 ref_ms.append((time.perf_counter() - t) * 1e3)
                 s.rollback()

@@ -99,9 +99,9 @@ def _rounds(url: str, pools: int, rounds: int) -> list[float]:
         STATEMENTS.append(len(seen))
         assert len(claimed) == 100, len(claimed)
     with sessions() as s:
-        from gateway.ledger import service as ledger
+        from gateway.ledger import reading as ledger_reading
 
-        assert ledger.verify(s) == [], "the batched reservations must match the ledger entries"
+        assert ledger_reading.verify(s) == [], "the batched reservations must match the ledger entries"
     engine.dispose()
     return out
 
@@ -220,7 +220,7 @@ def main() -> None:
         "their events, in one statement; and writes the reservations with the chains locked once (one "
         "statement, one text whatever the accounts), then ONE statement of data-modifying CTEs for "
         "reservations, ledger entries, balance deltas and per-pool rows. The bulk writes send their rows as "
-        "one JSON document (`json_to_recordset`). `ledger.verify()` is empty after every run."),
+        "one JSON document (`json_to_recordset`). `ledger_reading.verify()` is empty after every run."),
         "",
         "Where a round's wall time goes, and what was tried, is in the notes below this section.",
     ])

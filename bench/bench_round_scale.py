@@ -127,9 +127,9 @@ def _rounds(url: str, pools: int, rounds: int) -> dict[str, list[float]]:
     event.remove(engine, "begin", begin)
     event.remove(engine, "commit", before_commit)
     with sessions() as s:
-        from gateway.ledger import service as ledger
+        from gateway.ledger import reading as ledger_reading
 
-        assert ledger.verify(s) == [], "the batched reservations must match the ledger entries"
+        assert ledger_reading.verify(s) == [], "the batched reservations must match the ledger entries"
     engine.dispose()
     return out
 

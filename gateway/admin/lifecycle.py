@@ -26,7 +26,7 @@ from gateway.accounts.tree import MAX_DEPTH
 from gateway.domain.states import FINAL_STATES
 from gateway.kit.errors import Conflict, Invalid
 from gateway.kit.timeutil import utcnow
-from gateway.ledger import service as ledger
+from gateway.ledger import chains as ledger_chains
 from gateway.ledger.service import move_subtree
 from gateway.models.accounts import Account
 from gateway.models.jobs import Job
@@ -46,7 +46,7 @@ def create(session: Session, *, name: str, parent_name: str | None, shares: int,
                   priority_class=priority_class, created_at=utcnow())
     session.add(acc)
     session.flush()
-    ledger.open_account(session, name)
+    ledger_chains.open_account(session, name)
     return acc
 
 
@@ -96,7 +96,7 @@ def delete(session: Session, *, name: str) -> None:
     if history:
         raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
                        "to 0 instead of deleting it")
-    ledger.close_account(session, name)  # refuses while it holds reservations
+    ledger_chains.close_account(session, name)  # refuses while it holds reservations
     reservations.remove_for_account(session, name)
     accounts.forget(session, name)
     session.delete(acc)

@@ -23,7 +23,7 @@ from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.params import AccountName
 from gateway.kit.timeutil import as_utc
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
 
 router = APIRouter(prefix="/v1/accounts", tags=["accounts"])
 
@@ -71,7 +71,7 @@ def quota_out(eff: dict) -> QuotaOut:
 
 
 def usage_out(session: Session, name: AccountName, half_life_s: float) -> AccountUsageOut:
-    u = ledger.account_usage(session, account=name, half_life_s=half_life_s)
+    u = ledger_reading.account_usage(session, account=name, half_life_s=half_life_s)
     b = u["balance"]
     def hours(v):
         return (None if v is None else round(v / 3600, 3))
@@ -94,7 +94,7 @@ def list_accounts(request: Request, principal: Principal = Depends(get_principal
     names = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                      is_admin=principal.is_admin)
     tree = service.load_tree(session)
-    fs = ledger.fairshare(session, half_life_s=request.app.state.settings.fairshare_half_life_s)
+    fs = ledger_reading.fairshare(session, half_life_s=request.app.state.settings.fairshare_half_life_s)
     return AccountPage(items=[AccountOut(name=n, parent=tree[n].parent_name, shares=tree[n].shares,
                                          description=tree[n].description or "",
                                          fairshare_factor=fs[n].factor if n in fs else None,

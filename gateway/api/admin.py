@@ -47,6 +47,7 @@ from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.params import AccountName, UserName
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import breakdown, repository
+from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
 from gateway.models.accounts import AccountMember
 from gateway.pools.service import require_known
@@ -334,7 +335,7 @@ def usage_report_csv(
                         "tree order. Fair share is one factor per account across every pool.", responses=problem_responses(401, 403))
 def fairshare_table(request: Request, session: Session = Depends(get_session, scope="function")) -> FairShareTable:
     now = utcnow()
-    fs = ledger.fairshare(session, now=now, half_life_s=_half_life(request))
+    fs = ledger_reading.fairshare(session, now=now, half_life_s=_half_life(request))
     tree = accounts.load_tree(session)
     kids = accounts.children_map(tree)
     order: list[str] = []

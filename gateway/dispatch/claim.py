@@ -42,8 +42,10 @@ from gateway.jobs import preemption
 from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
 from gateway.kit.errors import QuotaExceeded
+from gateway.ledger import chains as ledger_chains
 from gateway.ledger import guarantees
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from gateway.ledger.round import RoundLedger
 from gateway.models.jobs import Job
 from gateway.models.specs import shape_of
@@ -170,7 +172,7 @@ class _LedgerPort:
         return self.rl.known_pools()
 
     def admission_check(self, job: Job, pool: str, gpus: int) -> tuple[bool, str]:
-        return ledger.admission_check(self.session, job=job, pool=pool, now=self.now, gpus=gpus)
+        return ledger_rules.admission_check(self.session, job=job, pool=pool, now=self.now, gpus=gpus)
 
     def reserve(self, job: Job, pool: str, gpus: int) -> str | None:
         try:  # a refusal writes nothing: no savepoint needed (a chain without limits cannot refuse)
@@ -217,7 +219,7 @@ class Claimer:
                         prepared[c.job.id] = (c.pool, submit_request(c.job, first_attempt=first_attempt(c.job, False),
                                                                      pool=c.pool, launch=self.launch))
                 break
-            except (ledger.ChainChanged, OperationalError) as exc:
+            except (ledger_chains.ChainChanged, OperationalError) as exc:
                 # The account tree moved under a reservation, or two dispatchers locked two
                 # account chains in opposite orders (Postgres aborts one): nothing of this
                 # claim was written; claim again.
@@ -250,7 +252,7 @@ class Claimer:
         pools' views, the planner's inputs, and the ledger read once for the picked accounts;
         and the backends' own reservations of the advance reservations (id -> name)."""
         views = {name: v.for_round() for name, v in fresh_views.items()}
-        shares, overall, with_pool = ledger.fairshare_and_guarantees(
+        shares, overall, with_pool = ledger_reading.fairshare_and_guarantees(
             s, now=now, half_life_s=self.settings.fairshare_half_life_s)
         factors = {name: fs.factor for name, fs in shares.items()}
         # Windows and advance reservations (docs/planning.md) need time, which only the planner

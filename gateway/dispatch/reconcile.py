@@ -38,6 +38,10 @@ from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.kit.timeutil import as_utc
+from gateway.ledger import chains as ledger_chains
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import requeues as ledger_requeues
+from gateway.ledger import rules as ledger_rules
 from gateway.ledger import service as ledger
 from gateway.models.jobs import Job, JobEvent
 from gateway.models.ledger import Reservation
@@ -178,7 +182,7 @@ class Reconciler:
                         continue
                     charged += bool(ledger.accrue_usage(s, job=job, now=now, actor=RECONCILER,
                                                         half_life_s=self.settings.fairshare_half_life_s))
-            except ledger.ChainChanged:
+            except ledger_chains.ChainChanged:
                 continue  # the account tree moved meanwhile: the next round charges it
         return charged
 
@@ -350,7 +354,7 @@ class Reconciler:
         longer fits is cancelled (on the backend too) with the budget's words as the reason.
         """
         started = as_utc(job.started_at) or at
-        outcome = ledger.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now,
+        outcome = ledger_requeues.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now,
                                  half_life_s=self.settings.fairshare_half_life_s)
         ran_s = int((at - started).total_seconds())
         # The run that ended is an attempt of its own, under the job's retry policy (docs/recovery.md,
@@ -413,7 +417,7 @@ class Reconciler:
         before = sum(a.charged_gpu_seconds for a in jobs.attempts_of(s, job.id))
         ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
                              half_life_s=self.settings.fairshare_half_life_s, retried=True)
-        charged = ledger.charged_gpu_seconds(s, job_id=job.id) - before
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job.id) - before
         policy = retry.policy_of(spec_of(job), self.settings.retry_max_attempts)
         number, pool = job.attempt, job.pool
         nodes = list(job.nodes or []) or list(status.nodes)
@@ -439,7 +443,7 @@ class Reconciler:
         """
         if started is None:
             return None
-        requeued_at = ledger.last_requeue_at(s, job_id=job.id)
+        requeued_at = ledger_reading.last_requeue_at(s, job_id=job.id)
         if requeued_at is None or started >= requeued_at:
             return started
         return None if final else requeued_at
@@ -485,7 +489,7 @@ class Reconciler:
             ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
             ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
                                  half_life_s=self.settings.fairshare_half_life_s)
-        elif ledger.last_requeue_at(s, job_id=job.id) is not None:
+        elif ledger_reading.last_requeue_at(s, job_id=job.id) is not None:
             # Ended while requeued: its earlier runs were charged; close the reservation as
             # finished (not released) so that usage stays on record and refundable.
             ledger.record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER,

@@ -197,7 +197,7 @@ def refuse_if_never_admissible(session, spec: JobSpec) -> None:
 
     from gateway.accounts import service as accounts
     from gateway.kit.errors import NotFound
-    from gateway.ledger.service import routable_pools
+    from gateway.ledger.rules import routable_pools
     from gateway.models.accounts import AccountPoolQuota, AccountQuota
     from gateway.models.pools import Pool
 
@@ -245,14 +245,14 @@ def budget_hold(session, spec: JobSpec, settings):
     cap check read (budgets and whether GPU limits are set ride along), so the common case
     costs no read of its own. Single jobs and every task of a set (one verdict for all: they
     share a shape) are judged by it, after the caps."""
-    from gateway.ledger import service as ledger
+    from gateway.ledger import rules as ledger_rules
 
     def hold(chain) -> str | None:  # called by create() after it checked the caller and the time limit
         if any(row.max_gpus is not None or row.has_pool_limits for row in chain):
             refuse_if_never_admissible(session, spec)  # reads only when a GPU limit is set
         time_limit_s = intake.time_limit_of(spec.time_limit, default_s=settings.default_time_limit_s,
                                              max_s=settings.max_time_limit_s)
-        return held_reason(ledger.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
+        return held_reason(ledger_rules.budget_verdict_of(session, chain, total_gpus=spec.total_gpus,
                                                      time_limit_s=time_limit_s, gpu_type=spec.gpu_type))
 
     return hold

@@ -17,7 +17,7 @@ lock the chain only to add the same deltas. So a round:
   (data-modifying CTEs), one statement each on SQLite.
 
 Both go through one writer, :func:`gateway.ledger.service.write_reservations` (a single
-job's :func:`reserve` is a batch of one), so ``ledger.verify()`` stays empty. If the tree
+job's :func:`reserve` is a batch of one), so ``reading.verify()`` stays empty. If the tree
 moved, or a limit was set on one of these chains between the read and the lock, the round
 raises ``ChainChanged`` and the dispatcher claims the round again (nothing of it was written).
 """
@@ -36,6 +36,8 @@ from sqlalchemy.orm import Session, aliased
 from gateway.accounts.tree import up_many_cte, walk_up
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit.errors import Invalid
+from gateway.ledger import chains as ledger_chains
+from gateway.ledger import rules as ledger_rules
 from gateway.ledger import service as ledger
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import (
@@ -46,7 +48,9 @@ from gateway.models.pools import Pool
 from gateway.models.specs import field_of
 from gateway.pools.service import require_known
 
-_LIMITS = ("max_gpus", "budget_gpu_seconds", "max_queued_jobs", "max_queued_jobs_per_user")
+# The limits the ledger judges when it reserves (max_queued_jobs and its per-user twin are
+# judged at submit only: gateway/jobs/caps.py, docs/ledger.md).
+_LIMITS = ("max_gpus", "budget_gpu_seconds")
 _POOL_LIMITED = exists().where(AccountPoolQuota.account_name == Account.name, AccountPoolQuota.max_gpus.isnot(None))
 
 # Every picked account and its ancestors (UNION, so a cycle ends the walk), with their
@@ -111,17 +115,17 @@ class RoundLedger:
         return False
 
     def budget_verdict(self, *, job: Any, now: datetime) -> tuple[str, str] | None:
-        """:func:`ledger.budget_verdict` of the job, from the chain read once per round."""
+        """:func:`ledger_rules.budget_verdict` of the job, from the chain read once per round."""
         names = self.chain(job.account_name)
         if names is None:
-            return ledger.budget_verdict(self.session, account=job.account_name, total_gpus=job.total_gpus,
+            return ledger_rules.budget_verdict(self.session, account=job.account_name, total_gpus=job.total_gpus,
                                          time_limit_s=job.time_limit_s, gpu_type=field_of(job, "gpu_type", self.session),
                                          now=now)
         if not any((q := self._quota.get(n)) is not None and q.budget_gpu_seconds is not None for n in names):
             return None  # what budget_verdict_of says of a chain without a budget, without building its rows
         rows = [_BudgetRow(n, *((q.budget_gpu_seconds, q.budget_period, q.budget_window_days)
                                 if (q := self._quota.get(n)) is not None else (None, None, None))) for n in names]
-        return ledger.budget_verdict_of(self.session, rows, total_gpus=job.total_gpus,
+        return ledger_rules.budget_verdict_of(self.session, rows, total_gpus=job.total_gpus,
                                         time_limit_s=job.time_limit_s, gpu_type=field_of(job, "gpu_type", self.session),
                                         now=now)
 
@@ -169,9 +173,9 @@ class RoundLedger:
         held = job.total_gpus if gpus is None else max(int(gpus), job.total_gpus)
         gpu_type = normalise_gpu_type(field_of(job, "gpu_type", self.session))
         weight = self.weight(pool, gpu_type)
-        committed = ledger.committed_for(held, job.time_limit_s, weight)
+        committed = ledger_rules.committed_for(held, job.time_limit_s, weight)
         row, entry = ledger.reserve_rows(job=job, pool=pool, gpu_type=gpu_type, held=held, weight=weight,
-                                         committed=committed, actor=actor, now=ledger._now(now))
+                                         committed=committed, actor=actor, now=ledger_rules._now(now))
         self._deferred.append(ledger.ReservationWrite(job, pool, names, row, entry))
 
     def reserve(self, *, job: Any, pool: str, actor: str, now: datetime, gpus: int | None = None) -> None:
@@ -207,17 +211,17 @@ class RoundLedger:
         rows = self.session.execute(stmt, params).all()
         if len(rows) < len(order):
             # Accounts made before the ledger (or by the bootstrap CLI) have no balance row yet.
-            ledger._insert_missing_balances(self.session, sorted(set(order) - {r.account_name for r in rows}))
+            ledger_chains._insert_missing_balances(self.session, sorted(set(order) - {r.account_name for r in rows}))
             rows = self.session.execute(stmt, params).all()
         got = {r.account_name: r for r in rows}
         for n in order:
             r = got.get(n)
             if r is None or r.fresh_parent != self._parent.get(n):
-                raise ledger.ChainChanged(f"the account tree above {n!r} changed while the dispatch round was "
-                                          "being claimed; retry")
+                raise ledger_chains.ChainChanged(f"the account tree above {n!r} changed while the dispatch round "
+                                                 "was being claimed; retry")
             if r.pool_limited or any(getattr(r, c) is not None for c in _LIMITS):
-                raise ledger.ChainChanged(f"a limit was set on {n!r} while the dispatch round was being claimed; "
-                                          "retry")
+                raise ledger_chains.ChainChanged(f"a limit was set on {n!r} while the dispatch round was being "
+                                                 "claimed; retry")
 
 
 def _lock_stmt(where, order_by):

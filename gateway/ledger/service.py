@@ -1,36 +1,61 @@
-"""The quota ledger: reserve, start, finish, release, admin adjustments, fair share.
+"""The quota ledger's writers: reserve, start, finish, accrue, release, admin adjustments,
+re-parenting (issue #46 cut the ledger along its seams; the other modules are named below).
 
 Every write follows the same steps, inside the caller's transaction (we only flush):
 
-1. lock the account chain's ``account_balance`` rows, root first (``SELECT ... FOR UPDATE``
-   on Postgres; SQLite writers are already serialised by ``BEGIN IMMEDIATE``);
-2. read the job's reservation and decide (idempotent: a repeated call is a no-op);
+1. lock the account chain's ``account_balance`` rows, root first (``chains.py``: ``SELECT ...
+   FOR UPDATE`` on Postgres; SQLite writers are already serialised by ``BEGIN IMMEDIATE``);
+2. read the job's reservation and decide (idempotent: a repeated call is a no-op), by the
+   rules of ``rules.py``;
 3. append ledger entries and update the running totals of every account in the chain.
 
 Because every writer for an account holds the lock on each ancestor's balance row, two
 dispatchers can never both see room for the last gang (docs/ledger.md, "Concurrency").
+
+The rest of the ledger: ``chains.py`` (the balance rows: created, locked root first, their
+totals moved), ``rules.py`` (admission and budget rules, and the reads they need),
+``reading.py`` (fair share, balances, ``verify``, usage), ``requeues.py`` (a run the backend
+requeued), ``round.py`` (a dispatch round's batched reads and writes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import String, bindparam, case, delete, func, select, update
+from sqlalchemy import String, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session, aliased, object_session
-from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
-from gateway.accounts.tree import MAX_DEPTH, subtree_names, up_cte
-from gateway.domain.fairshare import FairShare, compute_fairshare, decay
+from gateway.domain.fairshare import decay
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit import bulk
-from gateway.kit.errors import Conflict, Invalid, NotFound, QuotaExceeded
+from gateway.kit.errors import Conflict, Invalid, QuotaExceeded
 from gateway.kit.timeutil import as_utc, utcnow
+from gateway.ledger.chains import (
+    _CHAIN_ACCOUNT,
+    _LOCKED_CHAIN_FROM,
+    _UP,
+    _apply,
+    _apply_pool,
+    _balance_rows,
+    _chain_deltas_ctes,
+    _lock_chain,
+    _locked_chain_rows,
+    _locked_reservation,
+    add_pool_deltas,
+)
+from gateway.ledger.rules import (
+    _BalanceView,
+    _now,
+    _refusal,
+    _run_charge,
+    committed_for,
+    pool_balances,
+)
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import (
     AccountBalance,
@@ -46,399 +71,6 @@ from gateway.models.specs import field_of
 from gateway.pools.service import require_known
 
 
-def _now(now: datetime | None) -> datetime:
-    return as_utc(now) or utcnow()
-
-
-def _hours(gpu_seconds: float) -> str:
-    return f"{gpu_seconds / 3600:.1f}"
-
-
-# ----------------------------------------------------------------- locking
-
-
-def _balance_rows(session: Session, names: list[str], *, lock: bool) -> dict[str, AccountBalance]:
-    """Balance rows of ``names`` (in that order: root first), creating missing ones."""
-    order = case({n: i for i, n in enumerate(names)}, value=AccountBalance.account_name)
-    stmt = (select(AccountBalance).where(AccountBalance.account_name.in_(names)).order_by(order)
-            .execution_options(populate_existing=True))
-    if lock:
-        stmt = stmt.with_for_update()
-    rows = {b.account_name: b for b in session.scalars(stmt)}
-    missing = [n for n in names if n not in rows]
-    if missing:
-        # Accounts created before the ledger existed (or by the bootstrap CLI): add the
-        # zero row race-free, then lock again.
-        _insert_missing_balances(session, missing)
-        rows = {b.account_name: b for b in session.scalars(stmt)}
-    return rows
-
-
-def open_account(session: Session, name: str) -> None:
-    """A new account's balance row (zero); an account that has one keeps it."""
-    _insert_missing_balances(session, [name])
-
-
-def close_account(session: Session, name: str) -> None:
-    """Drop a deleted account's balance rows (its history of entries stays).
-
-    Raises:
-        Conflict: the account still holds reservations (reserved or started).
-    """
-    held = session.scalar(select(func.count()).select_from(Reservation).where(
-        Reservation.account_name == name, Reservation.status.in_(["reserved", "started"])))
-    if held:
-        raise Conflict(f"account {name!r} still holds {held} reservation(s)")
-    for model in (AccountBalance, AccountPoolBalance):
-        session.execute(delete(model).where(model.account_name == name).execution_options(synchronize_session="fetch"))
-
-
-def _insert_missing_balances(session: Session, names: list[str]) -> None:
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    session.execute(insert(AccountBalance).values([{"account_name": n, "updated_at": utcnow()} for n in names])
-                    .on_conflict_do_nothing(index_elements=["account_name"]))
-
-
-# Built once: rebuilding these recursive statements per call cost ~2 ms of SQLAlchemy
-# cache-key work on every reservation (bench/bench_ledger.py).
-_UP = up_cte("up")  # the account bound as :leaf and its ancestors (accounts/tree.py)
-_CHAIN_NAMES = select(_UP.c.name).order_by(_UP.c.depth.desc())
-_CHAIN_ACCOUNT = aliased(Account, name="chain_account")
-# How every ledger writer locks an account chain: one statement locks each chain account's
-# balance row and its ``account`` row, root first (per row the balance row, then the
-# account row: the same order move_subtree uses, so the two cannot deadlock).
-#
-# Freshness (Postgres, READ COMMITTED): the chain (the recursive CTE) is read from the
-# statement's snapshot, which is stale if we waited for a lock held by a re-parent. A
-# locked row, though, is returned in its latest committed version, so ``fresh_parent`` is
-# the parent *now*, and while we hold the account row (FOR NO KEY UPDATE, which does not
-# block foreign-key checks from new jobs) nobody can re-parent it. The locked rows are the
-# current chain exactly when their fresh parents link them root to leaf (_chain_complete).
-_LOCKED_CHAIN_FROM = (_UP.join(AccountBalance, AccountBalance.account_name == _UP.c.name)
-                      .join(_CHAIN_ACCOUNT, _CHAIN_ACCOUNT.name == _UP.c.name))
-_LOCK_CHAIN = (select(AccountBalance, _UP.c.name, _CHAIN_ACCOUNT.parent_name.label("fresh_parent"))
-               .select_from(_LOCKED_CHAIN_FROM).order_by(_UP.c.depth.desc())
-               .with_for_update(of=[AccountBalance, _CHAIN_ACCOUNT], key_share=True)
-               .execution_options(populate_existing=True))
-
-
-class ChainChanged(Conflict):
-    """The account tree changed under a ledger write; roll the transaction back and retry.
-
-    Raised instead of locking the new chain while holding the old one's locks, which
-    would break the root-first lock order and deadlock with other writers.
-    """
-
-
-def _chain_complete(rows: list) -> bool:
-    """The locked rows are the whole current chain: each row's fresh parent is the row before."""
-    return bool(rows) and all(r.fresh_parent == (rows[i - 1].name if i else None) for i, r in enumerate(rows))
-
-
-def _locked_chain_rows(session: Session, account_name: str, execute) -> list:
-    """Run a chain-locking statement (``execute()`` -> rows with name, fresh_parent) and check it.
-
-    Balance rows missing for accounts made before the ledger (or by the bootstrap CLI) are
-    added once, race-free. Raises NotFound, Conflict (a cycle) or ChainChanged.
-    """
-    for attempt in range(2):
-        rows = execute()
-        if _chain_complete(rows):
-            return rows
-        names = list(session.scalars(_CHAIN_NAMES, {"leaf": account_name}))
-        if not names:
-            raise NotFound(f"no account {account_name!r}")
-        if len(names) > MAX_DEPTH:
-            raise Conflict(f"account tree has a cycle above {account_name!r}")
-        locked = [r.name for r in rows]
-        missing = [n for n in names if n not in locked]
-        if attempt == 0 and missing and [n for n in names if n in locked] == locked:
-            _insert_missing_balances(session, missing)
-            continue
-        break
-    raise ChainChanged(f"the account tree above {account_name!r} changed while the ledger was being written; retry")
-
-
-def _lock_chain(session: Session, account_name: str) -> tuple[list[str], dict[str, AccountBalance]]:
-    """Lock the chain's balance (and account) rows, root first, in one statement; return (names, rows)."""
-    rows = _locked_chain_rows(session, account_name,
-                              lambda: session.execute(_LOCK_CHAIN, {"leaf": account_name}).all())
-    return [r.name for r in rows], {r.name: r.AccountBalance for r in rows}
-
-
-# ----------------------------------------------------------------- admission
-
-
-def billing_weight(session: Session, pool: str, gpu_type: str | None) -> float:
-    """The GPU type's weight in ``pool``, else the pool's default ("*"), else the pool's cost, else 1."""
-    gpu_type = normalise_gpu_type(gpu_type)  # jobs recorded before types were normalised
-    weights = dict(session.execute(select(GpuBillingWeight.gpu_type, GpuBillingWeight.weight).where(
-        GpuBillingWeight.pool == pool, GpuBillingWeight.gpu_type.in_([gpu_type or "*", "*"]))).all())
-    for key in (gpu_type or "*", "*"):
-        if key in weights:
-            return float(weights[key])
-    return float(session.scalar(select(Pool.cost).where(Pool.name == pool)) or 1.0)
-
-
-def routable_pools(session: Session) -> list[str]:
-    """Pools that may take new jobs now (configured, state ``active``), by name."""
-    return list(session.scalars(select(Pool.name).where(Pool.configured.is_(True), Pool.state == "active")
-                                .order_by(Pool.name)))
-
-
-def pool_balances(session: Session, account: str) -> dict[str, int]:
-    """GPUs ``account`` and its subtree hold, per pool (pools with a row only)."""
-    return {p: int(n) for p, n in session.execute(select(AccountPoolBalance.pool, AccountPoolBalance.reserved_gpus)
-                                                  .where(AccountPoolBalance.account_name == account)
-                                                  .order_by(AccountPoolBalance.pool))}
-
-
-def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
-    return math.ceil(gpus * time_limit_s * weight - 1e-9)
-
-
-def _run_charge(r: Reservation, start: datetime, end: datetime) -> tuple[float, int]:
-    """(seconds, GPU-seconds) a run from ``start`` to ``end`` costs, clamped to the time limit and the commitment."""
-    seconds = min(max((end - start).total_seconds(), 0.0), float(r.time_limit_s))
-    return seconds, min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
-
-
-def period_start(period: str, window_days: int, now: datetime) -> date:
-    today = now.date()
-    if period == "month":
-        return today.replace(day=1)
-    return today - timedelta(days=window_days - 1)
-
-
-def period_label(period: str, window_days: int) -> str:
-    return "this month" if period == "month" else f"in the last {window_days} days"
-
-
-_CHARGED_SINCE = select(func.coalesce(func.sum(UsageBucket.gpu_seconds), 0)).where(
-    UsageBucket.account_name.in_(subtree_names()), UsageBucket.day >= bindparam("since"))
-
-
-def charged_in_period(session: Session, account_name: str, since: date) -> int:
-    """Net charges (usage + debits - credits - refunds) of a subtree since ``since``."""
-    return int(session.scalar(_CHARGED_SINCE, {"root": account_name, "since": since}) or 0)
-
-
-def _pool_limits(session: Session, names: list[str], pools: list[str] | None) -> dict[tuple[str, str], tuple[int, int]]:
-    """(account, pool) -> (limit, GPUs held there) for every per-pool limit set in the chain."""
-    stmt = (select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus,
-                   func.coalesce(AccountPoolBalance.reserved_gpus, 0))
-            .outerjoin(AccountPoolBalance, (AccountPoolBalance.account_name == AccountPoolQuota.account_name)
-                       & (AccountPoolBalance.pool == AccountPoolQuota.pool))
-            .where(AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None)))
-    if pools is not None:
-        stmt = stmt.where(AccountPoolQuota.pool.in_(pools))
-    return {(a, p): (int(limit), int(used)) for a, p, limit, used in session.execute(stmt)}
-
-
-def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], gpus: int,
-             pool: str | None, committed: int, now: datetime,
-             quotas: dict[str, Any] | None = None,
-             pool_limits: dict[tuple[str, str], tuple[int, int]] | None = None) -> str | None:
-    """Why the gang does not fit (first failing limit, leaf first), or None.
-
-    ``quotas`` (name -> quota row) and ``pool_limits`` ((name, pool) -> (limit, held)) may
-    be passed when already read with the locks. ``pool`` None means "any routable pool":
-    a per-pool limit refuses only when it blocks every one of them.
-    """
-    if quotas is None:
-        quotas = {q.account_name: q for q in session.scalars(
-            select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
-    pools = [pool] if pool else None
-    if pool_limits is None:
-        pools = pools or routable_pools(session)
-        pool_limits = _pool_limits(session, names, pools)
-    for name in reversed(names):
-        q = quotas.get(name)
-        b = balances.get(name) or _ZERO
-        if q is not None and q.max_gpus is not None and b.reserved_gpus + gpus > q.max_gpus:
-            return f"{name}: {b.reserved_gpus} of {q.max_gpus} concurrent GPUs in use, job needs {gpus}"
-        blocked = []
-        for p in pools or []:
-            limit, used = pool_limits.get((name, p), (None, 0))
-            if limit is not None and used + gpus > limit:
-                blocked.append(f"{name}: {used} of {limit} concurrent GPUs in use in pool {p}, job needs {gpus}")
-        if blocked and len(blocked) == len(pools):
-            return "; ".join(blocked)
-        if q is None:
-            continue
-        # max_queued_jobs and max_queued_jobs_per_user are not the ledger's: they count the
-        # jobs that wait to start, judged once, at submit (gateway/jobs/caps.py; issue #46).
-        if q.budget_gpu_seconds is not None:
-            since = period_start(q.budget_period, q.budget_window_days, now)
-            charged = charged_in_period(session, name, since)
-            if charged + b.committed_gpu_seconds + committed > q.budget_gpu_seconds:
-                return (f"{name}: GPU-hour budget {period_label(q.budget_period, q.budget_window_days)}: "
-                        f"{_hours(charged)} used + {_hours(b.committed_gpu_seconds)} committed of "
-                        f"{_hours(q.budget_gpu_seconds)} GPU-hours, job needs {_hours(committed)}")
-    return None
-
-
-# The account chain with its GPU-hour budgets in one round trip (this runs on every submission).
-_BUDGET_UP = up_cte("budget_chain")
-_BUDGET_READ = (
-    select(_BUDGET_UP.c.name, AccountQuota.budget_gpu_seconds, AccountQuota.budget_period,
-           AccountQuota.budget_window_days)
-    .select_from(_BUDGET_UP.outerjoin(AccountQuota, AccountQuota.account_name == _BUDGET_UP.c.name))
-    .order_by(_BUDGET_UP.c.depth.desc())
-)
-
-
-def budget_verdict(session: Session, *, account: str, total_gpus: int, time_limit_s: int, gpu_type: str | None,
-                   now: datetime | None = None) -> tuple[str, str] | None:
-    """Whether a job can ever run within the GPU-hour budgets of its account chain.
-
-    Returns None when it can (now or once other jobs end), ``("never", why)`` when it needs
-    more than a whole budget period holds, ``("later", why)`` when this period's budget
-    has too little left even with nothing else running (it can run once the period
-    renews, or after an admin credit). The job's need is its time limit at the cheapest
-    pool's billing weight, so a job routable to either pool is not refused for the dearer one.
-    """
-    rows = session.execute(_BUDGET_READ, {"leaf": account}).all()  # root first
-    if not rows:
-        raise NotFound(f"no account {account!r}")
-    return budget_verdict_of(session, rows, total_gpus=total_gpus, time_limit_s=time_limit_s, gpu_type=gpu_type,
-                             now=now)
-
-
-def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, time_limit_s: int,
-                      gpu_type: str | None, now: datetime | None = None) -> tuple[str, str] | None:
-    """:func:`budget_verdict` from an account chain already read (root first; rows with
-    ``name``, ``budget_gpu_seconds``, ``budget_period``, ``budget_window_days``): the submit
-    path gets it with its cap check. No read at all when no budget is set (the common case)."""
-    now = _now(now)
-    names = [r.name for r in chain]
-    quotas = {r.name: r for r in chain if r.budget_gpu_seconds is not None}
-    if not quotas:
-        return None  # the common case costs two small reads
-    weight = min((billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
-    needs = committed_for(total_gpus, time_limit_s, weight)
-    for name in reversed(names):
-        q = quotas.get(name)
-        if q is None or q.budget_gpu_seconds is None:
-            continue
-        label = "monthly" if q.budget_period == "month" else f"{q.budget_window_days}-day"
-        if needs > q.budget_gpu_seconds:
-            return ("never", (f"{name}'s {label} GPU-hour budget is {_hours(q.budget_gpu_seconds)} GPU-hours and "
-                             f"this job needs {_hours(needs)} ({total_gpus} GPUs x {time_limit_s / 3600:.2f} h "
-                             f"time limit); ask for fewer GPUs or a shorter time limit"))
-        charged = charged_in_period(session, name, period_start(q.budget_period, q.budget_window_days, now))
-        left = q.budget_gpu_seconds - charged
-        if needs > left:
-            when = "the budget renews next month" if q.budget_period == "month" else "older usage leaves the window"
-            return ("later", (f"{name}'s GPU-hour budget {period_label(q.budget_period, q.budget_window_days)} has "
-                             f"{_hours(max(left, 0))} of {_hours(q.budget_gpu_seconds)} GPU-hours left and this job "
-                             f"needs {_hours(needs)}: it is held until {when} or an admin credits the account"))
-    return None
-
-
-def _job_pool(session: Session, job: Any, pool: str | None) -> str | None:
-    pool = pool or job.pool
-    return require_known(session, pool, "pool") if pool is not None else None
-
-
-def admission_check(session: Session, *, job: Any, pool: str | None, now: datetime | None = None,
-                    gpus: int | None = None) -> tuple[bool, str]:
-    """Would ``job`` be admitted now? The same rule as :func:`reserve`, without locking or writing.
-
-    Args:
-        job: the job (``account_name``, ``total_gpus``, ``time_limit_s``, ``spec``, ``username``).
-        pool: a pool name, or None for "any routable pool".
-        gpus: the GPUs the gang would hold in ``pool`` (whole nodes on a node-exclusive pool);
-            default ``job.total_gpus``.
-
-    Returns:
-        (fits, reason): the reason is a sentence for the user either way.
-    """
-    now = _now(now)
-    pool = _job_pool(session, job, pool)
-    r = session.get(Reservation, job.id)
-    if r is not None and r.status in ("reserved", "started"):
-        return True, f"already holds a reservation of {r.gpus} GPUs in pool {r.pool}"
-    names = [a.name for a in accounts.chain(session, job.account_name)]
-    balances = {b.account_name: b for b in session.scalars(
-        select(AccountBalance).where(AccountBalance.account_name.in_(names)))}
-    gpu_type = normalise_gpu_type(field_of(job, "gpu_type", session))
-    weight = billing_weight(session, pool, gpu_type) if pool else min(
-        (billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
-    gpus = job.total_gpus if gpus is None else gpus
-    committed = committed_for(gpus, job.time_limit_s, weight)
-    why = _refusal(session, names=names, balances=balances, gpus=gpus, pool=pool,
-                   committed=committed, now=now)
-    if why:
-        return False, why
-    return True, f"fits the quotas of {' > '.join(names)}"
-
-
-# ----------------------------------------------------------------- writes
-
-
-def _apply(balances: dict[str, AccountBalance], names: list[str], now: datetime, **deltas: int) -> None:
-    """Add ``deltas`` to the chain's running totals in one UPDATE (rows are locked by us)."""
-    deltas = {c: d for c, d in deltas.items() if d}
-    if not names:
-        return
-    session = object_session(balances[names[0]])
-    values = {c: getattr(AccountBalance, c) + d for c, d in deltas.items()}
-    session.execute(update(AccountBalance).where(AccountBalance.account_name.in_(names))
-                    .values(**values, updated_at=now).execution_options(synchronize_session=False))
-    for n in names:  # keep the loaded objects current without another UPDATE at flush
-        b = balances[n]
-        for c, d in deltas.items():
-            set_committed_value(b, c, getattr(b, c) + d)
-        set_committed_value(b, "updated_at", now)
-
-
-def _apply_pool(session: Session, names: list[str], pool: str, delta: int) -> None:
-    """Add ``delta`` GPUs held in ``pool`` to each chain account (one upsert; the chain is locked by us)."""
-    if not delta or not names:
-        return
-    add_pool_deltas(session, {(n, pool): delta for n in names})
-
-
-def add_pool_deltas(session: Session, deltas: dict[tuple[str, str], int]) -> None:
-    """Add GPUs held per (account, pool) in one upsert (the accounts' chains are locked by us)."""
-    deltas = {k: d for k, d in deltas.items() if d}
-    if not deltas:
-        return
-    rows = [{"account_name": n, "pool": p, "reserved_gpus": d} for (n, p), d in deltas.items()]
-    if session.get_bind().dialect.name == "postgresql":
-        # One JSON document, one cached statement: SQLAlchemy compiles a multi-VALUES insert
-        # anew every time ("no key"), and a dispatch round upserts a row per chain account and pool.
-        if session.autoflush:  # as the ORM statement it replaces did
-            session.flush()
-        session.connection().execute(_ADD_POOL_DELTAS_PG, {"rows": bulk.document(rows)})
-        return
-    from sqlalchemy.dialects.sqlite import insert
-
-    stmt = insert(AccountPoolBalance).values(rows)
-    session.execute(stmt.on_conflict_do_update(
-        index_elements=["account_name", "pool"],
-        set_={"reserved_gpus": AccountPoolBalance.reserved_gpus + stmt.excluded.reserved_gpus}))
-
-
-def _add_pool_deltas_pg():
-    from sqlalchemy.dialects.postgresql import insert
-
-    table = AccountPoolBalance.__table__
-    cols = ("account_name", "pool", "reserved_gpus")
-    rec = bulk.recordset(table, cols)
-    stmt = insert(table).from_select(list(cols), select(*(rec.c[c] for c in cols)))
-    return stmt.on_conflict_do_update(index_elements=["account_name", "pool"],
-                                      set_={"reserved_gpus": table.c.reserved_gpus + stmt.excluded.reserved_gpus})
-
-
-_ADD_POOL_DELTAS_PG = _add_pool_deltas_pg()
-
-
 def _entry(session: Session, **kw: Any) -> LedgerEntry:
     e = LedgerEntry(**kw)
     session.add(e)
@@ -447,17 +79,31 @@ def _entry(session: Session, **kw: Any) -> LedgerEntry:
 
 _WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool == bindparam("pool"),
                                                  GpuBillingWeight.gpu_type == bindparam("gpu_type")).scalar_subquery()
+
+
 _DEFAULT_WEIGHT = select(GpuBillingWeight.weight).where(GpuBillingWeight.pool == bindparam("pool"),
                                                          GpuBillingWeight.gpu_type == "*").scalar_subquery()
+
+
 _POOL_COST = select(Pool.cost).where(Pool.name == bindparam("pool")).scalar_subquery()
+
+
 _BALANCE_COLS = ("reserved_gpus", "committed_gpu_seconds", "charged_gpu_seconds", "queued_jobs")
+
+
 _QUOTA_COLS = ("max_gpus", "budget_gpu_seconds", "budget_period", "budget_window_days")
+
+
 # Per-pool limit and GPUs held in the reserving pool, per chain account (NULL: no limit /
 # no row). The balance row is written under the chain's lock, like account_balance.
 _POOL_LIMIT = select(AccountPoolQuota.max_gpus).where(
     AccountPoolQuota.account_name == _UP.c.name, AccountPoolQuota.pool == bindparam("pool")).scalar_subquery()
+
+
 _POOL_HELD = select(AccountPoolBalance.reserved_gpus).where(
     AccountPoolBalance.account_name == _UP.c.name, AccountPoolBalance.pool == bindparam("pool")).scalar_subquery()
+
+
 # The reservation's one read: the chain locked as in _LOCK_CHAIN, plus what the admission
 # rule needs (each account's quota, the job's reservation, the billing weight). Postgres
 # refuses FOR UPDATE on the nullable side of an outer join; the quota side is not locked.
@@ -476,6 +122,8 @@ _RESERVE_LOCK = (
     .order_by(_UP.c.depth.desc())
     .with_for_update(of=[AccountBalance, _CHAIN_ACCOUNT], key_share=True)
 )
+
+
 _BALANCE_T = AccountBalance.__table__
 
 
@@ -582,26 +230,19 @@ entries AS (
     SELECT {", ".join(f"ok.{quote('e_' + c)}" for c in entry_cols)} FROM ok ORDER BY ok.ord),
 up AS (SELECT c.name AS account_name, ok.pool, ok.gpus, ok.committed_gpu_seconds
        FROM ok CROSS JOIN LATERAL unnest(ok.chain) AS c(name)),
-balances AS (
-    UPDATE account_balance SET reserved_gpus = account_balance.reserved_gpus + d.g,
-        committed_gpu_seconds = account_balance.committed_gpu_seconds + d.c,
-        queued_jobs = account_balance.queued_jobs + d.q, updated_at = :b_now
-    FROM (SELECT account_name, sum(gpus) AS g, sum(committed_gpu_seconds) AS c, count(*) AS q
-          FROM up GROUP BY account_name) AS d
-    WHERE account_balance.account_name = d.account_name),
-per_pool AS (
-    INSERT INTO account_pool_balance (account_name, pool, reserved_gpus)
-    SELECT account_name, pool, sum(gpus) FROM up WHERE gpus <> 0 GROUP BY account_name, pool
-    ON CONFLICT (account_name, pool)
-    DO UPDATE SET reserved_gpus = account_pool_balance.reserved_gpus + EXCLUDED.reserved_gpus)
+{_chain_deltas_ctes("up")}
 SELECT job_id FROM written""")
+
 
 # The reservations a round's jobs already have: ``= ANY(array)`` on Postgres, one parameter
 # whatever the batch size (an expanding IN binds, and renders, one per job).
 _HAVE_PG = select(Reservation.job_id, Reservation.status, Reservation.pool).where(
     Reservation.job_id == func.any(bindparam("ids", type_=ARRAY(String))))
 
+
 _DELTA_COLS = ("reserved_gpus", "committed_gpu_seconds", "queued_jobs")
+
+
 _ADD_DELTAS = (
     _BALANCE_T.update().where(_BALANCE_T.c.account_name == bindparam("b_name"))
     .values(**{c: _BALANCE_T.c[c] + bindparam(f"d_{c}") for c in _DELTA_COLS}, updated_at=bindparam("b_now"))
@@ -709,31 +350,11 @@ def _write(session: Session, conn, items: list[ReservationWrite], now: datetime)
 
 
 @dataclasses.dataclass(frozen=True)
-class _BalanceView:
-    reserved_gpus: int = 0
-    committed_gpu_seconds: int = 0
-    charged_gpu_seconds: int = 0
-    queued_jobs: int = 0
-
-
-_ZERO = _BalanceView()
-
-
-@dataclasses.dataclass(frozen=True)
 class _QuotaView:
     max_gpus: int | None
     budget_gpu_seconds: int | None
     budget_period: str
     budget_window_days: int
-
-
-def _locked_reservation(session: Session, job: Any) -> tuple[list[str], dict[str, AccountBalance], Reservation | None]:
-    r0 = session.get(Reservation, job.id)
-    account = r0.account_name if r0 is not None else job.account_name
-    names, balances = _lock_chain(session, account)
-    r = session.scalars(select(Reservation).where(Reservation.job_id == job.id)
-                        .execution_options(populate_existing=True)).first()
-    return names, balances, r
 
 
 def record_start(session: Session, *, job: Any, started_at: datetime, actor: str) -> None:
@@ -954,244 +575,3 @@ def move_subtree(session: Session, *, account: str, new_parent: str | None, acto
     acc = session.get(Account, account)
     acc.parent_name = new_parent
     session.flush()
-
-
-# ----------------------------------------------------------------- reading
-
-
-def fairshare(session: Session, *, now: datetime | None = None, half_life_s: float) -> dict[str, FairShare]:
-    """The fair-share factor of every account and its inputs, at ``now``.
-
-    Reads one materialised decayed-usage row per account (not the entries): O(accounts).
-    """
-    return fairshare_and_guarantees(session, now=now, half_life_s=half_life_s)[0]
-
-
-def fairshare_and_guarantees(session: Session, *, now: datetime | None = None,
-                             half_life_s: float) -> tuple[dict[str, FairShare], dict[str, int], set[str]]:
-    """:func:`fairshare`, plus which accounts set a guarantee (docs/recovery.md): each
-    account's overall ``guaranteed_gpus`` and the accounts with a per-pool one. One
-    statement, which every dispatch round asks (gateway/ledger/guarantees.py reads the rest
-    only where a guarantee is set)."""
-    now = _now(now)
-    h = float(half_life_s)
-    tree: dict[str, tuple[str | None, int]] = {}
-    own: dict[str, float] = {}
-    overall: dict[str, int] = {}
-    with_pool: set[str] = set()
-    # Usage rows of accounts that no longer exist would count for nothing in compute_fairshare anyway.
-    for name, parent, shares, v, at, guaranteed, pool_guaranteed in session.execute(_FAIRSHARE_ROWS):
-        tree[name] = (parent, shares)
-        if at is not None:
-            own[name] = decay(v, as_utc(at), now, h)
-        if guaranteed is not None:
-            overall[name] = int(guaranteed)
-        if pool_guaranteed:
-            with_pool.add(name)
-    return compute_fairshare(tree, own), overall, with_pool
-
-
-_FAIRSHARE_ROWS = (select(Account.name, Account.parent_name, Account.shares, FairshareUsage.decayed_gpu_seconds,
-                          FairshareUsage.decayed_at, AccountQuota.guaranteed_gpus,
-                          select(AccountPoolQuota.account_name).where(
-                              AccountPoolQuota.account_name == Account.name,
-                              AccountPoolQuota.guaranteed_gpus.is_not(None)).exists())
-                   .outerjoin(FairshareUsage, FairshareUsage.account_name == Account.name)
-                   .outerjoin(AccountQuota, AccountQuota.account_name == Account.name))
-
-
-def get_balance(session: Session, account: str) -> AccountBalance:
-    rows = _balance_rows(session, [account], lock=False)
-    return rows[account]
-
-
-def expected_balances(session: Session) -> dict[str, dict[str, int]]:
-    """Running totals recomputed from the entries (and reservations for queued_jobs)."""
-    tree = accounts.load_tree(session)
-    own: dict[str, dict[str, int]] = {n: dict.fromkeys(
-        ("reserved_gpus", "committed_gpu_seconds", "charged_gpu_seconds", "queued_jobs"), 0) for n in tree}
-    for acc, pool, g, c, s in session.execute(select(
-            LedgerEntry.account_name, LedgerEntry.pool, func.sum(LedgerEntry.gpus),
-            func.sum(LedgerEntry.committed_gpu_seconds), func.sum(LedgerEntry.gpu_seconds))
-            .group_by(LedgerEntry.account_name, LedgerEntry.pool)):
-        if acc not in own:
-            continue
-        o = own[acc]
-        o["reserved_gpus"] += int(g or 0)
-        if pool:
-            key = f"pool:{pool}"
-            o[key] = o.get(key, 0) + int(g or 0)
-        o["committed_gpu_seconds"] += int(c or 0)
-        o["charged_gpu_seconds"] += int(s or 0)
-    for acc, n in session.execute(select(Reservation.account_name, func.count()).where(
-            Reservation.status == "reserved").group_by(Reservation.account_name)):
-        if acc in own:
-            own[acc]["queued_jobs"] += int(n)
-    out: dict[str, dict[str, int]] = {}
-    for name in tree:
-        tot: dict[str, int] = {}
-        for d in accounts.descendants(tree, name):
-            for k, v in own[d].items():
-                tot[k] = tot.get(k, 0) + v
-        out[name] = tot
-    return out
-
-
-def verify(session: Session) -> list[str]:
-    """Differences between materialised balances and the entries (empty when consistent)."""
-    problems = []
-    expected = expected_balances(session)
-    rows = {b.account_name: b for b in session.scalars(
-        select(AccountBalance).execution_options(populate_existing=True))}
-    held = {(a, p): int(n) for a, p, n in session.execute(
-        select(AccountPoolBalance.account_name, AccountPoolBalance.pool, AccountPoolBalance.reserved_gpus))}
-    for name, exp in expected.items():
-        b = rows.get(name)
-        pools = {k for k in exp if k.startswith("pool:")} | {f"pool:{p}" for a, p in held if a == name}
-        for k in [*(k for k in exp if not k.startswith("pool:")), *sorted(pools)]:
-            v = exp.get(k, 0)
-            if k.startswith("pool:"):
-                have = held.get((name, k[5:]), 0)
-            else:
-                have = getattr(b, k) if b is not None else 0
-            if have != v:
-                problems.append(f"{name}.{k}: balance {have} != entries {v}")
-    return problems
-
-
-def account_usage(session: Session, *, account: str, now: datetime | None = None,
-                  half_life_s: float) -> dict[str, Any]:
-    """Usage, remaining budget and fair share of one account (for "why is my job waiting")."""
-    now = _now(now)
-    eff = accounts.effective_quota(session, account)
-    bal = get_balance(session, account)
-    budget = eff["budget_gpu_seconds"]
-    used = remaining = label = None
-    if budget.value is not None:
-        since = period_start(eff["budget_period"], eff["budget_window_days"], now)
-        src_bal = get_balance(session, budget.source)
-        used = charged_in_period(session, budget.source, since)
-        remaining = budget.value - used - src_bal.committed_gpu_seconds
-        label = now.strftime("%Y-%m") if eff["budget_period"] == "month" else \
-            f"last {eff['budget_window_days']} days"
-    fs = fairshare(session, now=now, half_life_s=half_life_s).get(account)
-    return {"effective": eff, "balance": bal, "pools": pool_balances(session, account), "period": label, "used_gpu_seconds": used,
-            "remaining_gpu_seconds": remaining, "fairshare": fs}
-
-
-# ----------------------------------------------------------------- requeues
-
-
-@dataclasses.dataclass(frozen=True)
-class Requeued:
-    """What :func:`requeue` did."""
-
-    charged_gpu_seconds: int  # the segment's GPU-seconds (0 when nothing was charged)
-    over_budget: str | None = None  # why the job may not run again (it must be cancelled), else None
-
-
-def record_requeue(session: Session, *, job: Any, started_at: datetime | None, requeued_at: datetime, actor: str,
-                   half_life_s: float, now: datetime | None = None) -> int:
-    """:func:`requeue`, returning only the segment's GPU-seconds (the re-admission still applies)."""
-    return requeue(session, job=job, started_at=started_at, requeued_at=requeued_at, actor=actor,
-                   half_life_s=half_life_s, now=now).charged_gpu_seconds
-
-
-def _requeue_refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], r: Reservation,
-                     held: int, charge: int, charged_on: date, now: datetime) -> str | None:
-    """Why the job's whole commitment no longer fits a GPU-hour budget of its chain, or None.
-
-    ``held`` is what the job holds of the chain's commitment now; ``charge`` is about to be
-    charged on ``charged_on``. Only budgets are checked again: the gang's GPUs and its queue
-    slot never left the ledger (the backend kept it queued), a new run's committed time did.
-    """
-    quotas = {q.account_name: q for q in session.scalars(select(AccountQuota).where(
-        AccountQuota.account_name.in_(names), AccountQuota.budget_gpu_seconds.is_not(None)))}
-    for name in reversed(names):
-        q = quotas.get(name)
-        if q is None:
-            continue
-        since = period_start(q.budget_period, q.budget_window_days, now)
-        used = charged_in_period(session, name, since) + (charge if charged_on >= since else 0)
-        others = balances[name].committed_gpu_seconds - held
-        if used + others + r.committed_gpu_seconds > q.budget_gpu_seconds:
-            return (f"{name}: GPU-hour budget {period_label(q.budget_period, q.budget_window_days)}: "
-                    f"{_hours(used)} used + {_hours(others)} committed of {_hours(q.budget_gpu_seconds)} "
-                    f"GPU-hours, another run needs {_hours(r.committed_gpu_seconds)}")
-    return None
-
-
-def requeue(session: Session, *, job: Any, started_at: datetime | None, requeued_at: datetime, actor: str,
-            half_life_s: float, now: datetime | None = None) -> Requeued:
-    """Charge the segment a gang ran before the backend requeued it, and re-admit it.
-
-    The gang held its GPUs from ``started_at`` to ``requeued_at``: that segment is charged
-    now (a ``usage`` entry) so the time it then spends waiting in the backend's queue is
-    never charged. The reservation goes back to ``reserved`` (queued) and keeps its GPUs.
-    The next run may use the full time limit again (Slurm and Kueue both restart a requeued
-    job from scratch), so its whole committed GPU-time is admitted again against the GPU-hour
-    budgets of the chain, as :func:`reserve` would:
-
-    * it fits: the commitment is whole again; the next :func:`record_start` records the new
-      start and :func:`record_finish` charges only the last segment;
-    * it does not: ``over_budget`` says why, and the reservation keeps only what is left of
-      the admission it ran under (committed minus this segment), so the budget holds even if
-      the backend restarts the gang before the caller's cancel reaches it.
-
-    Idempotent: a reservation that is not ``started`` is left alone.
-
-    Args:
-        job: the requeued job.
-        started_at: when the segment started (defaults to the reservation's start).
-        requeued_at: when the backend took the gang down.
-        actor: who observed the requeue (e.g. "system:reconciler").
-        now: the time of the re-admission (budget period); defaults to ``requeued_at``.
-    """
-    requeued_at = as_utc(requeued_at)
-    now = as_utc(now) or requeued_at
-    names, balances, r = _locked_reservation(session, job)
-    if r is None or r.status != "started":
-        return Requeued(0)
-    started = as_utc(started_at) or as_utc(r.started_at) or requeued_at
-    seconds, used = _run_charge(r, started, requeued_at)
-    # Part of the segment may have been charged while it ran (accrue_usage): charge the rest.
-    accrued = r.accrued_gpu_seconds or 0
-    charge = used - accrued
-    refusal = _requeue_refusal(session, names=names, balances=balances, r=r, held=r.committed_gpu_seconds - accrued,
-                               charge=charge, charged_on=requeued_at.date(), now=now)
-    # Re-admitted: give back the commitment the accruals took, so it is whole for the next
-    # run. Refused: the segment consumes its part of the commitment, as at an end.
-    back = accrued if refusal is None else -charge
-    _entry(session, at=requeued_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
-           gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=back, gpu_seconds=charge,
-           billing_weight=r.billing_weight, actor=actor,
-           reason=f"ran {int(seconds)} s on {r.gpus} GPUs, then requeued by the backend"
-                  + (f"; not re-admitted: {refusal}" if refusal else ""),
-           data={"started_at": started.isoformat(), "ended_at": requeued_at.isoformat(), "requeued": True,
-                 "accrued": accrued, **({"over_budget": refusal} if refusal else {})})
-    r.status, r.started_at, r.reserved_at = "reserved", None, requeued_at
-    r.used_gpu_seconds = (r.used_gpu_seconds or 0) + used
-    r.accrued_gpu_seconds, r.accrued_at, r.requeued_at = 0, None, requeued_at
-    if refusal is not None:
-        r.committed_gpu_seconds -= used
-    _apply(balances, names, utcnow(), charged_gpu_seconds=charge, committed_gpu_seconds=back, queued_jobs=1)
-    if charge:
-        # jobs=0: the job is counted once, in the bucket of the day it ends.
-        _add_bucket(session, r.account_name, requeued_at.date(), r.pool, charge, usage=charge)
-        _add_decayed_usage(session, r.account_name, charge, requeued_at, float(half_life_s))
-    session.flush()
-    return Requeued(used, refusal)
-
-
-def last_requeue_at(session: Session, *, job_id: str) -> datetime | None:
-    """When the backend last requeued this job (None if never, or once it finished): no later run starts before it."""
-    r = session.get(Reservation, job_id)
-    if r is None or r.status == "finished":
-        return None
-    return as_utc(r.requeued_at)
-
-
-def charged_gpu_seconds(session: Session, *, job_id: str) -> int:
-    """Net GPU-seconds charged to one job so far (every run segment, minus refunds)."""
-    return int(session.scalar(select(func.coalesce(func.sum(LedgerEntry.gpu_seconds), 0)).where(
-        LedgerEntry.job_id == job_id)) or 0)

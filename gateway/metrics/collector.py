@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
 from gateway.models.jobs import Job
 from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
 
@@ -139,7 +139,7 @@ class RegistryCollector(Collector):
         factor = GaugeMetricFamily("isthmus_account_fairshare_factor",
                                    "Fair-share factor (1 = no recent usage, towards 0 = over its share).",
                                    labels=["account"])
-        for name, fs in sorted(ledger.fairshare(s, now=now, half_life_s=self.half_life_s).items()):
+        for name, fs in sorted(ledger_reading.fairshare(s, now=now, half_life_s=self.half_life_s).items()):
             factor.add_metric([name], fs.factor)
         in_use = GaugeMetricFamily("isthmus_account_gpus_reserved",
                                    "GPUs held by an account's gangs (reserved or running), per pool.",

@@ -52,8 +52,8 @@ from gateway.kit.db import reading, transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
+from gateway.ledger import reading as ledger_reading
 from gateway.ledger import repository as ledger_repo
-from gateway.ledger import service as ledger
 from gateway.models.jobs import Job
 from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.pools import reservations as advance
@@ -371,14 +371,14 @@ def accounts_page(request: Request):
     with reading(request.app.state) as session:
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
-        fs = ledger.fairshare(session, half_life_s=half_life)
+        fs = ledger_reading.fairshare(session, half_life_s=half_life)
         ranked = sorted(fs.values(), key=lambda f: -f.factor)
         position = {f.account: i + 1 for i, f in enumerate(ranked)}
         today = utcnow().date()
         since = today.replace(day=1)
         items = []
         for name in names:
-            u = ledger.account_usage(session, account=name, half_life_s=half_life)
+            u = ledger_reading.account_usage(session, account=name, half_life_s=half_life)
             eff, bal = u["effective"], u["balance"]
             budget = eff["budget_gpu_seconds"].value
             days = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="day",

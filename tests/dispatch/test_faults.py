@@ -131,10 +131,10 @@ def dispatch_events(url: str, job_id: str) -> list[str]:
 
 
 def ledger_problems(gw) -> list[str]:
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
 
     with gw.session() as s:
-        return ledger.verify(s)
+        return ledger_reading.verify(s)
 
 
 def test_kill_9_after_claim_before_submit(gateway, workers, pg_url, slurm_backend):

@@ -114,15 +114,15 @@ def setup_accounts(d, n: int, prefix: str = "") -> list[str]:
 
 
 def ledger_state(d, accounts=()) -> dict:
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
     from gateway.models.jobs import Job
     from gateway.models.ledger import Reservation
 
     with transaction(d.sessions) as s:
-        return {"problems": ledger.verify(s),
+        return {"problems": ledger_reading.verify(s),
                 "dispatching": set(s.scalars(select(Job.id).where(Job.state == "dispatching"))),
                 "reserved": set(s.scalars(select(Reservation.job_id).where(Reservation.status == "reserved"))),
-                "balances": {a: ledger.get_balance(s, a).reserved_gpus for a in accounts}}
+                "balances": {a: ledger_reading.get_balance(s, a).reserved_gpus for a in accounts}}
 
 
 def test_a_greedy_round_costs_the_same_statements_for_20_or_100_jobs(url):
@@ -213,7 +213,7 @@ def test_limits_still_refuse_and_hold_with_the_ledgers_words(url):
 def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
     """The batch is written under the chains' locks only if nothing it relied on changed."""
     from gateway.kit.timeutil import utcnow
-    from gateway.ledger import service as ledger
+    from gateway.ledger import chains as ledger_chains
     from gateway.ledger.round import RoundLedger
     from gateway.models.accounts import Account, AccountQuota
     from gateway.models.jobs import Job
@@ -225,7 +225,7 @@ def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
             add_account(s, "other")
         [job_id] = add_jobs(d, "team", 1)
         for change in ("limit", "move"):
-            with pytest.raises(ledger.ChainChanged), transaction(d.sessions) as s:
+            with pytest.raises(ledger_chains.ChainChanged), transaction(d.sessions) as s:
                 job = s.get(Job, job_id)
                 rl = RoundLedger(s, accounts_=["team"], now=utcnow())
                 assert not rl.limited("team")

@@ -13,7 +13,8 @@ from sqlalchemy import select
 
 from adapters.base import BackendState
 from gateway.kit.timeutil import as_utc
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import (
     drive_until,
@@ -168,8 +169,8 @@ def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm_cluster):
     with gw.session() as s:
         usage = list(s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job, LedgerEntry.kind == "usage")
                                .order_by(LedgerEntry.id)))
-        charged = ledger.charged_gpu_seconds(s, job_id=job)
-        assert ledger.verify(s) == []
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job)
+        assert ledger_reading.verify(s) == []
     assert len(usage) == 2 and usage[0].data["requeued"] is True, [(u.reason, u.data) for u in usage]
 
     def span(entry, a="started_at", b="ended_at"):
@@ -207,8 +208,8 @@ def test_a_running_job_is_charged_while_it_runs_and_the_total_is_its_real_run(da
         with gw.session() as s:
             usage = list(s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job, LedgerEntry.kind == "usage")
                                    .order_by(LedgerEntry.id)))
-            charged = ledger.charged_gpu_seconds(s, job_id=job)
-            assert ledger.verify(s) == []
+            charged = ledger_rules.charged_gpu_seconds(s, job_id=job)
+            assert ledger_reading.verify(s) == []
         assert usage[0].data.get("accrual") is True and len(usage) >= 2, [(u.reason, u.data) for u in usage]
         ran = (as_utc(datetime.fromisoformat(done["ended_at"]))
                - as_utc(datetime.fromisoformat(done["started_at"]))).total_seconds()
@@ -245,8 +246,8 @@ def test_a_requeue_over_budget_cancels_the_job_and_the_budget_holds(gw, slurm_cl
     assert usage["remaining_gpu_hours"] >= 0, usage
     assert usage["balance"]["committed_gpu_hours"] == 0 and usage["balance"]["reserved_gpus"] == 0, usage
     with gw.session() as s:
-        charged = ledger.charged_gpu_seconds(s, job_id=job)
-        assert ledger.verify(s) == []
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job)
+        assert ledger_reading.verify(s) == []
     assert 8 * 2 <= charged <= 8 * 30, charged  # the run before the requeue, not the time limit
 
 
@@ -279,8 +280,8 @@ def test_a_requeue_and_restart_between_two_looks_charges_each_run_to_slurms_time
     with gw.session() as s:
         usage = list(s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job, LedgerEntry.kind == "usage")
                                .order_by(LedgerEntry.id)))
-        charged = ledger.charged_gpu_seconds(s, job_id=job)
-        assert ledger.verify(s) == []
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job)
+        assert ledger_reading.verify(s) == []
     first_end = _ts(usage[0].data["ended_at"])
     assert usage[0].data["requeued"] is True
     assert abs((first_end - requeued_at).total_seconds()) <= 2, (first_end, requeued_at)  # Slurm's, not ours

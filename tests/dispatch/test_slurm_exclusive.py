@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import select
 
 from gateway.kit.timeutil import as_utc
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from gateway.models.ledger import LedgerEntry, Reservation
 from tests.dispatch.conftest import (
     drive_until,
@@ -62,15 +63,15 @@ def test_a_gang_that_asks_fewer_gpus_holds_whole_nodes_and_pays_for_them(gw, gpu
                                                       LedgerEntry.kind == "reserve")).one()
         assert reserve.gpus == gpus_per_node and "whole nodes" in reserve.reason, reserve.reason
         # the account's concurrent-GPU total counts the whole node while it runs
-        assert ledger.pool_balances(s, "team-a")["slurm"] == gpus_per_node
+        assert ledger_rules.pool_balances(s, "team-a")["slurm"] == gpus_per_node
     done = drive_until(gw, lambda: job_state(gw, job, *FINAL), timeout_s=90)
     assert done["state"] == "succeeded", done
     ran = (as_utc(datetime.fromisoformat(done["ended_at"]))
            - as_utc(datetime.fromisoformat(done["started_at"]))).total_seconds()
     assert ran >= 5
     with gw.session() as s:
-        charged = ledger.charged_gpu_seconds(s, job_id=job)
-        assert ledger.verify(s) == []
-        assert ledger.get_balance(s, "team-a").reserved_gpus == 0
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job)
+        assert ledger_reading.verify(s) == []
+        assert ledger_reading.get_balance(s, "team-a").reserved_gpus == 0
     # Slurm times are whole seconds: charged for every GPU of the node for the whole run.
     assert abs(charged - gpus_per_node * ran) <= gpus_per_node, (charged, ran)

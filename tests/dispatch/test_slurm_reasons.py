@@ -34,7 +34,7 @@ def test_a_job_held_for_an_unknown_user_fails_after_the_bound_and_is_cancelled_o
         database_url, dev_key_path, slurm_cluster):
     """#14 item 5: no wait forever; nothing left on the cluster; the reservation is released."""
     from adapters.base import BackendState, JobNotFound
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
     from gateway.models.ledger import Reservation
 
     with wired_gateway(database_url, dev_key_path, {"slurm": slurm_backend_options(slurm_cluster)},
@@ -58,4 +58,4 @@ def test_a_job_held_for_an_unknown_user_fails_after_the_bound_and_is_cancelled_o
         assert on_slurm is BackendState.CANCELLED
         with gw.session() as s:
             assert s.get(Reservation, job).status == "released"
-            assert ledger.verify(s) == []
+            assert ledger_reading.verify(s) == []

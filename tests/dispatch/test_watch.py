@@ -16,7 +16,8 @@ from sqlalchemy import select
 
 from adapters.base import BackendUnavailable
 from adapters.kubernetes import KubernetesBackend, KubernetesSettings
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import (
     KWOK_RUN_FOR,
@@ -120,9 +121,9 @@ def test_cancels_on_the_cluster_and_through_the_gateway_are_prompt(database_url,
         assert gw.client.post(f"/v1/jobs/{inside}/cancel", headers=h).json()["state"] == "cancelling"
         wait_state(gw, inside, "cancelled", timeout_s=20)
         with gw.session() as s:
-            assert ledger.verify(s) == []
+            assert ledger_reading.verify(s) == []
             for job in (outside, inside):
-                assert ledger.charged_gpu_seconds(s, job_id=job) > 0  # both ran before the cancel
+                assert ledger_rules.charged_gpu_seconds(s, job_id=job) > 0  # both ran before the cancel
 
 
 class BreakableFeed(KubernetesBackend):
@@ -241,8 +242,8 @@ def _preempt_and_check(gw):
     waited = (_t(last.data["started_at"]) - _t(first.data["ended_at"])).total_seconds()
     assert waited >= 5, waited  # high ran 8 s meanwhile
     with gw.session() as s:
-        charged = ledger.charged_gpu_seconds(s, job_id=low)
-        assert ledger.verify(s) == []
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=low)
+        assert ledger_reading.verify(s) == []
     assert abs(charged - 32 * (run1 + run2)) <= 2 * 32, (charged, run1, run2)
     whole = (_t(done["ended_at"]) - _t(first.data["started_at"])).total_seconds()
     assert charged < 32 * (whole - waited + 2), (charged, whole, waited)  # the wait was not charged

@@ -10,6 +10,8 @@ from sqlalchemy import func, select
 
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import QuotaExceeded
+from gateway.ledger import chains as ledger_chains
+from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
 from gateway.models.ledger import LedgerEntry, Reservation
 from tests.ledger.dbfixtures import add_account, add_job
@@ -40,7 +42,7 @@ def _reserve_all(factory, job_ids, barrier=None) -> tuple[int, int, list[BaseExc
                         job = s.get(Job, job_id)
                         ledger.reserve(s, job=job, pool="slurm", actor="test:thread")
                     break
-                except ledger.ChainChanged:  # an admin re-parented the chain: retry, as callers must
+                except ledger_chains.ChainChanged:  # an admin re-parented the chain: retry, as callers must
                     continue
             else:
                 raise AssertionError("reservation kept failing with ChainChanged")
@@ -71,9 +73,9 @@ def test_64_concurrent_reservations_admit_exactly_10(pg_url):
         with transaction(factory) as s:
             assert s.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.kind == "reserve")) == 10
             assert s.scalar(select(func.count()).select_from(Reservation)) == 10
-            assert ledger.get_balance(s, "team").reserved_gpus == 80
-            assert ledger.get_balance(s, "org").reserved_gpus == 80
-            assert ledger.verify(s) == []
+            assert ledger_reading.get_balance(s, "team").reserved_gpus == 80
+            assert ledger_reading.get_balance(s, "org").reserved_gpus == 80
+            assert ledger_reading.verify(s) == []
     finally:
         engine.dispose()
 
@@ -90,7 +92,7 @@ def test_concurrent_sqlite_writers_also_admit_exactly_10(tmp_path, sqlite_templa
         ok, refused, errors = _reserve_all(factory, ids, threading.Barrier(32))
         assert errors == [] and (ok, refused) == (10, 22)
         with transaction(factory) as s:
-            assert ledger.verify(s) == []
+            assert ledger_reading.verify(s) == []
     finally:
         engine.dispose()
 
@@ -101,6 +103,8 @@ from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.models.jobs import Job
 from gateway.ledger import service as ledger
+from gateway.ledger import chains as ledger_chains
+from gateway.ledger import reading as ledger_reading
 url, ids = sys.argv[1], sys.argv[2].split(",")
 f = make_sessionmaker(make_engine(url))
 ok = 0
@@ -127,8 +131,8 @@ def test_two_processes_share_one_quota(pg_url):
         assert all(p.returncode == 0 for p in procs)
         assert sum(int(o.strip()) for o in outs) == 10
         with transaction(factory) as s:
-            assert ledger.get_balance(s, "team").reserved_gpus == 80
-            assert ledger.verify(s) == []
+            assert ledger_reading.get_balance(s, "team").reserved_gpus == 80
+            assert ledger_reading.verify(s) == []
     finally:
         engine.dispose()
 
@@ -190,10 +194,10 @@ def test_reparenting_while_reserving_keeps_every_subtree_total_right(pg_url):
         assert sum(r[0] for r in results) == 240
         assert len(moves) >= 3, "the mover must have moved the subtree while reservations ran"
         with transaction(factory) as s:
-            assert ledger.verify(s) == []
+            assert ledger_reading.verify(s) == []
             parent = s.get(Account, "mid").parent_name
             other = "org-b" if parent == "org-a" else "org-a"
-            assert ledger.get_balance(s, parent).reserved_gpus == 240
-            assert ledger.get_balance(s, other).reserved_gpus == 0
+            assert ledger_reading.get_balance(s, parent).reserved_gpus == 240
+            assert ledger_reading.get_balance(s, other).reserved_gpus == 0
     finally:
         engine.dispose()

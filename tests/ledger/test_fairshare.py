@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from gateway.kit.db import transaction
+from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
 from tests.ledger.dbfixtures import T0, add_account, add_job
 
@@ -35,7 +36,7 @@ def test_classic_fairshare_worked_example(factory):
         # org-y: 40 GPU-h two weeks ago (decays to 10)
         _run(s, "org-y", 8, 5, "kubernetes", now - timedelta(days=14))
     with transaction(factory) as s:
-        fs = ledger.fairshare(s, now=now, half_life_s=H)
+        fs = ledger_reading.fairshare(s, now=now, half_life_s=H)
     assert fs["team-a"].raw_usage == pytest.approx(70 * GPU_H)
     assert fs["org-x"].raw_usage == pytest.approx(70 * GPU_H)
     assert fs["org-y"].raw_usage == pytest.approx(10 * GPU_H)
@@ -53,13 +54,13 @@ def test_classic_fairshare_worked_example(factory):
     # A week later: everything has halved (ratios, hence factors, unchanged) ...
     later = now + timedelta(days=7)
     with transaction(factory) as s:
-        fs = ledger.fairshare(s, now=later, half_life_s=H)
+        fs = ledger_reading.fairshare(s, now=later, half_life_s=H)
         assert fs["team-a"].raw_usage == pytest.approx(35 * GPU_H)
         assert fs["team-a"].factor == pytest.approx(0.19842513, abs=1e-6)
         # ... then team-b runs 35 GPU-h, ending now: team-a and team-b are level.
         _run(s, "team-b", 7, 5, "slurm", later)
     with transaction(factory) as s:
-        fs = ledger.fairshare(s, now=later, half_life_s=H)
+        fs = ledger_reading.fairshare(s, now=later, half_life_s=H)
     expect = {"org-x": 0.42207040, "org-y": 0.83123790, "team-a": 0.27420624, "team-b": 0.27420624}
     for name, f in expect.items():
         assert fs[name].factor == pytest.approx(f, abs=1e-6), name

@@ -13,6 +13,9 @@ from sqlalchemy import func, select
 from gateway.accounts.tree import subtree_names
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, QuotaExceeded
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import requeues as ledger_requeues
+from gateway.ledger import rules as ledger_rules
 from gateway.ledger import service as ledger
 from gateway.models.accounts import AccountQuota
 from gateway.models.jobs import Job
@@ -35,19 +38,19 @@ op = st.one_of(
 
 
 def _check(s, names: list[str]) -> None:
-    assert ledger.verify(s) == []
+    assert ledger_reading.verify(s) == []
     quotas = {q.account_name: q for q in s.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
     for name, q in quotas.items():
-        b = ledger.get_balance(s, name)
+        b = ledger_reading.get_balance(s, name)
         assert b.reserved_gpus >= 0 and b.committed_gpu_seconds >= 0 and b.queued_jobs >= 0
         if q.max_gpus is not None:
             assert b.reserved_gpus <= q.max_gpus, name
-        held = ledger.pool_balances(s, name)
+        held = ledger_rules.pool_balances(s, name)
         for pool, limit in ledger.accounts.effective_quota(s, name)["max_gpus_per_pool"].items():
             if limit.source == name:
                 assert held.get(pool, 0) <= limit.value, (name, pool)
         if q.budget_gpu_seconds is not None:
-            charged = ledger.charged_in_period(s, name, T0.date().replace(day=1))
+            charged = ledger_rules.charged_in_period(s, name, T0.date().replace(day=1))
             remaining = q.budget_gpu_seconds - charged - b.committed_gpu_seconds
             if remaining < 0:  # only an admin debit may push a budget below zero
                 sub = subtree_names(name)
@@ -86,9 +89,9 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
                         started.setdefault(job.id, now)
                     elif o[0] == "requeue":
                         st_at = started.get(job.id)
-                        ran = ledger.record_requeue(s, job=job, started_at=st_at,
+                        ran = ledger_requeues.record_requeue(s, job=job, started_at=st_at,
                                                     requeued_at=(st_at or now) + timedelta(seconds=o[2]), actor="prop", half_life_s=7 * 86400)
-                        if st_at is not None and ledger.last_requeue_at(s, job_id=job.id) is not None:
+                        if st_at is not None and ledger_reading.last_requeue_at(s, job_id=job.id) is not None:
                             started.pop(job.id)  # back in the queue: the next start is a new segment
                         assert ran <= job.total_gpus * min(o[2], job.time_limit_s)
                     elif o[0] == "accrue":
@@ -118,7 +121,7 @@ def _check_charges(s, jobs: list[str]) -> None:
         r = s.get(Reservation, job_id)
         if r is None:
             continue
-        charged = ledger.charged_gpu_seconds(s, job_id=job_id)
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job_id)
         assert charged >= 0
         if r.status == "finished":
             assert charged == r.used_gpu_seconds, job_id

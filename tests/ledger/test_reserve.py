@@ -8,6 +8,8 @@ import pytest
 from sqlalchemy import func, select
 
 from gateway.kit.errors import Conflict, QuotaExceeded
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from gateway.ledger import service as ledger
 from gateway.models.ledger import GpuBillingWeight, LedgerEntry
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
@@ -38,8 +40,8 @@ def test_gang_must_fit_account_and_every_ancestor(factory):
     assert exc.value.detail == "org: 24 of 32 concurrent GPUs in use, job needs 16"
     with in_tx(factory) as s:
         assert [e.kind for e in entries(s)] == ["reserve"]
-        assert ledger.admission_check(s, job=b1, pool=None, now=T0) == (False, exc.value.detail)
-        assert ledger.verify(s) == []
+        assert ledger_rules.admission_check(s, job=b1, pool=None, now=T0) == (False, exc.value.detail)
+        assert ledger_reading.verify(s) == []
 
 
 def test_per_pool_quota_refuses_and_the_waiting_job_caps_are_judged_at_submit_only(factory):
@@ -56,8 +58,8 @@ def test_per_pool_quota_refuses_and_the_waiting_job_caps_are_judged_at_submit_on
         ledger.reserve(s, job=jobs[1], pool="slurm", actor="t", now=T0)
     with in_tx(factory) as s:
         ledger.reserve(s, job=jobs[2], pool="slurm", actor="t", now=T0)
-        assert ledger.get_balance(s, "org").queued_jobs == 3  # reserved, not started: shown, not limited
-        assert ledger.verify(s) == []
+        assert ledger_reading.get_balance(s, "org").queued_jobs == 3  # reserved, not started: shown, not limited
+        assert ledger_reading.verify(s) == []
 
 
 def test_budget_counts_running_commitments_and_charges_real_time(factory):
@@ -69,7 +71,7 @@ def test_budget_counts_running_commitments_and_charges_real_time(factory):
         j2 = add_job(s, "team", gpus=1, time_limit_s=3 * 3600, pool="kubernetes", gpu_type="h100")  # weight 1: 3h
     with in_tx(factory) as s:
         ledger.reserve(s, job=j1, pool="slurm", actor="t", now=T0)
-        ok, why = ledger.admission_check(s, job=j2, pool="kubernetes", now=T0)
+        ok, why = ledger_rules.admission_check(s, job=j2, pool="kubernetes", now=T0)
         assert not ok and why == ("org: GPU-hour budget this month: 0.0 used + 8.0 committed of 10.0 GPU-hours, "
                                   "job needs 3.0")
         ledger.record_start(s, job=j1, started_at=T0, actor="t")
@@ -80,9 +82,9 @@ def test_budget_counts_running_commitments_and_charges_real_time(factory):
         assert [(e.kind, e.gpu_seconds, e.committed_gpu_seconds) for e in entries(s, j1)] == [
             ("reserve", 0, 28800), ("start", 0, 0), ("usage", 7200, -7200), ("release", 0, -21600)]
         ledger.reserve(s, job=j2, pool="kubernetes", actor="t", now=T0 + timedelta(minutes=31))
-        bal = ledger.get_balance(s, "org")
+        bal = ledger_reading.get_balance(s, "org")
         assert (bal.reserved_gpus, bal.committed_gpu_seconds, bal.charged_gpu_seconds) == (1, 3 * 3600, 7200)
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
 
 
 def test_release_is_idempotent_and_refuses_started_jobs(factory):
@@ -106,7 +108,7 @@ def test_release_is_idempotent_and_refuses_started_jobs(factory):
         assert kinds == ["reserve", "release", "reserve", "start", "usage", "release", "reserve"]
         # clamped at the time limit: 8 GPUs x 3600 s
         assert s.scalar(select(func.sum(LedgerEntry.gpu_seconds))) == 8 * 3600
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
 
 
 def test_finish_without_start_charges_nothing(factory):
@@ -116,7 +118,7 @@ def test_finish_without_start_charges_nothing(factory):
         ledger.reserve(s, job=j, pool="slurm", actor="t", now=T0)
         ledger.record_finish(s, job=j, started_at=None, ended_at=T0 + timedelta(minutes=5), actor="t", half_life_s=7 * 86400)
         assert [(e.kind, e.gpus, e.gpu_seconds) for e in entries(s)] == [("reserve", 4, 0), ("release", -4, 0)]
-        bal = ledger.get_balance(s, "org")
+        bal = ledger_reading.get_balance(s, "org")
         assert (bal.reserved_gpus, bal.queued_jobs, bal.committed_gpu_seconds) == (0, 0, 0)
 
 
@@ -130,16 +132,16 @@ def test_admin_adjustments_move_the_budget(factory):
         ledger.record_start(s, job=j, started_at=T0, actor="t")
         ledger.record_finish(s, job=j, started_at=T0, ended_at=T0 + timedelta(hours=1), actor="t", half_life_s=7 * 86400)
         j2 = add_job(s, "org", gpus=1, time_limit_s=600)
-        assert not ledger.admission_check(s, job=j2, pool="slurm", now=T0)[0]
+        assert not ledger_rules.admission_check(s, job=j2, pool="slurm", now=T0)[0]
         with pytest.raises(Invalid):
             ledger.adjust(s, account="org", kind="refund", gpu_seconds=7200, job_id=j.id, actor="root", reason="x")
         ledger.adjust(s, account="org", kind="refund", gpu_seconds=600, job_id=j.id, actor="root",
                       reason="node failure", now=T0 + timedelta(hours=2))
-        assert ledger.admission_check(s, job=j2, pool="slurm", now=T0 + timedelta(hours=2))[0]
+        assert ledger_rules.admission_check(s, job=j2, pool="slurm", now=T0 + timedelta(hours=2))[0]
         ledger.adjust(s, account="org", kind="debit", gpu_seconds=100, actor="root", reason="manual",
                       now=T0 + timedelta(hours=2))
-        assert not ledger.admission_check(s, job=j2, pool="slurm", now=T0 + timedelta(hours=2))[0]
-        assert ledger.verify(s) == []
+        assert not ledger_rules.admission_check(s, job=j2, pool="slurm", now=T0 + timedelta(hours=2))[0]
+        assert ledger_reading.verify(s) == []
 
 
 def test_reparent_moves_running_totals(factory):
@@ -158,7 +160,7 @@ def test_reparent_moves_running_totals(factory):
             accounts.update(s, name="team", changes={"parent": "sub"}, actor="root")
         accounts.update(s, name="team", changes={"parent": "org-b"}, actor="root")
     with in_tx(factory) as s:
-        assert ledger.get_balance(s, "org-a").reserved_gpus == 0
-        assert ledger.get_balance(s, "org-b").reserved_gpus == 4
+        assert ledger_reading.get_balance(s, "org-a").reserved_gpus == 0
+        assert ledger_reading.get_balance(s, "org-b").reserved_gpus == 4
         ledger.record_finish(s, job=j, started_at=None, ended_at=T0, actor="t", half_life_s=7 * 86400)
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []

@@ -2,7 +2,7 @@
 
 On SQLite and on the stack's Postgres (where the whole batch is one statement). Each case
 is compared with the per-job rule it stands in for: the same rows, the same balances, the
-same refusals, and ``ledger.verify()`` empty.
+same refusals, and ``ledger_reading.verify()`` empty.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from gateway.kit.errors import Conflict
+from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
 from gateway.ledger.round import RoundLedger
 from gateway.models.ledger import AccountPoolBalance, LedgerEntry, Reservation
@@ -33,9 +34,9 @@ def ledger_rows(factory, account_names):
             "entries": [(e.kind, e.job_id, e.account_name, e.pool, e.gpus, e.committed_gpu_seconds, e.reason)
                         for e in s.scalars(select(LedgerEntry).order_by(LedgerEntry.id))],
             "balances": {a: (b.reserved_gpus, b.committed_gpu_seconds, b.queued_jobs)
-                         for a in account_names for b in [ledger.get_balance(s, a)]},
+                         for a in account_names for b in [ledger_reading.get_balance(s, a)]},
             "per_pool": sorted((p.account_name, p.pool, p.reserved_gpus) for p in s.scalars(select(AccountPoolBalance))),
-            "problems": ledger.verify(s),
+            "problems": ledger_reading.verify(s),
         }
 
 
@@ -60,7 +61,7 @@ def test_a_round_writes_what_reserve_writes_for_every_chain_account(factory):
         for e in s.scalars(select(LedgerEntry)):
             s.delete(e)
         for a in ("org", "team-a", "team-b"):
-            b = ledger.get_balance(s, a)
+            b = ledger_reading.get_balance(s, a)
             b.reserved_gpus = b.committed_gpu_seconds = b.queued_jobs = 0
         for p in s.scalars(select(AccountPoolBalance)):
             p.reserved_gpus = 0

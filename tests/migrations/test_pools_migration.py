@@ -43,7 +43,8 @@ def _rows(conn, sql: str) -> list[tuple]:
 
 
 def _check_upgraded(url: str) -> None:
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
+    from gateway.ledger import rules as ledger_rules
 
     engine = create_engine(url)
     try:
@@ -55,8 +56,8 @@ def _check_upgraded(url: str) -> None:
             assert _rows(conn, "SELECT account_name, pool, reserved_gpus FROM account_pool_balance") == [
                 ("org", "slurm", 8), ("team-a", "slurm", 8)]
         with Session(engine) as s:
-            assert ledger.verify(s) == []
-            assert ledger.pool_balances(s, "org") == {"slurm": 8}
+            assert ledger_reading.verify(s) == []
+            assert ledger_rules.pool_balances(s, "org") == {"slurm": 8}
     finally:
         engine.dispose()
 

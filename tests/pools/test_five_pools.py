@@ -85,10 +85,10 @@ def finish(gw, *job_ids: str, timeout_s: float = 90) -> dict[str, dict]:
 
 
 def verify_ledger(gw) -> None:
-    from gateway.ledger import service as ledger
+    from gateway.ledger import reading as ledger_reading
 
     with gw.session() as s:
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
 
 
 # ------------------------------------------------------------------ 1. routing

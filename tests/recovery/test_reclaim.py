@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, wired_gateway
 from tests.jobs.live import free_port, served
@@ -203,8 +204,8 @@ def test_a_guaranteed_gang_reclaims_the_borrowed_job_with_least_progress_at_risk
         gw.client.post(f"/v1/jobs/{j['id']}/cancel", headers=gw.admin)
     drive_until(gw, lambda: all(job_state(gw, j["id"], *FINAL) for j in (a0, a1, b_young, b_never)), timeout_s=90)
     with gw.app.state.sessionmaker() as s:
-        assert ledger.verify(s) == []
-        assert ledger.charged_gpu_seconds(s, job_id=b_reports["id"]) >= attempt1["charged_gpu_hours"] * 3600
+        assert ledger_reading.verify(s) == []
+        assert ledger_rules.charged_gpu_seconds(s, job_id=b_reports["id"]) >= attempt1["charged_gpu_hours"] * 3600
 
 
 def _ts(iso: str) -> float:
@@ -247,4 +248,4 @@ def test_a_reclaim_is_called_off_when_the_job_it_makes_room_for_stops_waiting(gw
         gw.client.post(f"/v1/jobs/{j['id']}/cancel", headers=gw.admin)
     drive_until(gw, lambda: all(job_state(gw, j["id"], *FINAL) for j in (a0, *bs)), timeout_s=90)
     with gw.app.state.sessionmaker() as s:
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []

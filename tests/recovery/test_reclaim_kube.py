@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from adapters.envfile import read_env_file
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from stack.backends_json import kube_node_settings
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, kube_env, wired_gateway
@@ -126,5 +127,5 @@ def test_a_guaranteed_job_reclaims_a_borrowed_gpu_from_a_real_container_with_sig
     gw.client.post(f"/v1/jobs/{a1['id']}/cancel", headers=gw.admin)
     drive_until(gw, lambda: all(job_state(gw, j["id"], *FINAL) for j in (a1, other)), timeout_s=90)
     with gw.app.state.sessionmaker() as s:
-        assert ledger.verify(s) == []
-        assert ledger.charged_gpu_seconds(s, job_id=victim["id"]) > 0
+        assert ledger_reading.verify(s) == []
+        assert ledger_rules.charged_gpu_seconds(s, job_id=victim["id"]) > 0

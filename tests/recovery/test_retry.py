@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from gateway.models.jobs import Job
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, slurm_env, wired_gateway
@@ -136,8 +137,8 @@ def test_a_gang_whose_node_fails_runs_again_elsewhere_and_resumes_from_its_check
     # The ledger charged each run (16 GPUs: two whole nodes), never the time in between, and balances.
     with gw.app.state.sessionmaker() as s:
         held = s.get(Job, job["id"]).held_gpus
-        charged = ledger.charged_gpu_seconds(s, job_id=job["id"])
-        assert ledger.verify(s) == []
+        charged = ledger_rules.charged_gpu_seconds(s, job_id=job["id"])
+        assert ledger_reading.verify(s) == []
     run1 = seconds(first["started_at"], first["ended_at"]) * held
     run2 = seconds(done["started_at"], done["ended_at"]) * held
     assert abs(first["charged_gpu_hours"] * 3600 - run1) <= held, (first, run1)
@@ -185,4 +186,4 @@ def test_a_gang_its_cluster_can_no_longer_hold_runs_again_on_another(gw2):
     out = gw2.client.get(f"/v1/jobs/{job['id']}/logs", params={"worker": 0}, headers=gw2.admin).text
     assert out.strip() == "attempt 2 finds 4 marks", out
     with gw2.app.state.sessionmaker() as s:
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from adapters.envfile import read_env_file
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from stack.backends_json import kube_node_settings
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, kube_env, wired_gateway
@@ -78,5 +79,5 @@ def test_an_evicted_worker_runs_again_as_a_new_job_in_the_same_checkpoint_dir(gw
     out = gw.client.get(f"/v1/jobs/{job['id']}/logs", params={"worker": 0}, headers=gw.admin).text
     assert out.splitlines() == ["attempt 1 was here", "attempt 2 was here"], out
     with gw.app.state.sessionmaker() as s:
-        assert ledger.verify(s) == []
-        assert ledger.charged_gpu_seconds(s, job_id=job["id"]) > 0
+        assert ledger_reading.verify(s) == []
+        assert ledger_rules.charged_gpu_seconds(s, job_id=job["id"]) > 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
 from gateway.ledger.repository import list_entries
 from tests.dispatch.conftest import (
     drive_until,
@@ -53,7 +53,7 @@ def test_a_jobs_own_exit_is_retried_only_when_it_asks(gw):
     out = gw.client.get(f"/v1/jobs/{asked['id']}/logs", params={"worker": 0}, headers=gw.admin).text
     assert out.strip() == "attempt 2", out
     with gw.app.state.sessionmaker() as s:
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
         kinds = [e.kind for e in list_entries(s, job_id=asked["id"])]
     assert kinds.count("reserve") == 2 and kinds.count("release") == 2, kinds  # one admission per attempt
 

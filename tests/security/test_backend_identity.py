@@ -20,7 +20,8 @@ import pytest
 
 from adapters.base import BackendState, SubmitRequest
 from adapters.slurm.backend import SlurmBackend, SlurmSettings
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import rules as ledger_rules
 from tests.dispatch.conftest import (
     drive_until,
     job_state,
@@ -94,9 +95,9 @@ def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm_cluste
         {k: o[k] for k in ("backend", "backend_job_id", "gateway_job_id")} for o in orphans], orphans
     assert running["backend_job_id"] not in [o["backend_job_id"] for o in orphans]
     with gw.session() as s:
-        assert ledger.charged_gpu_seconds(s, job_id=victim) == 0  # nothing charged from bob's 1 s
-        assert ledger.get_balance(s, "team-a").reserved_gpus == 8  # the gang's reservation is held
-        assert ledger.verify(s) == []
+        assert ledger_rules.charged_gpu_seconds(s, job_id=victim) == 0  # nothing charged from bob's 1 s
+        assert ledger_reading.get_balance(s, "team-a").reserved_gpus == 8  # the gang's reservation is held
+        assert ledger_reading.verify(s) == []
 
     # the real gang is still followed, cancelled and billed for its own run
     assert gw.client.post(f"/v1/jobs/{victim}/cancel", headers=h).status_code == 202
@@ -104,9 +105,9 @@ def test_a_spoofed_comment_does_not_end_or_bill_the_victims_job(gw, slurm_cluste
     assert done["state"] == "cancelled", done
     ran = (datetime.fromisoformat(done["ended_at"]) - datetime.fromisoformat(done["started_at"])).total_seconds()
     with gw.session() as s:
-        assert ledger.charged_gpu_seconds(s, job_id=victim) == pytest.approx(8 * ran, abs=8 * 2)
-        assert ledger.charged_gpu_seconds(s, job_id=victim) >= 8 * 2
-        assert ledger.verify(s) == []
+        assert ledger_rules.charged_gpu_seconds(s, job_id=victim) == pytest.approx(8 * ran, abs=8 * 2)
+        assert ledger_rules.charged_gpu_seconds(s, job_id=victim) >= 8 * 2
+        assert ledger_reading.verify(s) == []
 
 
 def _request(gid: str, user: str = "alice", **kw) -> SubmitRequest:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from gateway.ledger import service as ledger
+from gateway.ledger import reading as ledger_reading
 from gateway.models.ledger import LedgerEntry
 from tests.dispatch.conftest import (
     drive_until,
@@ -46,7 +46,7 @@ def test_a_small_quota_does_not_buy_whole_nodes(gw, gpus_per_worker):
     assert waiting["backend_job_id"] is None and waiting["held_gpus"] is None
     with gw.session() as s:
         assert s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job)).all() == []
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
 
 
 def test_a_user_cannot_name_what_the_gang_holds(gw):

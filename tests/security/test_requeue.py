@@ -12,6 +12,9 @@ from sqlalchemy import select
 from adapters.base import BackendState, JobStatus
 from gateway.domain.states import JobState
 from gateway.domain.status import requeued_at
+from gateway.ledger import reading as ledger_reading
+from gateway.ledger import requeues as ledger_requeues
+from gateway.ledger import rules as ledger_rules
 from gateway.ledger import service as ledger
 from gateway.models.accounts import AccountQuota
 from gateway.models.ledger import Reservation
@@ -22,8 +25,8 @@ HOUR = 3600
 
 def _remaining(s, name: str) -> int:
     q = s.scalar(select(AccountQuota).where(AccountQuota.account_name == name))
-    bal = ledger.get_balance(s, name)
-    return q.budget_gpu_seconds - ledger.charged_in_period(s, name, T0.date().replace(day=1)) - bal.committed_gpu_seconds
+    bal = ledger_reading.get_balance(s, name)
+    return q.budget_gpu_seconds - ledger_rules.charged_in_period(s, name, T0.date().replace(day=1)) - bal.committed_gpu_seconds
 
 
 def test_five_requeues_of_one_job_never_take_a_budget_below_zero(factory):
@@ -44,9 +47,9 @@ def test_five_requeues_of_one_job_never_take_a_budget_below_zero(factory):
                 break
             ledger.record_start(s, job=job, started_at=t, actor="t")
             t += timedelta(minutes=55)
-            out = ledger.requeue(s, job=job, started_at=None, requeued_at=t, actor="t", now=t, half_life_s=7 * 86400)
+            out = ledger_requeues.requeue(s, job=job, started_at=None, requeued_at=t, actor="t", now=t, half_life_s=7 * 86400)
             refusals.append(out.over_budget)
-            assert ledger.verify(s) == []
+            assert ledger_reading.verify(s) == []
             assert _remaining(s, "org") >= 0, _remaining(s, "org")
         t += timedelta(minutes=5)
         if out.over_budget:
@@ -56,11 +59,11 @@ def test_five_requeues_of_one_job_never_take_a_budget_below_zero(factory):
     with in_tx(factory) as s:
         # the gateway cancels it; the backend confirms before it ran again
         ledger.record_finish(s, job=job, started_at=None, ended_at=t, actor="t", half_life_s=7 * 86400)
-        assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * 55 * 60
-        bal = ledger.get_balance(s, "org")
+        assert ledger_rules.charged_gpu_seconds(s, job_id=job.id) == 8 * 55 * 60
+        bal = ledger_reading.get_balance(s, "org")
         assert (bal.reserved_gpus, bal.queued_jobs, bal.committed_gpu_seconds) == (0, 0, 0)
         assert _remaining(s, "org") == 8 * HOUR - 8 * 55 * 60
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
 
 
 def test_a_refused_requeue_that_restarts_before_the_cancel_is_capped_by_what_is_left(factory):
@@ -72,15 +75,15 @@ def test_a_refused_requeue_that_restarts_before_the_cancel_is_capped_by_what_is_
         ledger.reserve(s, job=job, pool="kubernetes", actor="t", now=T0)
         ledger.record_start(s, job=job, started_at=T0, actor="t")
         ledger.accrue_usage(s, job=job, now=T0 + timedelta(minutes=20), actor="t", half_life_s=7 * 86400)
-        out = ledger.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=40), actor="t", half_life_s=7 * 86400)
+        out = ledger_requeues.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=40), actor="t", half_life_s=7 * 86400)
         assert out.over_budget and out.charged_gpu_seconds == 8 * 40 * 60
         assert s.get(Reservation, job.id).committed_gpu_seconds == 8 * 20 * 60  # the rest of the first admission
         assert _remaining(s, "org") == 0
         ledger.record_start(s, job=job, started_at=T0 + timedelta(minutes=41), actor="t")
         ledger.record_finish(s, job=job, started_at=None, ended_at=T0 + timedelta(minutes=141), actor="t", half_life_s=7 * 86400)
-        assert ledger.charged_gpu_seconds(s, job_id=job.id) == 8 * HOUR  # 40 min + at most the 20 min left
+        assert ledger_rules.charged_gpu_seconds(s, job_id=job.id) == 8 * HOUR  # 40 min + at most the 20 min left
         assert _remaining(s, "org") == 0
-        assert ledger.verify(s) == []
+        assert ledger_reading.verify(s) == []
 
 
 def test_a_requeue_that_fits_restores_the_whole_commitment(factory):
@@ -89,11 +92,11 @@ def test_a_requeue_that_fits_restores_the_whole_commitment(factory):
         job = add_job(s, "org", gpus=8, time_limit_s=HOUR)
         ledger.reserve(s, job=job, pool="slurm", actor="t", now=T0)
         ledger.record_start(s, job=job, started_at=T0, actor="t")
-        out = ledger.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=10), actor="t", half_life_s=7 * 86400)
-        assert out == ledger.Requeued(8 * 600, None)
+        out = ledger_requeues.requeue(s, job=job, started_at=None, requeued_at=T0 + timedelta(minutes=10), actor="t", half_life_s=7 * 86400)
+        assert out == ledger_requeues.Requeued(8 * 600, None)
         assert s.get(Reservation, job.id).committed_gpu_seconds == 8 * HOUR
-        assert ledger.get_balance(s, "org").committed_gpu_seconds == 8 * HOUR
-        assert ledger.verify(s) == []
+        assert ledger_reading.get_balance(s, "org").committed_gpu_seconds == 8 * HOUR
+        assert ledger_reading.verify(s) == []
 
 
 # --------------------------------------------------- when was the gang requeued (pure)
