@@ -33,8 +33,6 @@ import fcntl
 import json
 import os
 import random
-import shlex
-import subprocess
 import time
 from pathlib import Path
 
@@ -241,6 +239,9 @@ def holding(*names: str):
 # ------------------------------------------------------------------------------- settling
 
 SETTLE_WAIT_S = 120
+# Kueue: how long the Jobs a module's own teardown is deleting get to go before the settle
+# deletes what is left in the stack's namespaces itself.
+KUBE_GRACE_S = 15
 
 
 def settle(name: str) -> None:
@@ -257,25 +258,18 @@ def settle(name: str) -> None:
         _settle_kube()
 
 
-def _slurm_argv(env: dict[str, str], command: str) -> list[str]:
-    prefix = shlex.split(env.get("SLURM_CLI_PREFIX", ""))
-    binary = str(Path(env["SLURM_BIN_DIR"]) / command) if env.get("SLURM_BIN_DIR") else command
-    return [*prefix, binary]
-
-
 def _settle_slurm(version: str) -> None:
     from adapters.envfile import read_env_file
 
     path = REPO / ".stack" / f"slurm-{version}" / "env"
     if not path.exists():
         return
+    from tests import slurm_cli
+
     env = read_env_file(path)
-    run_env = {**os.environ, "SLURM_CONF": env["SLURM_CONF"]}
 
     def run(command: str, *args: str) -> str:
-        done = subprocess.run([*_slurm_argv(env, command), *args], capture_output=True, text=True, timeout=30,
-                              env=run_env, check=False)
-        return done.stdout
+        return slurm_cli.run(env, command, *args, check=False).stdout
 
     deadline = time.monotonic() + SETTLE_WAIT_S
     while True:
@@ -313,18 +307,19 @@ def _settle_kube() -> None:
                     held.append(cq["metadata"]["name"])
             return held
 
-        deadline = time.monotonic() + SETTLE_WAIT_S
+        namespaces = [n for n in env.get("ISTHMUS_KUBE_NAMESPACES", "").split(",") if n]
+        started = time.monotonic()
         deleted = False
         while reserved():
-            if not deleted and time.monotonic() > deadline - SETTLE_WAIT_S + 15:
+            waited = time.monotonic() - started
+            if not deleted and waited > KUBE_GRACE_S:
                 # Jobs an earlier module left: delete them (their pods go with them).
-                for job in batch.list_job_for_all_namespaces().items:
-                    if job.metadata.namespace.startswith("isthmus"):
+                for namespace in namespaces:
+                    for job in batch.list_namespaced_job(namespace).items:
                         with contextlib.suppress(client.exceptions.ApiException):
-                            batch.delete_namespaced_job(job.metadata.name, job.metadata.namespace,
-                                                        propagation_policy="Background")
+                            batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
                 deleted = True
-            if time.monotonic() > deadline:
+            if waited > SETTLE_WAIT_S:
                 print(f"[lanes] Kueue still holds reservations after {SETTLE_WAIT_S} s: {reserved()}")
                 return
             time.sleep(0.5)

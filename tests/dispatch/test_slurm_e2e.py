@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
 import time
 from datetime import datetime
 
@@ -16,6 +13,7 @@ from gateway.kit.timeutil import as_utc
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import rules as ledger_rules
 from gateway.models.ledger import LedgerEntry
+from tests import slurm_cli
 from tests.dispatch.conftest import (
     drive_until,
     job_state,
@@ -135,12 +133,8 @@ def test_submission_wakes_the_dispatcher(database_url, dev_key_path, slurm_clust
 
 
 def scontrol(env: dict[str, str], *args: str) -> None:
-    """Run scontrol on the test cluster the way an operator would (through its CLI prefix)."""
-    binary = f"{env['SLURM_BIN_DIR']}/scontrol" if env.get("SLURM_BIN_DIR") else "scontrol"  # 25.11: its own
-    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + [binary, *args]
-    done = subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True,
-                          text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
+    """Run scontrol on the test cluster the way an operator would (tests/slurm_cli.py)."""
+    slurm_cli.run(env, "scontrol", *args)
 
 
 def test_requeue_on_slurm_charges_each_run_not_the_wait(gw, slurm_cluster):

@@ -15,15 +15,13 @@ gone the waiting job runs.
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from gateway.kit.timeutil import as_utc
+from tests import slurm_cli
 from tests.dispatch.conftest import (
     drive_until,
     job_state,
@@ -55,12 +53,8 @@ def gw(database_url, dev_key_path, cluster):
 
 
 def scontrol(env: dict[str, str], *args: str) -> str:
-    """scontrol on the test cluster as its operator (root) would run it, through its CLI prefix."""
-    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + ["scontrol", *args]
-    done = subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True,
-                          text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    """scontrol on the test cluster as its operator (root) would run it (tests/slurm_cli.py)."""
+    return slurm_cli.run(env, "scontrol", *args).stdout
 
 
 def submit(gw, limit: str, name: str = "maint") -> str:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import slurm_cli
 from tests.conftest import REPO
 from tests.dispatch.conftest import slurm_env
-from tests.lanes import _settle_slurm, _slurm_argv
+from tests.lanes import _settle_slurm
 
 SUITE = '''
 import json, os, time
@@ -92,29 +93,24 @@ def test_a_slurm_cluster_taken_by_a_module_is_idle_whatever_an_earlier_one_left(
     """What an earlier module left (here: a job this test submits as if it had) is cancelled
     when the next module takes the cluster, and its nodes are idle again."""
     env = slurm_env("22.05")
-    run_env = {**os.environ, "SLURM_CONF": env["SLURM_CONF"]}
-    submitted = subprocess.run(
-        [*_slurm_argv(env, "sbatch"), "--parsable", f"--partition={env['SLURM_PARTITION']}", "--nodes=2",
-         "--exclusive", f"--chdir={env['SLURM_WORK_DIR']}", "--output=/dev/null", "--wrap", "sleep 300"],
-        env=run_env, capture_output=True, text=True, timeout=30)
-    assert submitted.returncode == 0, submitted.stderr
+    submitted = slurm_cli.run(env, "sbatch", "--parsable", f"--partition={env['SLURM_PARTITION']}", "--nodes=2",
+                              "--exclusive", f"--chdir={env['SLURM_WORK_DIR']}", "--output=/dev/null", "--wrap",
+                              "sleep 300")
     job = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 30
-    while "RUNNING" not in _squeue(env, run_env, job):
+    while "RUNNING" not in _squeue(env, job):
         assert time.monotonic() < deadline, "the leftover job never started"
         time.sleep(0.3)
 
     _settle_slurm("22.05")
 
-    assert _squeue(env, run_env, job) == ""
-    states = subprocess.run([*_slurm_argv(env, "sinfo"), "-h", "-N", "-p", env["SLURM_PARTITION"], "-o", "%T"],
-                            env=run_env, capture_output=True, text=True, timeout=30).stdout.split()
+    assert _squeue(env, job) == ""
+    states = slurm_cli.run(env, "sinfo", "-h", "-N", "-p", env["SLURM_PARTITION"], "-o", "%T").stdout.split()
     assert states and all(s.rstrip("*") == "idle" for s in states), states
 
 
-def _squeue(env, run_env, job: str) -> str:
-    return subprocess.run([*_slurm_argv(env, "squeue"), "-h", "-j", job, "-o", "%T"], env=run_env,
-                          capture_output=True, text=True, timeout=30).stdout.strip()
+def _squeue(env, job: str) -> str:
+    return slurm_cli.run(env, "squeue", "-h", "-j", job, "-o", "%T", check=False).stdout.strip()
 
 
 def test_a_reports_group_is_the_last_at_sign_only_when_a_group_follows():

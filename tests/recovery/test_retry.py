@@ -12,9 +12,7 @@ codes and refusals, on SQLite and Postgres.)
 
 from __future__ import annotations
 
-import os
 import secrets
-import shlex
 import subprocess
 import time
 from datetime import datetime
@@ -26,6 +24,7 @@ import yaml
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import rules as ledger_rules
 from gateway.models.jobs import Job
+from tests import slurm_cli
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import drive_until, job_state, slurm_env, wired_gateway
 from tests.dispatch.test_slurm_e2e import scontrol
@@ -79,8 +78,7 @@ def get(gw, job_id: str) -> dict:
 
 def resume(env: dict[str, str], node: str) -> None:
     """Back in service (the cluster may have returned it already: ReturnToService)."""
-    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + ["scontrol", "update", f"nodename={node}", "state=resume"]
-    subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True, timeout=30)
+    slurm_cli.run(env, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
 
 
 def seconds(a: str, b: str) -> float:

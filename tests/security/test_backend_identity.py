@@ -9,9 +9,6 @@ finished, charged 10 s and released while it kept running, unbilled.
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -22,6 +19,7 @@ from adapters.base import BackendState, SubmitRequest
 from adapters.slurm.backend import SlurmBackend, SlurmSettings
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import rules as ledger_rules
+from tests import slurm_cli
 from tests.dispatch.conftest import (
     drive_until,
     job_state,
@@ -47,15 +45,9 @@ def gw(database_url, dev_key_path, slurm_cluster):
 
 def sbatch_as(env: dict[str, str], user: str, *args: str) -> str:
     """Submit a job as ``user`` with Slurm's own sbatch, as that user could from a login node."""
-    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + [
-        "runuser", "-u", user, "--", "env", f"SLURM_CONF={env['SLURM_CONF']}",
-        # a Slurm built into a prefix (25.11) has its own commands; the host's are 22.05's
-        "PATH=" + (f"{env['SLURM_BIN_DIR']}:" if env.get("SLURM_BIN_DIR") else "") + "/usr/bin:/bin",
-        "sbatch", "--parsable", f"--partition={env['SLURM_PARTITION']}", f"--chdir={env['SLURM_WORK_DIR']}",
-        f"--output={env['SLURM_WORK_DIR']}/spoof-%j.out", *args]
-    done = subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 0, done.stderr
+    done = slurm_cli.run(env, "sbatch", "--parsable", f"--partition={env['SLURM_PARTITION']}",
+                         f"--chdir={env['SLURM_WORK_DIR']}", f"--output={env['SLURM_WORK_DIR']}/spoof-%j.out", *args,
+                         as_user=user)
     return done.stdout.strip().split(";")[0]
 
 

@@ -135,15 +135,9 @@ def test_without_a_backend_time_the_requeue_is_when_it_was_seen():
 # ------------------------------------------- the owner cannot requeue it (real Slurm)
 
 def _owner_requeue(env: dict[str, str], user: str, backend_job_id: str):
-    import os
-    import shlex
-    import subprocess
+    from tests import slurm_cli
 
-    cmd = shlex.split(env.get("SLURM_CLI_PREFIX", "")) + [
-        "runuser", "-u", user, "--", "env", f"SLURM_CONF={env['SLURM_CONF']}", "PATH=/usr/bin:/bin",
-        "scontrol", "requeue", backend_job_id]
-    return subprocess.run(cmd, env={**os.environ, "SLURM_CONF": env["SLURM_CONF"]}, capture_output=True, text=True,
-                          timeout=30)
+    return slurm_cli.run(env, "scontrol", "requeue", backend_job_id, as_user=user, check=False)
 
 
 @pytest.mark.slurm

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shlex
 import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
@@ -21,6 +20,7 @@ import pytest
 
 from adapters.base import BackendState, PoolCapacity, Window
 from adapters.slurm import parse
+from tests import slurm_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -28,12 +28,8 @@ PREFIX = "isthmus-resv-test-"
 
 
 def slurm_command(env: Mapping[str, str], command: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """One of this cluster's commands as root, argv only (the env file's prefix, e.g. ``chroot <dir>``)."""
-    bin_dir = env.get("SLURM_BIN_DIR") or ""
-    path = f"{bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin" if bin_dir else "/usr/sbin:/usr/bin:/sbin:/bin"
-    argv = [*shlex.split(env.get("SLURM_CLI_PREFIX", "")), command, *args]
-    return subprocess.run(argv, env={"PATH": path, "SLURM_CONF": env["SLURM_CONF"], "LANG": "C.UTF-8"},
-                          capture_output=True, text=True, timeout=30, check=False)
+    """One of this cluster's commands as root (tests/slurm_cli.py); the caller judges the exit."""
+    return slurm_cli.run(env, command, *args, check=False)
 
 
 def scontrol(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
