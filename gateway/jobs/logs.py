@@ -290,10 +290,12 @@ async def stream(path: str, *, tail: int | None, follow: bool, job_final: Callab
     ``job_check_s``. Following stops once the job has ended and one more read found nothing new.
     """
     offset = 0
-    if tail is not None and await anyio.to_thread.run_sync(os.path.exists, path):
+    if tail is not None:
         try:
             offset = await anyio.to_thread.run_sync(tail_offset, path, tail)
-        except (OutputRefused, FileNotFoundError):
+        except FileNotFoundError:
+            pass  # not written yet: from its start, once it is
+        except OutputRefused:
             return
     ended = False
     wait = poll_s
