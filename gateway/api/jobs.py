@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import re
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 from fastapi import (
@@ -25,7 +27,7 @@ from sqlalchemy.orm import Session
 from gateway.domain.shapes import format_duration
 from gateway.domain.states import JobState
 from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
-from gateway.jobs import admission, checkpoints, intake, preemption, repository, service
+from gateway.jobs import admission, checkpoints, preemption, repository, service
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
@@ -88,26 +90,64 @@ _JOB_OUT = {name: None if f.is_required() else f.get_default(call_default_factor
             for name, f in JobOut.model_fields.items()}
 
 
-def page_response(session: Session, jobs: list, next_cursor: str | None) -> Response:
-    """Rows of ``repository.SHOWN`` as JobPage's JSON, without a model per row (issue #46): read
-    from the registry, they were validated when they were written.
+def page_response(session: Session, rows: list, next_cursor: str | None) -> Response:
+    """Rows of ``repository.SHOWN_AS_TEXT`` as JobPage's JSON, without a model per row (issue #46):
+    read from the registry, they were validated when they were written.
 
-    Written by pydantic's serializer in one pass, the bytes FastAPI's serialization of the model
-    wrote (json.dumps of its JSON values), except for a float below 1e-4, which Python writes
-    as ``5e-05`` and pydantic as ``0.00005``: a page holding a sweep's parameters, the one place
-    such floats can be, takes that longer path, as does a string no UTF-8 encoder takes (a lone
-    surrogate stored before bodies were checked, kit/unicode.py)."""
-    items = [{**_JOB_OUT, **job_fields(j, session)} for j in jobs]
-    page = {"items": items, "next_cursor": next_cursor}
-    if not any(i["parameters"] for i in items):
-        try:
-            return Response(to_json(page), media_type="application/json")
-        except PydanticSerializationError:
-            pass
+    Each job's JSON is written by pydantic's serializer (``_job_json``), the bytes FastAPI's
+    serialization of the model wrote (json.dumps of its JSON values), and kept by the values it
+    was made from. A float below 1e-4 is the exception (Python writes ``5e-05``, pydantic
+    ``0.00005``): a page holding a sweep's parameters, the one place such a float could be, takes
+    the longer path, as does a string no UTF-8 encoder takes (a lone surrogate stored before
+    bodies were checked, kit/unicode.py)."""
+    made = [_job_json(r, session) for r in rows]
+    if None not in made:
+        return Response(b'{"items":[' + b",".join(made) + b'],"next_cursor":' + to_json(next_cursor) + b"}",
+                        media_type="application/json")
+    page = {"items": [{**_JOB_OUT, **job_fields(_decoded(r), session)} for r in rows], "next_cursor": next_cursor}
     try:
         return JSONResponse(to_jsonable_python(page))
     except (UnicodeEncodeError, PydanticSerializationError):  # a surrogate in a key: the models' own way
-        return JSONResponse({"items": [JobOut(**i).model_dump(mode="json") for i in items], "next_cursor": next_cursor})
+        return JSONResponse({"items": [JobOut(**i).model_dump(mode="json") for i in page["items"]],
+                             "next_cursor": next_cursor})
+
+
+# Listed jobs' JSON by the values it was made from: a row's columns, its JSON ones as stored text
+# (job_fields is a function of them, and of the set's template for a set's task, which never
+# changes). Lists are polled and most of their jobs do not change between two polls: a job seen
+# before costs a look-up (issue #46). A running job's GPU-hours at risk grow with the clock: not
+# kept. Per process, the oldest dropped beyond _JSON_KEPT (about 1 KB each).
+_JSON_OF: dict[tuple, bytes] = {}
+_JSON_KEPT = 20_000
+
+
+def _job_json(row, session: Session) -> bytes | None:
+    """The job's JSON in a list; None where the page must take the longer path."""
+    key = tuple(row)
+    made = _JSON_OF.get(key)
+    if made is not None:
+        return made
+    fields = {**_JOB_OUT, **job_fields(_decoded(row), session)}
+    if fields["parameters"]:
+        return None
+    try:
+        made = to_json(fields)
+    except PydanticSerializationError:
+        return None
+    if row.state != JobState.RUNNING.value:
+        while len(_JSON_OF) >= _JSON_KEPT:
+            try:
+                _JSON_OF.pop(next(iter(_JSON_OF)))
+            except (StopIteration, KeyError, RuntimeError):  # another thread dropped it first
+                break
+        _JSON_OF[key] = made
+    return made
+
+
+def _decoded(row) -> SimpleNamespace:
+    """A row of ``repository.SHOWN_AS_TEXT`` as ``job_fields`` reads a job: its JSON decoded."""
+    return SimpleNamespace(**row._asdict(), spec=json.loads(row.spec_text),
+                           nodes=json.loads(row.nodes_text) if row.nodes_text is not None else None)
 
 
 def with_checkpoint_dir(out: JobOut, job: Job, request: Request) -> JobOut:
@@ -142,10 +182,10 @@ def _submissions(state) -> GroupCommit:
     loop = asyncio.get_running_loop()
     held = getattr(state, "submissions", None)
     if held is None or held[0] is not loop:
-        async def run(items: list[intake.Submission]) -> list:
+        async def run(items: list[service.Submission]) -> list:
             try:
                 return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
-            except intake.RefusedWhileWriting as exc:
+            except service.RefusedWhileWriting as exc:
                 if len(items) == 1:
                     return [exc.refusal]  # rolled back: nothing of it is kept
                 raise  # the group commit re-runs each member alone
@@ -193,7 +233,7 @@ async def submit_job(
     # loop (kit/db.py in_transaction): no thread-pool hop.
     await admission.look_up_user(principal)
     job, created = await _submissions(request.app.state).submit(
-        intake.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
+        service.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
@@ -226,7 +266,7 @@ async def list_jobs(
     def page(session: Session) -> Response:
         jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
                                         account=account, pool=pool or backend, after_id=after, limit=limit + 1,
-                                        job_set=job_set, columns=repository.SHOWN)
+                                        job_set=job_set, columns=repository.SHOWN_AS_TEXT)
         more = len(jobs) > limit
         jobs = jobs[:limit]
         return page_response(session, jobs, _encode_cursor(jobs[-1].id) if more else None)

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import ARRAY, Select, String, and_, bindparam, func, or_, select, true
+from sqlalchemy import (
+    ARRAY,
+    Select,
+    String,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    func,
+    or_,
+    select,
+    true,
+)
 from sqlalchemy.orm import Session
 
 from gateway.identity.principal import Principal
@@ -41,6 +53,10 @@ SHOWN = (Job.id, Job.name, Job.account_name, Job.submitted_by, Job.username, Job
          Job.priority, Job.backend_job_id, Job.routing_reason, Job.exit_code, Job.nodes, Job.created_at, Job.updated_at,
          Job.started_at, Job.ended_at, Job.cancel_requested_at, Job.job_set_id, Job.array_index, Job.estimated_start,
          Job.estimated_pool, Job.estimate_reason, Job.attempt, Job.borrowed, Job.checkpoint_at)
+# SHOWN with the JSON columns as their stored text (``spec_text``, ``nodes_text``): for a reader
+# that keeps what it made of a row by the row's values (gateway/api/jobs.py), which text allows
+# and a decoded dict or list does not (unhashable), and whose rows it has seen need no decoding.
+SHOWN_AS_TEXT = tuple(cast(c, Text).label(f"{c.key}_text") if c is Job.spec or c is Job.nodes else c for c in SHOWN)
 # The dashboard's table of jobs (gateway/ui/templates/jobs.html): no spec, whose JSON it never shows.
 IN_TABLE = (Job.id, Job.name, Job.account_name, Job.username, Job.state, Job.state_reason, Job.pool,
             Job.requested_pool, Job.created_at, Job.estimated_start, Job.estimated_pool, Job.estimate_reason)
@@ -51,7 +67,7 @@ def list_readable(session: Session, principal: Principal, *, states: Sequence[st
                   after_id: str | None = None, limit: int = 50, job_set: str | None = None,
                   columns: Sequence | None = None) -> list:
     """The caller's jobs, newest first (``after_id``: older than that one): ORM objects, or with
-    ``columns`` (``SHOWN``, ``IN_TABLE``) rows of just those columns."""
+    ``columns`` (``SHOWN``, ``SHOWN_AS_TEXT``, ``IN_TABLE``) rows of just those columns."""
     stmt = readable_jobs(principal)
     if job_set:
         stmt = stmt.where(Job.job_set_id == job_set)

@@ -63,3 +63,28 @@ def test_each_listed_job_is_its_getjob_json_in_jobout_order(gw):
     assert '"env":{"A":"é","B":"x"}' in listed.content.decode()
     assert '"parameters":{"lr":"5e-05"}' in listed.content.decode()
     assert listed.json() == json.loads(listed.content)
+
+
+def test_a_listed_job_seen_before_is_what_it_is_now(gw):
+    """The list keeps each job's JSON by the values it was made from: a job that changed is
+    written anew, one that did not is the same bytes, and a running job's GPU-hours at risk
+    are those of the moment."""
+    first = submit(gw, SPEC).json()["id"]
+    other = submit(gw, SPEC).json()["id"]
+    before = gw.client.get("/v1/jobs", headers=gw.headers())
+    assert gw.client.post(f"/v1/jobs/{first}/cancel", headers=gw.headers()).status_code == 202
+    after = gw.client.get("/v1/jobs", headers=gw.headers())
+    by_id = {j["id"]: j for j in after.json()["items"]}
+    assert by_id[first]["state"] == "cancelled" and by_id[first]["ended_at"] is not None
+    assert by_id[first] == {**gw.client.get(f"/v1/jobs/{first}", headers=gw.headers()).json(),
+                            **dict.fromkeys(GET_JOB_ONLY)}
+    assert by_id[other] == {j["id"]: j for j in before.json()["items"]}[other]
+    assert gw.client.get("/v1/jobs", headers=gw.headers()).content == after.content
+    with gw.session() as s:
+        s.query(Job).filter(Job.id == other).update(
+            {"state": "running", "pool": "slurm", "held_gpus": 32, "started_at": utcnow() - timedelta(hours=1)},
+            synchronize_session=False)
+        s.commit()
+    risk = [{j["id"]: j for j in gw.client.get("/v1/jobs", headers=gw.headers()).json()["items"]}[other]
+            ["gpu_hours_at_risk"] for _ in range(2)]
+    assert 31.9 < risk[0] <= risk[1] < 33
