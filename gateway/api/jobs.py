@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from gateway.domain.shapes import format_duration
 from gateway.domain.states import JobState
 from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
-from gateway.jobs import admission, checkpoints, preemption, repository, service
+from gateway.jobs import admission, checkpoints, intake, preemption, repository, service
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
@@ -182,10 +182,10 @@ def _submissions(state) -> GroupCommit:
     loop = asyncio.get_running_loop()
     held = getattr(state, "submissions", None)
     if held is None or held[0] is not loop:
-        async def run(items: list[service.Submission]) -> list:
+        async def run(items: list[intake.Submission]) -> list:
             try:
                 return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
-            except service.RefusedWhileWriting as exc:
+            except intake.RefusedWhileWriting as exc:
                 if len(items) == 1:
                     return [exc.refusal]  # rolled back: nothing of it is kept
                 raise  # the group commit re-runs each member alone
@@ -233,7 +233,7 @@ async def submit_job(
     # loop (kit/db.py in_transaction): no thread-pool hop.
     await admission.look_up_user(principal)
     job, created = await _submissions(request.app.state).submit(
-        service.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
+        intake.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
