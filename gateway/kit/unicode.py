@@ -16,6 +16,9 @@ from typing import Any
 from fastapi.responses import JSONResponse as _JSONResponse
 
 # A JSON escape in the surrogate range, in the raw body: only then is the body parsed to look.
+# (A valid pair, e.g. an emoji as Python's json.dumps writes it, is parsed too: telling a lone
+# escape from a pair in the raw bytes needs the parity of the backslashes before it, and a
+# mistake there would let a lone one through; the parse is ~20 us: bench/bench_unicode_gate.py.)
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _LONE = re.compile("[\ud800-\udfff]")
 
@@ -28,7 +31,7 @@ def has_lone_surrogate(text: str) -> bool:
 def lone_surrogate_field(body: bytes) -> str | None:
     """The path (``body.env.A``, ``body.tasks.0.name``) of the first string or key of a JSON
     body that holds a lone surrogate, or None. A body that is not JSON is the app's to refuse."""
-    if not _ESCAPED_SURROGATE.search(body):
+    if not _ESCAPED_SURROGATE.search(body):  # one scan, faster than bytes.find of b"\\u" here
         return None
     try:
         doc = json.loads(body)
