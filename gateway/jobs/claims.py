@@ -88,7 +88,7 @@ _NOTE_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("n_id"), _JOB_T.c
 def _notes_ctes(dialect) -> str:
     """``noted`` (the noted pending jobs' ids) and their ``waiting`` events (in the order noted),
     over the documents ``:notes`` and ``:events``."""
-    typed = ", ".join(f"{n} {_JOB_T.c[n].type.compile(dialect=dialect)}" for n in ("id", *_NOTE_COLS))
+    typed = bulk.record_columns(_JOB_T, ("id", *_NOTE_COLS), dialect)
     # The guard compares with the record's from_state, not a constant: with state = 'pending'
     # (100,000 rows) a planner whose statistics lag chose to scan them all and hash-join.
     return f"""

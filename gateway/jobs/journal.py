@@ -84,8 +84,7 @@ def claim_events_cte(to_state: str) -> str:
 
 def waiting_events_cte(dialect) -> str:
     """Postgres: ``waiting_events``, the events of the JSON document ``:events`` in their order."""
-    typed = ", ".join(f"{n} {TABLE.c[n].type.compile(dialect=dialect)}"
-                      for n in ("job_id", "at", "actor", "kind", "reason"))
+    typed = bulk.record_columns(TABLE, ("job_id", "at", "actor", "kind", "reason"), dialect)
     return f"""waiting_events AS (
     INSERT INTO job_event (job_id, at, actor, kind, reason)
     SELECT e.job_id, e.at, e.actor, e.kind, e.reason

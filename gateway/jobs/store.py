@@ -46,7 +46,7 @@ COPY_FROM_ROWS = 500
 def _insert_sql(dialect, columns: tuple[str, ...]) -> Any:
     """Postgres: new jobs and their ``submitted`` events in ONE statement over one JSON document,
     the events in the rows' order."""
-    record = ", ".join(f"{c} {TABLE.c[c].type.compile(dialect=dialect)}" for c in columns)
+    record = bulk.record_columns(TABLE, columns, dialect)
     cols = ", ".join(columns)
     return text(f"""WITH r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json))
                                AS r({record}, actor {journal.actor_type(dialect)},

@@ -41,7 +41,7 @@ def _document(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, default=_default, allow_nan=False, separators=(",", ":"))
 
 
-def _record_columns(table: Table, names: tuple[str, ...], dialect) -> str:
+def record_columns(table: Table, names: tuple[str, ...], dialect) -> str:
     """``"a" type, "b" type, ...``: the record's columns, typed as ``table``'s."""
     quote = dialect.identifier_preparer.quote
     return ", ".join(f"{quote(n)} {table.c[n].type.compile(dialect=dialect)}" for n in names)
@@ -53,7 +53,7 @@ def _insert_sql(table: Table, columns: tuple[str, ...], dialect) -> Any:
     cols = ", ".join(quote(c) for c in columns)
     picked = ", ".join(f"r.{quote(c)}" for c in columns)
     return text(f"INSERT INTO {quote(table.name)} ({cols}) SELECT {picked} "
-                f"FROM json_to_recordset(CAST(:rows AS json)) AS r({_record_columns(table, columns, dialect)})")
+                f"FROM json_to_recordset(CAST(:rows AS json)) AS r({record_columns(table, columns, dialect)})")
 
 
 def insert_rows(conn: Connection, table: Table, rows, *, shared: dict[str, Any] | None = None,
