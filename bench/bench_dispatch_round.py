@@ -66,7 +66,9 @@ def _pools(n: int) -> list[tuple[str, str, str, float]]:
              "h100" if i % 3 == 0 else "a100", 1.0 + (i % 4) * 0.5) for i in range(n)]
 
 
-def _rounds(url: str, pools: int, rounds: int) -> list[float]:
+def _dispatcher(url: str, pools: int):
+    """The seeded database's ``pools`` stand-in pools and a dispatcher over them whose
+    submissions go nowhere: (engine, sessions, dispatcher). Shared with bench_round_scale.py."""
     from sqlalchemy import delete
 
     from gateway.dispatch import Dispatcher
@@ -83,9 +85,16 @@ def _rounds(url: str, pools: int, rounds: int) -> list[float]:
         s.execute(delete(Pool))
         reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in spec])
     settings = Settings(database_url=url, dispatch_batch=100, capacity_ttl_s=0, routing_weights="{}")
-    dispatcher = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t, nodes=2000) for n, k, t, _ in spec}, settings=settings.dispatch)
+    dispatcher = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t, nodes=2000) for n, k, t, _ in spec},
+                            settings=settings.dispatch)
     dispatcher.submitter.submit_all = lambda *a, **kw: None  # the backend side is not measured here
+    return engine, sessions, dispatcher
+
+
+def _rounds(url: str, pools: int, rounds: int) -> list[float]:
     from sqlalchemy import event
+
+    engine, sessions, dispatcher = _dispatcher(url, pools)
 
     seen: list[int] = []
     event.listen(engine, "before_cursor_execute", lambda *a: seen.append(1))

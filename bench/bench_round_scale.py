@@ -25,8 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.standin import StandInPool
-from bench.bench_dispatch_round import ACCOUNTS, _host_speed, _pools, _round_trip_ms
+from bench.bench_dispatch_round import (
+    ACCOUNTS,
+    _dispatcher,
+    _host_speed,
+    _round_trip_ms,
+)
 from bench.common import fresh_database, machine, pct, write_section
 
 # Rows read by the transaction so far: sequentially scanned heap rows plus index entries
@@ -73,25 +77,9 @@ FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint) - 1) AS g
 
 def _rounds(url: str, pools: int, rounds: int) -> dict[str, list[float]]:
     """``rounds`` rounds of the dispatcher over ``pools`` stand-in pools: ms, CPU ms, statements, rows read."""
-    from sqlalchemy import delete, event
+    from sqlalchemy import event
 
-    from gateway.dispatch import Dispatcher
-    from gateway.kit.db import make_engine, make_sessionmaker
-    from gateway.kit.settings import Settings
-    from gateway.models.pools import Pool
-    from gateway.pools.config import PoolConfig
-    from gateway.pools.service import reconcile
-
-    engine = make_engine(url, pool_size=4)
-    sessions = make_sessionmaker(engine)
-    spec = _pools(pools)
-    with sessions.begin() as s:
-        s.execute(delete(Pool))
-        reconcile(s, [PoolConfig(name=n, kind=k, settings=None, gpu_types=(t,), cost=c) for n, k, t, c in spec])
-    settings = Settings(database_url=url, dispatch_batch=100, capacity_ttl_s=0, routing_weights="{}")
-    dispatcher = Dispatcher(sessions=sessions, backends={n: StandInPool(k, t, nodes=2000) for n, k, t, _ in spec},
-                            settings=settings.dispatch)
-    dispatcher.submitter.submit_all = lambda *a, **kw: None  # the backend side is not measured here
+    engine, sessions, dispatcher = _dispatcher(url, pools)
     seen: list[int] = []
     read: list[int] = []
 
