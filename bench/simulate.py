@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine, pct, write_section
-from gateway.domain.simulate import (
+from gateway.domain.sim_inputs import (
     BORROW,
     FIFO,
     GREEDY,
@@ -40,11 +40,11 @@ from gateway.domain.simulate import (
     RESERVATION,
     Reclaim,
     SimPool,
-    SimResult,
     TraceJob,
-    simulate,
     within_guarantee,
 )
+from gateway.domain.sim_result import SimResult
+from gateway.domain.simulate import simulate
 
 POOLS = [SimPool("slurm-a100", "slurm", 64, 8), SimPool("slurm-h100", "slurm", 32, 8),
          SimPool("kube-onprem", "kubernetes", 32, 8), SimPool("kube-cloud", "kubernetes", 16, 8)]

@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine, pct, write_section
 from bench.simulate import POOLS, make_trace
-from gateway.domain.simulate import SimResult, simulate
+from gateway.domain.sim_result import SimResult
+from gateway.domain.simulate import simulate
 
 BLOCKS = {"slurm-a100": (16, 16, 16, 16), "slurm-h100": (16, 16)}
 TOPO_POOLS = [dataclasses.replace(p, blocks=BLOCKS.get(p.name, ())) for p in POOLS]

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import machine, pct, write_section
 from bench.simulate import POOLS, make_trace
 from gateway.domain.planner import Hold, Outage
-from gateway.domain.simulate import SimResult, simulate
+from gateway.domain.sim_result import SimResult
+from gateway.domain.simulate import simulate
 
 
 def windows(trace) -> list[tuple[str, int, float, float]]:

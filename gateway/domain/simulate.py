@@ -45,6 +45,10 @@ counted (``SimResult.topology_violations``: the planner's rule says it never hap
 ``domain_futures`` each running gang's release names the blocks its nodes free, so the
 planner knows which block frees when; without, releases are the pool's alone (the fallback).
 
+The replay is this module's; what it is given (pools, trace jobs, policies, ``Reclaim``) is in
+``sim_inputs.py``, what it reports (``JobOutcome``, ``SimResult``) in ``sim_result.py``, and
+its books (charges, decayed usage, fair-share factors) in ``sim_ledger.py``.
+
 Used by ``bench/simulate.py`` (the policy table in docs/benchmarks.md), by
 ``bench/simulate_windows.py`` (windows) and by the tests.
 """
@@ -53,209 +57,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from adapters.base import features_of
-from gateway.domain.fairshare import compute_fairshare
 from gateway.domain.planner import (
     INF,
     Candidate,
     Hold,
     Outage,
-    PoolModel,
     Release,
     pick_domains,
     plan,
 )
 from gateway.domain.preempt import RATE_WINDOW_S, ReclaimRound, Room, Running
-
-GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW = "greedy", "reservation", "fifo", "hard-caps", "borrow"
-POLICIES = (GREEDY, RESERVATION, FIFO, HARD_CAPS, BORROW)
-
-
-@dataclasses.dataclass(frozen=True)
-class SimPool:
-    name: str
-    kind: str  # "slurm" or "kubernetes": its adapter says whether it counts whole nodes
-    nodes: int
-    gpus_per_node: int
-    storages: frozenset[str] = frozenset()  # the storages it provides (docs/storage.md)
-    blocks: tuple[int, ...] = ()  # nodes of each network block (level "block"), node-exclusive pools only
-
-    @functools.cached_property  # asked in every simulated round; a frozen pool's kind never changes
-    def node_exclusive(self) -> bool:
-        return features_of(self.kind).node_exclusive
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    def model(self) -> PoolModel:
-        units = self.nodes if self.node_exclusive else self.gpus
-        return PoolModel(self.name, self.node_exclusive, units, self.gpus_per_node)
-
-    def gpus_of(self, units: int) -> int:
-        """The GPUs ``units`` of this pool hold (whole nodes on a node-exclusive pool)."""
-        return units * self.gpus_per_node if self.node_exclusive else units
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceJob:
-    id: str
-    arrival: float
-    account: str
-    workers: int
-    gpus_per_worker: int
-    run_s: float
-    time_limit_s: float
-    kinds: tuple[str, ...] = ("slurm", "kubernetes")  # pool kinds it may use
-    storages: frozenset[str] = frozenset()  # only pools that provide all of these (its mounts)
-    topology: str = ""  # a level of which one domain must hold the whole gang ("block"; "": any nodes)
-
-    @property
-    def total_gpus(self) -> int:
-        return self.workers * self.gpus_per_worker
-
-
-@dataclasses.dataclass(frozen=True)
-class Reclaim:
-    """How the ``borrow`` policy stops borrowed work (module docstring)."""
-
-    grace_s: float = 120.0  # from the signal to the stop
-    min_runtime_s: float = 600.0  # ISTHMUS_PREEMPT_MIN_RUNTIME_S
-    max_per_pool_per_minute: int = 4
-    checkpoint_every_s: float | None = 1800.0  # None: jobs never checkpoint
-    reports: bool = True  # the victim choice sees the checkpoints
-    max_asks_per_round: int = 8  # victim choices asked per round (a bounded round)
-
-
-@dataclasses.dataclass
-class JobOutcome:
-    job: TraceJob
-    pool: str | None = None
-    start: float | None = None  # its first start
-    end: float | None = None
-    first_estimate: float | None = None  # the first planned start the planner gave it
-    # The round at its arrival: its planned start (now if it started then); None: no estimate then.
-    submit_estimate: float | None = None
-    blocks: int = 0  # the network blocks its first start spread over (0: a pool without blocks)
-    held_gpus: int = 0
-    attempts: int = 0
-    evictions: int = 0
-    lost_gpu_s: float = 0.0  # work lost to evictions (since the last checkpoint), in GPU-seconds
-    refused: str = ""  # why it was refused at submit
-
-
-@dataclasses.dataclass
-class SimResult:
-    policy: str
-    outcomes: list[JobOutcome]
-    busy_gpu_seconds: float
-    window: tuple[float, float]
-    total_gpus: int
-    usage_by_account: dict[str, float]
-    shares: dict[str, int]
-    rounds: int
-    partial_gang_gpu_hours: float = 0.0
-    evictions: int = 0
-    reclaim_starts: int = 0  # gangs started on room that evictions made
-    lost_in_window_gpu_seconds: float = 0.0  # the part of the lost work done inside the window
-    used_gpu_seconds: float = 0.0  # every attempt's GPU time, over the whole run
-    spans: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (start, end, GPU-s)
-    # Every eviction: (signalled at, pool, victim, the gang it made room for, the rule's reason).
-    eviction_log: list[tuple[float, str, str, str, str]] = dataclasses.field(default_factory=list)
-    # hold id -> whether its units were free for its accounts at its start (nothing else held them)
-    holds_honoured: dict[str, bool] = dataclasses.field(default_factory=dict)
-    # hold id -> GPU-seconds its accounts' gangs ran inside it
-    hold_used_gpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    # starts of gangs that require a domain with no domain of room for them (placed spread out)
-    topology_violations: int = 0
-
-    @property
-    def utilisation(self) -> float:
-        """Busy GPU time over the window: every attempt's run counts, work later lost included."""
-        span = self.window[1] - self.window[0]
-        return self.busy_gpu_seconds / (self.total_gpus * span) if span > 0 else 0.0
-
-    @property
-    def net_utilisation(self) -> float:
-        """Utilisation without the work that evictions threw away."""
-        span = self.window[1] - self.window[0]
-        kept = self.busy_gpu_seconds - self.lost_in_window_gpu_seconds
-        return kept / (self.total_gpus * span) if span > 0 else 0.0
-
-    def utilisation_in(self, lo: float, hi: float) -> float:
-        """Busy GPU time over ``[lo, hi)``, as :attr:`utilisation` counts it over the window."""
-        busy = 0.0
-        for start, end, gpu_s in self.spans:
-            a, b = max(start, lo), min(end, hi)
-            if b > a and end > start:
-                busy += gpu_s * (b - a) / (end - start)
-        return busy / (self.total_gpus * (hi - lo)) if hi > lo else 0.0
-
-    @property
-    def lost_gpu_hours(self) -> float:
-        return sum(o.lost_gpu_s for o in self.outcomes) / 3600
-
-    def waits(self, lo: int, hi: int) -> list[float]:
-        return [o.start - o.job.arrival for o in self.outcomes
-                if o.start is not None and lo <= o.job.total_gpus <= hi]
-
-    def waits_of(self, ids: set[str], horizon: float) -> list[float]:
-        """Waits of the jobs ``ids`` to their first start; one never started waits until the
-        horizon, one refused at submit does not wait."""
-        return [(o.start if o.start is not None else horizon) - o.job.arrival
-                for o in self.outcomes if o.job.id in ids and not o.refused]
-
-    def longest_gang_wait(self, horizon: float) -> float:
-        """Longest wait of any multi-worker gang; one never started waits until the horizon."""
-        worst = 0.0
-        for o in self.outcomes:
-            if o.job.workers < 2 or o.refused:
-                continue
-            worst = max(worst, (o.start if o.start is not None else horizon) - o.job.arrival)
-        return worst
-
-    def unstarted_gangs(self) -> int:
-        return sum(1 for o in self.outcomes if o.job.workers >= 2 and o.start is None)
-
-    def refused_gangs(self) -> int:
-        return sum(1 for o in self.outcomes if o.job.workers >= 2 and o.refused)
-
-    def jain(self, leave_out: frozenset[str] = frozenset()) -> float:
-        """Jain's fairness index of usage per share over accounts (1.0 = usage in proportion),
-        without the accounts ``leave_out`` (one that submitted nothing has no claim to its share)."""
-        xs = [self.usage_by_account.get(a, 0.0) / s for a, s in self.shares.items() if s > 0 and a not in leave_out]
-        sq = sum(x * x for x in xs)
-        return (sum(xs) ** 2) / (len(xs) * sq) if sq > 0 else 1.0
-
-
-def within_guarantee(trace: Sequence[TraceJob], guarantees: Mapping[str, int]) -> set[str]:
-    """The jobs submitted within their account's guarantee, a property of the trace alone.
-
-    A job is in when its account's jobs that would be running at its arrival, had every job
-    started on arrival, hold with it at most the guarantee in GPUs. The same set for every
-    policy, so their waits compare like for like.
-    """
-    out: set[str] = set()
-    by_account: dict[str, list[TraceJob]] = collections.defaultdict(list)
-    for j in trace:
-        by_account[j.account].append(j)
-    for account, jobs in by_account.items():
-        cap = guarantees.get(account, 0)
-        ends: list[tuple[float, int]] = []
-        demand = 0
-        for j in sorted(jobs, key=lambda j: (j.arrival, j.id)):
-            while ends and ends[0][0] <= j.arrival:
-                demand -= heapq.heappop(ends)[1]
-            if demand + j.total_gpus <= cap:
-                out.add(j.id)
-            demand += j.total_gpus
-            heapq.heappush(ends, (j.arrival + j.run_s, j.total_gpus))
-    return out
+from gateway.domain.sim_inputs import (
+    BORROW,
+    HARD_CAPS,
+    POLICIES,
+    RESERVATION,
+    Reclaim,
+    SimPool,
+    TraceJob,
+)
+from gateway.domain.sim_ledger import SimLedger
+from gateway.domain.sim_result import JobOutcome, SimResult
 
 
 @dataclasses.dataclass
@@ -289,7 +115,6 @@ class _Replay:
         self.models = [p.model() for p in pools]
         self.by_name = {p.name: p for p in pools}
         self.model_of = {m.name: m for m in self.models}
-        self.tree = {a: (None, s) for a, s in shares.items()}
         self.shares = dict(shares)
         self.outcomes = {j.id: JobOutcome(j) for j in trace}
         self.waiting: dict[str, collections.deque[TraceJob]] = collections.defaultdict(collections.deque)
@@ -313,8 +138,6 @@ class _Replay:
         self.evictions = 0
         self.reclaim_starts = 0
         self.lost_in_window = 0.0
-        self.used = 0.0
-        self.spans: list[tuple[float, float, float]] = []
         self.eviction_log: list[tuple[float, str, str, str, str]] = []
         self.events: list[tuple[float, int, str, str]] = []
         self.seq = 0
@@ -329,17 +152,10 @@ class _Replay:
             for at in (w.start, w.end):
                 if at < INF:
                     self._push(at, "tick", "")
-        # Decayed usage kept as of a fixed epoch t0: a charge at t adds gpu_s * 2^((t - t0) / h),
-        # and the value at `now` is that sum times 2^(-(now - t0) / h). O(1) per charge.
-        self.t0 = trace[0].arrival if trace else 0.0
-        self.grown: dict[str, float] = collections.defaultdict(float)
-        self.window_usage: dict[str, float] = collections.defaultdict(float)
         self.win = window or ((trace[0].arrival, trace[-1].arrival) if trace else (0.0, 0.0))
-        self.busy = 0.0
-        self.factors: dict[str, float] = {}
-        self.factors_at = -math.inf
+        self.books = SimLedger(shares, t0=trace[0].arrival if trace else 0.0, window=self.win,
+                               half_life_s=half_life_s)  # charges and fair share
         self.rounds = 0
-        self.decay = math.log(2) / half_life_s
         self.eligible: dict[str, tuple[str, ...]] = {}
         self.gpus_on: dict[str, dict[str, int]] = {}  # job id -> pool -> GPUs it would hold there
         for j in trace:  # never-fits, as routing applies it
@@ -359,32 +175,17 @@ class _Replay:
         self.seq += 1
         return self.seq - 1
 
-    def _charge(self, account: str, gpu_s: float, start: float, end: float, now: float) -> None:
-        self.grown[account] += gpu_s * math.exp(self.decay * (now - self.t0))
-        self.used += gpu_s
-        self.spans.append((start, end, gpu_s))
-        lo, hi = max(start, self.win[0]), min(end, self.win[1])
-        if hi > lo:
-            part = gpu_s * (hi - lo) / (end - start) if end > start else 0.0
-            self.busy += part
-            self.window_usage[account] += part
-
     def _refresh_factors(self, now: float) -> None:
-        k = math.exp(-self.decay * (now - self.t0))
-        own = {a: v * k for a, v in self.grown.items()}
-        for jid in self.running:  # running usage so far, as accrual does
-            o = self.outcomes[jid]
-            own[o.job.account] = own.get(o.job.account, 0.0) + o.held_gpus * (now - self.started_at[jid])
-        fs = compute_fairshare(self.tree, own)
-        self.factors = {a: f.factor for a, f in fs.items()}
-        self.factors_at = now
+        running = ((self.outcomes[jid].job.account, self.outcomes[jid].held_gpus * (now - self.started_at[jid]))
+                   for jid in self.running)  # running usage so far, as accrual does
+        self.books.refresh_factors(now, running)
 
     def _load(self, account: str) -> int:
         """GPUs the account holds now: running, and set aside for its gangs about to start."""
         return self.held[account] + self.pending_gpus[account]
 
     def _order(self) -> list[str]:
-        return sorted((a for a, q in self.waiting.items() if q), key=lambda a: (-self.factors.get(a, 0.0), a))
+        return sorted((a for a, q in self.waiting.items() if q), key=lambda a: (-self.books.factors.get(a, 0.0), a))
 
     def _candidates(self) -> Iterator[Candidate]:
         capped = self.policy == HARD_CAPS
@@ -452,7 +253,7 @@ class _Replay:
         self.borrowed.discard(jid)
         self.end_seq.pop(jid, None)
         self.held[o.job.account] -= o.held_gpus
-        self._charge(o.job.account, o.held_gpus * (now - start), start, now, now)
+        self.books.charge(o.job.account, o.held_gpus * (now - start), start, now, now)
         gid = self.stopping.pop(jid, None)
         if gid is None:
             self.free[pool] += units
@@ -630,7 +431,7 @@ class _Replay:
             for pool in self.recent.values():
                 while pool and now - pool[0] >= RATE_WINDOW_S:
                     pool.popleft()
-            if now - self.factors_at >= self.fairshare_every_s:
+            if now - self.books.factors_at >= self.fairshare_every_s:
                 self._refresh_factors(now)
             self.rounds += 1
             p = plan(now=now, pools=self.models, free_now=self.free, releases=self._releases(),
@@ -665,13 +466,14 @@ class _Replay:
         for jid in self.running:  # still running at the horizon
             o = self.outcomes[jid]
             start = self.started_at[jid]
-            self._charge(o.job.account, o.held_gpus * (end - start), start, end, end)
-        return SimResult(policy=self.policy, outcomes=list(self.outcomes.values()), busy_gpu_seconds=self.busy,
+            self.books.charge(o.job.account, o.held_gpus * (end - start), start, end, end)
+        return SimResult(policy=self.policy, outcomes=list(self.outcomes.values()), busy_gpu_seconds=self.books.busy,
                          window=self.win, total_gpus=sum(p.gpus for p in self.pools),
-                         usage_by_account=dict(self.window_usage), shares=self.shares, rounds=self.rounds,
+                         usage_by_account=dict(self.books.window_usage), shares=self.shares, rounds=self.rounds,
                          evictions=self.evictions, reclaim_starts=self.reclaim_starts,
                          lost_in_window_gpu_seconds=self.lost_in_window, eviction_log=self.eviction_log,
-                         used_gpu_seconds=self.used, spans=self.spans, holds_honoured=dict(self.holds_honoured),
+                         used_gpu_seconds=self.books.used, spans=self.books.spans,
+                         holds_honoured=dict(self.holds_honoured),
                          hold_used_gpu_s=dict(self.hold_used), topology_violations=self.topology_violations)
 
 
@@ -679,7 +481,7 @@ def simulate(trace: Sequence[TraceJob], pools: Sequence[SimPool], shares: Mappin
              policy: str = RESERVATION, depth: int = 8, half_life_s: float = 7 * 86400,
              fairshare_every_s: float = 300, per_account: int = 32, max_examined: int = 2000,
              horizon: float | None = None, window: tuple[float, float] | None = None,
-             guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim(),
+             guarantees: Mapping[str, int] | None = None, reclaim: Reclaim = Reclaim(),  # noqa: B008 (frozen)
              outages: Sequence[Outage] = (), holds: Sequence[Hold] = (), domain_futures: bool = True) -> SimResult:
     """Replay ``trace`` (sorted by arrival) and return what happened to every job.
 

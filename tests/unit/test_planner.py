@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.domain.planner import INF, Candidate, PoolModel, Profile, Release, plan
-from gateway.domain.simulate import SimPool, TraceJob, simulate
+from gateway.domain.sim_inputs import SimPool, TraceJob
+from gateway.domain.simulate import simulate
 
 SLURM = PoolModel("slurm-a", node_exclusive=True, total_units=4, gpus_per_node=8)
 KUBE = PoolModel("kube-a", node_exclusive=False, total_units=32, gpus_per_node=8)

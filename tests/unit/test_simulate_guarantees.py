@@ -8,13 +8,13 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.domain.simulate import (
+from gateway.domain.sim_inputs import (
     Reclaim,
     SimPool,
     TraceJob,
-    simulate,
     within_guarantee,
 )
+from gateway.domain.simulate import simulate
 
 KUBE = [SimPool("kube", "kubernetes", 4, 8)]  # 32 GPUs
 SHARES = {"team-a": 1, "team-b": 1}

@@ -136,7 +136,8 @@ def test_stored_limits_keep_the_storage_facts():
 
 
 def test_the_simulator_places_a_job_only_where_its_storage_is():
-    from gateway.domain.simulate import SimPool, TraceJob, simulate
+    from gateway.domain.sim_inputs import SimPool, TraceJob
+    from gateway.domain.simulate import simulate
 
     pools = [SimPool("slurm-a", "slurm", 4, 8, storages=frozenset({"data"})), SimPool("slurm-b", "slurm", 4, 8)]
     trace = [TraceJob(f"j{i}", float(i), "a", 1, 8, 10.0, 10.0, storages=frozenset({"data"})) for i in range(8)]

@@ -160,7 +160,8 @@ def test_a_backend_window_in_the_snapshot_is_planned_as_already_taken():
 def test_the_simulator_runs_nothing_across_a_window_and_backfills_before_it():
     """A replay with a whole-pool window: no job's run overlaps it, jobs short enough run
     right up to it, and the rest wait for its end (the planner's rule, round by round)."""
-    from gateway.domain.simulate import SimPool, TraceJob, simulate
+    from gateway.domain.sim_inputs import SimPool, TraceJob
+    from gateway.domain.simulate import simulate
 
     pool = SimPool("slurm-a", "slurm", 4, 8)
     trace = [TraceJob(f"j{i}", arrival=i * 60.0, account="a" if i % 2 else "b", workers=1 + i % 2,
@@ -242,7 +243,8 @@ def test_the_simulator_honours_a_hold_at_its_start_and_its_account_runs_in_it():
     """A replay with 2 of 4 nodes held for team-a from 2 h to 6 h while team-b keeps the pool busy:
     the held nodes are free at the hold's start, team-a's gangs run in it, and team-b never
     holds more than the other 2 nodes while it lasts."""
-    from gateway.domain.simulate import SimPool, TraceJob, simulate
+    from gateway.domain.sim_inputs import SimPool, TraceJob
+    from gateway.domain.simulate import simulate
 
     pool = SimPool("slurm-a", "slurm", 4, 8)
     trace = [TraceJob(f"b{i}", arrival=i * 300.0, account="team-b", workers=1, gpus_per_worker=8, run_s=1500.0,
