@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from adapters.base import BackendState, SubmitRequest
-from adapters.slurm.backend import SlurmBackend, SlurmSettings
+from adapters.slurm.backend import SlurmBackend
+from adapters.slurm.settings import SlurmSettings
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import rules as ledger_rules
 from tests import slurm_cli

@@ -150,7 +150,8 @@ def test_the_owner_cannot_requeue_a_gateway_job_behind_its_back(version, transpo
     import uuid
 
     from adapters.base import SubmitRequest
-    from adapters.slurm.backend import SlurmBackend, SlurmSettings
+    from adapters.slurm.backend import SlurmBackend
+    from adapters.slurm.settings import SlurmSettings
     from tests.dispatch.conftest import slurm_backend_options, slurm_env
 
     env = slurm_env(version)
