@@ -35,7 +35,7 @@ from adapters.base import (
     register,
     site_gpu_type,
 )
-from adapters.slurm import parse
+from adapters.slurm import job_record, parse
 from adapters.slurm.errors import AmbiguousSubmit
 from adapters.slurm.script import ReservationSpec, build_spec, worker_output_path
 from adapters.slurm.settings import SLURM_NAME, SlurmSettings
@@ -225,7 +225,7 @@ class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, W
             raise JobNotFound(
                 f"Slurm job {backend_job_id} is unknown to slurmctld (finished jobs are "
                 f"kept only for MinJobAge)", backend=self.name)
-        return parse.job_status(record)
+        return job_record.job_status(record)
 
     def cancel(self, backend_job_id: str) -> None:
         if not str(backend_job_id).isdigit():
@@ -370,7 +370,7 @@ class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, W
             return False
         if request is None:
             return True
-        if parse.submitted_by(record) != request.user:
+        if job_record.submitted_by(record) != request.user:
             return False
         account = self._slurm_account(request.account)
         if account is not None and str(record.get("account") or "") != account:
@@ -384,7 +384,7 @@ class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, W
         return True
 
     def find_by_gateway_id(self, gateway_job_id: str, *, request: SubmitRequest | None = None) -> JobStatus | None:
-        comment = parse.gateway_comment(gateway_job_id, request.attempt if request is not None else 1)
+        comment = job_record.gateway_comment(gateway_job_id, request.attempt if request is not None else 1)
         with self._comments_lock:
             known = dict(self._comments)
         current = self._transport.comments(known)
@@ -394,13 +394,13 @@ class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, W
         for job_id in sorted(matches, key=lambda j: int(j) if j.isdigit() else 0, reverse=True):
             record = self._transport.job(job_id)
             # The owner may edit a comment after we cached it: check the record's own.
-            if (record is not None and parse.gateway_id_of(record) == gateway_job_id
+            if (record is not None and job_record.gateway_id_of(record) == gateway_job_id
                     and self._submitted_by_gateway(record, request)):
-                return parse.job_status(record)
+                return job_record.job_status(record)
         return None
 
     def list_gateway_jobs(self) -> Iterable[JobStatus]:
-        return [parse.job_status(r) for r in self._transport.jobs() if parse.gateway_id_of(r)]
+        return [job_record.job_status(r) for r in self._transport.jobs() if job_record.gateway_id_of(r)]
 
     def close(self) -> None:
         self._transport.close()

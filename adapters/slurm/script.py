@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from adapters.base import SubmissionRejected, SubmitRequest, VolumeMount
-from adapters.slurm.parse import gateway_comment
+from adapters.slurm.job_record import gateway_comment
 
 # Slurm terminates a step by sending TERM to every process in it; the wrapper's own TERM
 # may arrive just after its child died of it, hence the short grace before reporting a

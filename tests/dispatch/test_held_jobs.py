@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.slurm.parse import job_status
+from adapters.slurm.job_record import job_status
 from gateway.domain.states import JobState
 from gateway.domain.status import Seen, held_since, hold_failure_reason, hold_verdict
 

@@ -14,12 +14,10 @@ from datetime import UTC, datetime
 import pytest
 
 from adapters.base import BackendState, SubmissionRejected, Window
+from adapters.slurm.job_record import exit_code, job_status, map_state
 from adapters.slurm.parse import (
     NO_END,
-    exit_code,
     expand_hostlist,
-    job_status,
-    map_state,
     pool_capacity,
     reservation_text,
     topology,
@@ -98,7 +96,7 @@ def test_script_quotes_every_word():
 
 
 def test_each_attempt_is_its_own_slurm_job_and_a_failure_says_whose_it_was():
-    from adapters.slurm.parse import attempt_of, gateway_comment
+    from adapters.slurm.job_record import attempt_of, gateway_comment
 
     assert gateway_comment("g1") == "isthmus:g1" and gateway_comment("g1", 3) == "isthmus:g1/3"
     third = job_status({"job_id": 7, "job_state": ["NODE_FAIL"], "comment": "isthmus:g1/3", "nodes": "gpu1",
