@@ -4,7 +4,7 @@ the pool's level words, its domains from node labels, and the pod template's ann
 import pytest
 
 from adapters.base import SubmissionRejected, SubmitRequest, TopologyRequest
-from adapters.kubernetes.backend import node_domains
+from adapters.kubernetes.capacity import node_domains
 from adapters.kubernetes.render import (
     TAS_PREFERRED,
     TAS_REQUIRED,
