@@ -27,7 +27,15 @@ from sqlalchemy.orm import Session
 from gateway.domain.shapes import format_duration
 from gateway.domain.states import JobState
 from gateway.identity.dependency import CurrentPrincipal, PrincipalOrJob
-from gateway.jobs import admission, checkpoints, intake, preemption, repository, service
+from gateway.jobs import (
+    admission,
+    checkpoints,
+    intake,
+    preemption,
+    reads,
+    repository,
+    service,
+)
 from gateway.jobs.schemas import (
     EXAMPLE_SPEC,
     POOL_CHOICE_RE,
@@ -264,9 +272,9 @@ async def list_jobs(
     after = _decode_cursor(cursor) if cursor else None
 
     def page(session: Session) -> Response:
-        jobs = repository.list_readable(session, principal, states=[s.value for s in state or []],
-                                        account=account, pool=pool or backend, after_id=after, limit=limit + 1,
-                                        job_set=job_set, columns=repository.SHOWN_AS_TEXT)
+        jobs = reads.list_readable(session, principal, states=[s.value for s in state or []],
+                                   account=account, pool=pool or backend, after_id=after, limit=limit + 1,
+                                   job_set=job_set, columns="shown")
         more = len(jobs) > limit
         jobs = jobs[:limit]
         return page_response(session, jobs, _encode_cursor(jobs[-1].id) if more else None)
@@ -285,7 +293,29 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
             responses=problem_responses(401, 404, 422))
 async def get_job(principal: CurrentPrincipal, job_id: JobId, request: Request) -> JobOut:
     # Read without a transaction, in one thread-pool hop (kit/db.py in_read; issue #46).
-    return await in_read(request.app.state, lambda session: _job_view(session, principal, job_id, request))
+    return await in_read(request.app.state, lambda session: _one_job(session, principal, job_id, request))
+
+
+def _one_job(session: Session, principal, job_id: str, request: Request) -> JobOut | Response:
+    """One job as ``_job_view`` shows it. Most jobs (not a set's task, no dependency either way,
+    first attempt, not borrowed) are one statement and JobOut's JSON made as the list makes
+    it, with no model (issue #46); the others, and a job whose JSON the list's way would not
+    write as the model does, take ``_job_view``."""
+    row = reads.one(session, principal, job_id)
+    if row is None:
+        raise NotFound(f"no job {job_id!r} visible to you")
+    if row.job_set_id or row.has_dependencies or row.has_dependents or (row.attempt or 1) > 1 or row.borrowed:
+        return _job_view(session, principal, job_id, request)
+    job = _decoded(row)
+    fields = {**_JOB_OUT, **job_fields(job, session)}
+    if not fields["parameters"]:
+        job.checkpoint_lineage = row.lineage or row.id
+        fields["checkpoint_dir"] = checkpoint_dir_of(job, getattr(request.app.state, "storage", None))
+        try:
+            return Response(to_json(fields), media_type="application/json")
+        except PydanticSerializationError:  # a lone surrogate: the models' own way
+            pass
+    return _job_view(session, principal, job_id, request)
 
 
 def _job_view(session: Session, principal, job_id: str, request: Request) -> JobOut:
