@@ -13,9 +13,10 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.orm import Session
 
+from gateway.kit.db import compiled_read
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.models.ui import UiSession
 
@@ -46,6 +47,29 @@ def get(session: Session, *, sid: str) -> UiSession | None:
         return None
     return session.scalar(select(UiSession).where(UiSession.id_hash == hash_id(sid),
                                                   UiSession.expires_at > utcnow()))
+
+
+class Live:
+    """What a page needs of its live session row; its repr never shows the token."""
+
+    __slots__ = ("access_token", "csrf")
+
+    def __init__(self, access_token: str, csrf: str):
+        self.access_token, self.csrf = access_token, csrf
+
+    def __repr__(self) -> str:
+        return "Live(<session>)"
+
+
+def live(session: Session, *, sid: str) -> Live | None:
+    """``get`` for every page's session check, as a statement built once (kit/db.py
+    ``CompiledRead``; issue #46): the token and CSRF token of the live session with this id."""
+    if not sid or not isinstance(sid, str):
+        return None
+    read = compiled_read(session, "ui_session.live", lambda: select(UiSession.access_token, UiSession.csrf).where(
+        UiSession.id_hash == bindparam("r_id_hash", None), UiSession.expires_at > bindparam("r_now", None)))
+    rows = read.rows(session, {"r_id_hash": hash_id(sid), "r_now": utcnow()})
+    return Live(*rows[0]) if rows else None
 
 
 def revoke(session: Session, *, sid: str) -> None:

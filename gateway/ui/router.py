@@ -46,6 +46,7 @@ from gateway.identity.authn import InvalidToken
 from gateway.identity.dependency import note_seen
 from gateway.identity.principal import Principal
 from gateway.jobs import checkpoints, preemption
+from gateway.jobs import reads as job_reads
 from gateway.jobs import repository as jobs_repo
 from gateway.jobs import service as jobs
 from gateway.kit.db import reading, transaction
@@ -148,7 +149,7 @@ def principal_of(request: Request) -> Principal:
         raise LoginRequired
     principal = None
     with reading(request.app.state) as session:  # a read on every page: no BEGIN / COMMIT (issue #46)
-        row = ui_sessions.get(session, sid=sid)
+        row = ui_sessions.live(session, sid=sid)
     if row is not None:
         try:
             principal = request.app.state.authenticator.authenticate(row.access_token)
@@ -239,9 +240,8 @@ def render(request: Request, template: str, context: dict[str, Any], *, principa
 def jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
     principal = principal_of(request)
     with reading(request.app.state) as session:
-        rows = jobs_repo.list_readable(session, principal, states=[state] if state else (),
-                                       account=account or None, pool=pool or None, limit=200,
-                                       columns=jobs_repo.IN_TABLE)
+        rows = job_reads.list_readable(session, principal, states=[state] if state else (),
+                                       account=account or None, pool=pool or None, limit=200, columns="table")
         items = [job_row(j.id, j.name, j.account_name, j.username, j.state, j.state_reason or "", job_pool(j) or "",
                          j.created_at, *_estimate_key(estimate_of(j))) for j in rows]
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
