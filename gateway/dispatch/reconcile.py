@@ -47,7 +47,7 @@ class Reconciler:
                  recent_ends) -> None:
         self.sessions = sessions
         self.backends = backends
-        self.settings = settings
+        self._settings = settings
         self.clock = clock
         self._stop = stop  # the dispatcher's: set when it stops
         self.open_feeds = open_feeds  # feeds.OpenFeeds: which pools a live change feed follows
@@ -59,6 +59,16 @@ class Reconciler:
         self._resynced_at: dict[str, float] = {}  # pool -> monotonic time of its last full poll
         self._poll_due = 0.0  # monotonic time of the next polling round
         self._accrue_due = 0.0  # ... and of the next usage-accrual round
+
+    @property
+    def settings(self):
+        return self._settings
+
+    @settings.setter
+    def settings(self, value) -> None:
+        """New settings for the polling, the outcomes and the output keeper at once (the
+        dispatcher's ``settings`` setter hands every part new ones between rounds)."""
+        self._settings = self.outcomes.settings = self.output.settings = value
 
     def wake(self) -> None:
         """Poll now: a cancel needs its active call on the backend."""
