@@ -32,13 +32,14 @@ def _whose(principal: Principal):
 
 def list_readable(session: Session, principal: Principal, *, columns: str, states: Sequence[str] = (),
                   account: str | None = None, pool: str | None = None, after_id: str | None = None,
-                  limit: int = 50, job_set: str | None = None) -> list:
+                  limit: int = 50, job_set: str | None = None, as_tuples: bool = False) -> list:
     """``repository.list_readable`` with ``columns`` (a name of ``COLUMNS``): the caller's jobs,
-    newest first, as rows. A state filter reads through the repository (its plan walks an
-    index per account and state)."""
+    newest first, as rows (``as_tuples``: plain tuples in the columns' order). A state filter
+    reads through the repository (its plan walks an index per account and state)."""
     if states:
-        return repository.list_readable(session, principal, states=states, account=account, pool=pool,
-                                         after_id=after_id, limit=limit, job_set=job_set, columns=COLUMNS[columns])
+        rows = repository.list_readable(session, principal, states=states, account=account, pool=pool,
+                                        after_id=after_id, limit=limit, job_set=job_set, columns=COLUMNS[columns])
+        return [tuple(r) for r in rows] if as_tuples else rows
     shape = ("list", columns, _whose(principal), bool(job_set), bool(account), bool(pool), bool(after_id))
 
     def build():
@@ -54,8 +55,9 @@ def list_readable(session: Session, principal: Principal, *, columns: str, state
             stmt = stmt.where(Job.id < bindparam("r_after", None))
         return stmt.with_only_columns(*COLUMNS[columns]).order_by(Job.id.desc()).limit(bindparam("r_limit", None))
 
-    return compiled_read(session, shape, build).rows(session, {
-        "r_job_set": job_set, "r_account": account, "r_pool": pool, "r_after": after_id, "r_limit": limit})
+    read = compiled_read(session, shape, build)
+    params = {"r_job_set": job_set, "r_account": account, "r_pool": pool, "r_after": after_id, "r_limit": limit}
+    return read.tuples(session, params) if as_tuples else read.rows(session, params)
 
 
 def one(session: Session, principal: Principal, job_id: str):

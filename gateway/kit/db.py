@@ -227,11 +227,15 @@ class CompiledRead:
         self.sql, self.fixed = compiled.string, compiled.construct_params(_check=False)
 
     def rows(self, session: Session, params: dict[str, Any]) -> list:
-        """The rows for ``params`` (the statement's bind parameters by name). ``session``: a
-        read session (``make_read_sessionmaker``); one that already holds a connection (a
-        transaction) sends the statement on it instead."""
+        """The rows for ``params`` (the statement's bind parameters by name), as named tuples."""
+        return list(map(self.row._make, self.tuples(session, params)))
+
+    def tuples(self, session: Session, params: dict[str, Any]) -> list[tuple]:
+        """The rows as plain tuples in the statement's column order. ``session``: a read session
+        (``make_read_sessionmaker``); one that already holds a connection (a transaction)
+        sends the statement on it instead."""
         if self.sql is None or session.in_transaction():
-            return [self.row._make(r) for r in session.execute(self.statement, params)]
+            return [tuple(r) for r in session.execute(self.statement, params)]
         fairy = session.get_bind().raw_connection()
         try:
             conn = fairy.driver_connection
@@ -243,7 +247,7 @@ class CompiledRead:
             raise
         finally:
             fairy.close()
-        return list(map(self.row._make, rows))
+        return rows
 
 
 _READS: dict[Any, CompiledRead] = {}

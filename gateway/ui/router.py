@@ -72,6 +72,7 @@ templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
 router = APIRouter(prefix="/ui", include_in_schema=False)
 WAITING = ("pending", "dispatching", "queued", "requeued")
+PENDING = JobState.PENDING.value
 
 
 def job_pool(job: Job) -> str:
@@ -86,13 +87,17 @@ def estimate_of(job: Job) -> dict[str, Any] | None:
     no start, ``reason`` says why there is none; a job no dispatch round has looked at yet
     has neither.
     """
-    if job.state != JobState.PENDING.value:
+    if job.state != PENDING:
         return None
-    start = as_utc(job.estimated_start)
+    return _estimate(as_utc(job.estimated_start), job.estimated_pool, job.estimate_reason)
+
+
+def _estimate(start, pool: str | None, reason: str | None, in_words: str | None = None) -> dict[str, Any]:
+    """``estimate_of``'s words for a pending job; ``in_words``: ``_from_now(start)`` already said."""
     if start is None:
-        return {"at": None, "reason": job.estimate_reason or "not estimated yet: no dispatch round has seen it"}
+        return {"at": None, "reason": reason or "not estimated yet: no dispatch round has seen it"}
     return {"at": start.strftime("%Y-%m-%d %H:%M:%S UTC"), "iso": start.isoformat(timespec="seconds"),
-            "in": _from_now(start), "pool": job.estimated_pool or "", "reason": job.estimate_reason or ""}
+            "in": _from_now(start) if in_words is None else in_words, "pool": pool or "", "reason": reason or ""}
 
 
 def _from_now(at) -> str:
@@ -240,38 +245,44 @@ def render(request: Request, template: str, context: dict[str, Any], *, principa
 def jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
     principal = principal_of(request)
     with reading(request.app.state) as session:
-        rows = job_reads.list_readable(session, principal, states=[state] if state else (),
-                                       account=account or None, pool=pool or None, limit=200, columns="table")
-        items = [job_row(j.id, j.name, j.account_name, j.username, j.state, j.state_reason or "", job_pool(j) or "",
-                         j.created_at, *_estimate_key(estimate_of(j))) for j in rows]
+        rows = job_reads.list_readable(session, principal, states=[state] if state else (), account=account or None,
+                                       pool=pool or None, limit=200, columns="table", as_tuples=True)
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
     pool_names = sorted(getattr(request.app.state, "backends", {}) or {})
-    return render(request, "jobs.html", {"rows": items, "states": [s.value for s in JobState],
+    return render(request, "jobs.html", {"table": table_rows(rows), "states": [s.value for s in JobState],
                                          "accounts": names, "pools": pool_names,
                                          "filters": {"state": state, "account": account, "pool": pool}},
                   principal=principal)
 
 
 _ESTIMATE = ("at", "iso", "in", "pool", "reason")
+_STATE, _START = (next(i for i, c in enumerate(jobs_repo.IN_TABLE) if c.key == k) for k in ("state", "estimated_start"))
 
 
-def _estimate_key(estimate: dict[str, Any] | None) -> tuple:
-    return (False,) + (None,) * len(_ESTIMATE) if estimate is None else (True, *map(estimate.get, _ESTIMATE))
+def table_rows(rows: list[tuple]) -> Markup:
+    """The jobs table's rows (``jobs/repository.py`` ``IN_TABLE``, as tuples) as HTML: each row
+    as ``job_row`` rendered it for the same values, and for a pending job with an estimated
+    start, the same "in 5 min" (the one value that follows the clock)."""
+    return Markup("".join([job_row(r, _from_now(as_utc(r[_START])) if r[_STATE] == PENDING and r[_START] is not None
+                                   else None) for r in rows]))
 
 
 @functools.lru_cache(maxsize=4096)
-def job_row(job_id, name, account, user, state, why, pool, created_at, estimated, *estimate) -> Markup:
-    """One row of the jobs table (templates/job_row.html), rendered once for each distinct set of
-    the values it shows and kept: the page's 200 rows were most of its time, and between two
-    polls of the page (every 5 s) few of them change (issue #46). An estimate's "in 5 min" is
-    one of the values, so a row whose words change is rendered anew."""
-    values = dict(zip(_ESTIMATE, estimate, strict=True))
+def job_row(row: tuple, in_words: str | None) -> str:
+    """One row of the jobs table (templates/job_row.html), rendered once for each distinct row
+    read and kept: the page's 200 rows were most of its time, and between two polls of the
+    page (every 5 s) few of them change (issue #46). A pending job's "in 5 min" is part of the
+    key (``in_words``), so a row whose words change is rendered anew."""
+    job_id, name, account, user, state, why, pool, requested, created_at, start, est_pool, est_reason = row
+    estimate = None
+    if state == PENDING:
+        words = _estimate(as_utc(start), est_pool, est_reason, in_words)
+        estimate = SimpleNamespace(**{k: words.get(k) for k in _ESTIMATE})
     # Attributes, not dict keys: Jinja tries an attribute first, and a dict's missing one is an exception.
-    row = SimpleNamespace(id=job_id, name=name, account=account, user=user, state=state, why=why, pool=pool,
-                          created_at=created_at,
-                          estimate=SimpleNamespace(**values) if estimated else None)
-    return Markup(templates.get_template("job_row.html").render(j=row))
+    j = SimpleNamespace(id=job_id, name=name, account=account, user=user, state=state, why=why or "",
+                        pool=pool or requested or "", created_at=created_at, estimate=estimate)
+    return templates.get_template("job_row.html").render(j=j)
 
 
 @router.get("/jobs/{job_id}", name="ui_job")
