@@ -12,8 +12,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.accounts.tree import MAX_DEPTH, up_cte, walk_up
+from gateway.accounts.tree import MAX_DEPTH, up_cte
 from gateway.accounts.tree import descendants as _descendants
+from gateway.domain.tree import walk_up
 from gateway.kit.errors import Conflict, Invalid, NotFound
 from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow

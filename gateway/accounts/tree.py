@@ -16,9 +16,8 @@ from sqlalchemy import bindparam, literal, select
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import BindParameter
 
+from gateway.domain.tree import MAX_DEPTH
 from gateway.models.accounts import Account
-
-MAX_DEPTH = 16
 
 
 def up_cte(name: str, leaf: BindParameter | str | None = None):
@@ -56,20 +55,6 @@ def subtree_cte(name: str, root: BindParameter | str | None = None):
 def subtree_names(root: BindParameter | str | None = None, *, name: str = "subtree"):
     """SELECT of the names in ``root``'s subtree (itself included), for ``IN (...)``."""
     return select(subtree_cte(name, root).c.name)
-
-
-def walk_up(parent_of: Mapping[str, str | None], leaf: str, *, partial: bool = False) -> tuple[str, ...] | None:
-    """The account and its ancestors, root first, from a name -> parent map; None when the
-    walk leaves the map, meets a cycle or goes deeper than ``MAX_DEPTH`` (with ``partial``:
-    the accounts walked until then, for reports that show what they can)."""
-    out: list[str] = []
-    cur: str | None = leaf
-    while cur is not None:
-        if cur not in parent_of or cur in out or len(out) >= MAX_DEPTH:
-            return tuple(reversed(out)) if partial else None
-        out.append(cur)
-        cur = parent_of[cur]
-    return tuple(reversed(out))
 
 
 def descendants(children_of: Mapping[str | None, Iterable[str]], root: str) -> list[str]:

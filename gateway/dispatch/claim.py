@@ -41,11 +41,9 @@ from gateway.jobs import claims as job_claims
 from gateway.jobs import preemption
 from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
-from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import chains as ledger_chains
 from gateway.ledger import guarantees
 from gateway.ledger import reading as ledger_reading
-from gateway.ledger import rules as ledger_rules
 from gateway.ledger.round import RoundLedger
 from gateway.models.jobs import Job
 from gateway.models.specs import shape_of
@@ -156,32 +154,6 @@ def pending_order(session: Session, *, now: datetime, limit: int, lock: bool,
     return picked
 
 
-class _LedgerPort:
-    """:class:`decide.LedgerPort` over the round's ledger view (one per round and transaction)."""
-
-    def __init__(self, session: Session, rl: RoundLedger, now: datetime) -> None:
-        self.session, self.rl, self.now = session, rl, now
-
-    def budget_verdict(self, job: Job) -> tuple[str, str] | None:
-        return self.rl.budget_verdict(job=job, now=self.now)
-
-    def limited(self, account: str) -> bool:
-        return self.rl.limited(account)
-
-    def known_pools(self) -> frozenset[str]:
-        return self.rl.known_pools()
-
-    def admission_check(self, job: Job, pool: str, gpus: int) -> tuple[bool, str]:
-        return ledger_rules.admission_check(self.session, job=job, pool=pool, now=self.now, gpus=gpus)
-
-    def reserve(self, job: Job, pool: str, gpus: int) -> str | None:
-        try:  # a refusal writes nothing: no savepoint needed (a chain without limits cannot refuse)
-            self.rl.reserve(job=job, pool=pool, actor=ACTOR, now=self.now, gpus=gpus)
-        except QuotaExceeded as exc:
-            return exc.detail
-        return None
-
-
 class Claimer:
     """The claim round: read a snapshot (pending jobs picked in fair-share order, the pools'
     views, the ledger's view of their chains), decide (gateway/domain/decide.py, pure),
@@ -213,16 +185,17 @@ class Claimer:
             try:
                 with transaction(self.sessions) as s:
                     snap, rl, natives = self._snapshot(s, fresh_views, now, lock=is_pg)
-                    result = decide(snap, _LedgerPort(s, rl, now), self._params())
+                    result = decide(snap, self._params())
                     self._apply(s, result, rl, now, natives)
                     for c in result.claims:
                         prepared[c.job.id] = (c.pool, submit_request(c.job, first_attempt=first_attempt(c.job, False),
                                                                      pool=c.pool, launch=self.launch))
                 break
             except (ledger_chains.ChainChanged, OperationalError) as exc:
-                # The account tree moved under a reservation, or two dispatchers locked two
-                # account chains in opposite orders (Postgres aborts one): nothing of this
-                # claim was written; claim again.
+                # The account tree or a limited chain's totals moved between the snapshot and
+                # the locks (gateway/ledger/round.py), or two dispatchers locked two account
+                # chains in opposite orders (Postgres aborts one): nothing of this claim was
+                # written; claim again.
                 if (isinstance(exc, OperationalError) and not _is_deadlock(exc)) or attempt == 3:
                     raise
                 log.info("claim round %d rolled back (%s); retrying", attempt, type(exc).__name__)
@@ -264,11 +237,12 @@ class Claimer:
         picked = pending_order(s, now=now, lock=lock, factors=factors,
                                limit=self.settings.scheduling_window if planned else self.settings.dispatch_batch,
                                per_account=self.settings.scheduling_per_account if planned else None)
-        # The ledger read once for the round's accounts; reservations of chains without
-        # limits written together at the end (gateway/ledger/round.py).
+        # The ledger read once for the round's accounts (the view the quota rules judge);
+        # the reservations written together at the end (gateway/ledger/round.py).
         rl = RoundLedger(s, accounts_=(job.account_name for job in picked), now=now)
         snap = Snapshot(now=now, picked=picked, views=views, planned=planned,
-                        shapes={job.id: shape_of(job) for job in picked}, windows=windows, holds=held_now)
+                        shapes={job.id: shape_of(job) for job in picked}, windows=windows, holds=held_now,
+                        quota=rl.view)
         if picked and (overall or with_pool):  # guarantees are set somewhere (docs/recovery.md)
             g = guarantees.read(s, now=now, overall=overall, has_pool_guarantee=with_pool,
                                 parents={name: fs.parent for name, fs in shares.items()},
@@ -284,8 +258,8 @@ class Claimer:
     def _apply(self, s: Session, result: RoundResult, rl: RoundLedger, now: datetime,
                natives: dict[str, str]) -> None:
         """Write the decision: failures through the state machine's ``finish``; claims, waiting
-        notes and estimates through the one writer (``job_claims.Claims``), the reservations of chains
-        without limits through the round's ledger (both in bulk)."""
+        notes and estimates through the one writer (``job_claims.Claims``), the reservations
+        through the round's ledger, under the chains' locks (both in bulk)."""
         for f in result.failures:
             jobs.finish(s, f.job, JobState.FAILED, ended_at=now, actor=ACTOR, reason=f.reason)
         writes = job_claims.Claims(s)
@@ -305,6 +279,6 @@ class Claimer:
             writes.claim(c.job, pool=c.pool, held_gpus=c.held_gpus, reason=c.reason, lease_until=lease_until,
                          actor=ACTOR, data=data, borrowed=c.borrowed, backend_reservation=native)
         writes.flush()
-        rl.flush()
+        rl.write(result.reservations, actor=ACTOR)
         if result.reclaims:
             preemption.choose(s, result.reclaims, now=now, grace_s=self.settings.preempt_grace_s, actor=ACTOR)

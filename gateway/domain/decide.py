@@ -7,11 +7,12 @@ the round picked, the pools' capacity views and what the planner needs, and retu
 estimates; jobs that can never run). It runs no SQL and changes no job: the caller writes
 the result in bulk (``jobs.claims.Claims``, ``RoundLedger``, ``jobs.finish``).
 
-The ledger's rules are asked through :class:`LedgerPort`. For an account chain without
-limits they are answered from the round's one read and the reservation is only recorded
-(written with the round's others); for a chain WITH a limit the port applies the ledger's
-exact per-job rule (``ledger.reserve``: it locks the chain and writes, or refuses), as the
-round always has: its verdict depends on what the round reserved before it.
+The quota rules are pure too (gateway/domain/quota.py): the snapshot carries the ledger's
+view of the picked accounts' chains (``Snapshot.quota``), a :class:`~gateway.domain.quota.Tally`
+over it answers for each job with what the round reserved before it counted, and the
+result lists the reservations the round wants (``RoundResult.reservations``). The apply
+step writes them under the chains' locks and judges the limited chains again there
+(gateway/ledger/round.py).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from gateway.domain import plan_inputs as planning
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.planner import Candidate, Hold, Outage, Release, plan
 from gateway.domain.preempt import Eviction, ReclaimRound, Room, Running
+from gateway.domain.quota import ChainView, Reservation, Tally
 from gateway.domain.routing import (
     JobShape,
     PoolView,
@@ -37,25 +39,6 @@ from gateway.domain.routing import (
 from gateway.domain.windows import crossing_words
 
 _POSITION = " (fair-share position {})"
-
-
-class LedgerPort(Protocol):
-    """What :func:`decide` asks of the ledger (gateway/dispatch/claim.py binds it to the round's ledger)."""
-
-    def budget_verdict(self, job: Any) -> tuple[str, str] | None:
-        """("never" | "period", why) when the job's GPU-hour budget refuses it, else None."""
-
-    def limited(self, account: str) -> bool:
-        """Whether a limit is set in the account's chain (the per-job rules apply)."""
-
-    def known_pools(self) -> frozenset[str]:
-        """The pools the ledger knows."""
-
-    def admission_check(self, job: Any, pool: str, gpus: int) -> tuple[bool, str]:
-        """(admitted, why not) of the job's gang in ``pool`` (a chain with a limit)."""
-
-    def reserve(self, job: Any, pool: str, gpus: int) -> str | None:
-        """Reserve the gang in ``pool``; the refusal's words, or None when reserved."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +83,8 @@ class Snapshot:
     # any, the round is planned (a greedy round cannot see time), docs/planning.md.
     windows: list[Outage] = dataclasses.field(default_factory=list)
     holds: list[Hold] = dataclasses.field(default_factory=list)  # advance reservations
+    # The ledger's view of the picked accounts' chains (gateway/ledger/round.py reads it).
+    quota: ChainView = dataclasses.field(default_factory=lambda: ChainView(parent={}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +139,11 @@ class RoundResult:
     # Jobs that wait for capacity only (not for quota, budget or a pool's state), in order:
     # the ones reclaim may help.
     short: list[Any] = dataclasses.field(default_factory=list)
+    # The gangs the claims reserve, in the round's order (written under the chains' locks).
+    reservations: list[Reservation] = dataclasses.field(default_factory=list)
 
 
-def decide(snap: Snapshot, ledger: LedgerPort, params: Params) -> RoundResult:
+def decide(snap: Snapshot, params: Params) -> RoundResult:
     """The round's decision: greedy in fair-share order, or the reservation plan (``snap.planned``).
 
     Where guarantees are set, work that may run within its guarantee is placed before
@@ -164,6 +151,7 @@ def decide(snap: Snapshot, ledger: LedgerPort, params: Params) -> RoundResult:
     nowhere may reclaim borrowed GPUs (:func:`_reclaim`).
     """
     result = RoundResult()
+    ledger = Tally(snap.quota)
     if snap.guarantees is not None:
         snap = dataclasses.replace(snap, picked=_guaranteed_first(snap))
     if snap.planned:
@@ -173,6 +161,7 @@ def decide(snap: Snapshot, ledger: LedgerPort, params: Params) -> RoundResult:
             _claim_one(snap, job, position, ledger, params, result)
     if snap.guarantees is not None and snap.running:
         _reclaim(snap, ledger, params, result)
+    result.reservations = ledger.reservations
     return result
 
 
@@ -184,13 +173,13 @@ def _guaranteed_first(snap: Snapshot) -> list[Any]:
     return within + [job for job in snap.picked if job.id not in ids]
 
 
-def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, params: Params, result: RoundResult,
+def _claim_one(snap: Snapshot, job: Any, position: int, ledger: Tally, params: Params, result: RoundResult,
                only: str | None = None, shape: JobShape | None = None, hold: str = "") -> str | None:
     """Admit, route and reserve one job. Returns why it waits (without its position), or None
     when it was claimed or can never run."""
     views = snap.views
     shape = shape or snap.shapes[job.id]
-    verdict = ledger.budget_verdict(job)
+    verdict = ledger.budget_verdict(job, shape.gpu_type)
     if verdict is not None and verdict[0] == "never":
         result.failures.append(Failure(job, f"cannot run: {verdict[1]}"))
         return None
@@ -202,7 +191,7 @@ def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, para
     # chain (read once per round: with many pools, the check per pool was most of a round's queries).
     if job.requested_pool == "auto" and len(views) > 1 and ledger.limited(job.account_name):
         for name, view in views.items():
-            ok, why = ledger.admission_check(job, name, held_gpus(shape, view))
+            ok, why = ledger.admission_check(job, name, held_gpus(shape, view), shape.gpu_type)
             if not ok:
                 refusals[name] = why
     decision = route(shape, job.requested_pool, views, quota_refusals=refusals, weights=params.weights,
@@ -215,7 +204,7 @@ def _claim_one(snap: Snapshot, job: Any, position: int, ledger: LedgerPort, para
         return _wait(result, job, decision.reason, position)
     # What the gang will hold there: whole nodes on a node-exclusive pool.
     held = held_gpus(shape, views[decision.pool])
-    refused = ledger.reserve(job, decision.pool, held)
+    refused = ledger.reserve(job, decision.pool, held, shape.gpu_type)
     if refused is not None:
         return _wait(result, job, f"quota: {refused}")
     g, borrowed, words = snap.guarantees, None, ""
@@ -234,7 +223,7 @@ def _wait(result: RoundResult, job: Any, why: str, position: int | None = None) 
     return why
 
 
-def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundResult) -> None:
+def _plan_round(snap: Snapshot, ledger: Tally, params: Params, result: RoundResult) -> None:
     """Claim what the plan starts now; note a planned start (estimate) on the rest.
 
     Conservative backfill over every pool (gateway/dispatch/planning.py,
@@ -251,7 +240,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
     known = ledger.known_pools()
     for job in snap.picked:
         shape = shapes[job.id] = snap.shapes[job.id]
-        verdict = ledger.budget_verdict(job)
+        verdict = ledger.budget_verdict(job, shape.gpu_type)
         if verdict is not None:
             # "never" fails it below (the greedy path's words); else held this period.
             blocked[job.id] = f"held: {verdict[1]}"
@@ -278,7 +267,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
             if not limited and name in known:
                 usable.append(name)
                 continue
-            ok, why = ledger.admission_check(job, name, held_gpus(shape, view))
+            ok, why = ledger.admission_check(job, name, held_gpus(shape, view), shape.gpu_type)
             if ok:
                 usable.append(name)
             else:
@@ -345,7 +334,7 @@ def _plan_round(snap: Snapshot, ledger: LedgerPort, params: Params, result: Roun
         _wait(result, job, why, position)
 
 
-def _reclaim(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundResult) -> None:
+def _reclaim(snap: Snapshot, ledger: Tally, params: Params, result: RoundResult) -> None:
     """Borrowed GPUs back for work within its guarantee (docs/recovery.md, "Reclaim").
 
     Each job that waits for capacity only and would run within its guarantee on a pool it
@@ -375,7 +364,7 @@ def _reclaim(snap: Snapshot, ledger: LedgerPort, params: Params, result: RoundRe
             held = held_gpus(shape, view)
             if view.capacity is None or not g.within(job.account_name, name, held):
                 continue
-            if ledger.limited(job.account_name) and not ledger.admission_check(job, name, held)[0]:
+            if ledger.limited(job.account_name) and not ledger.admission_check(job, name, held, shape.gpu_type)[0]:
                 continue  # its own limits would refuse it there: stopping others would not help
             rooms[name] = Room(name, view.node_exclusive, view.free_gpus, view.idle_nodes)
         eviction = asks.ask(account=job.account_name, workers=shape.workers,

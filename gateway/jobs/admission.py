@@ -185,19 +185,17 @@ def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
 
 
 def refuse_if_never_admissible(session, spec: JobSpec) -> None:
-    """A job larger than its account's concurrent-GPU limit on every pool it may use is refused now.
-
-    The limit on a pool is the smallest ``max_gpus`` or per-pool ``max_gpus_per_pool`` set on
-    the account or an ancestor: each level caps its subtree, so such a job could never be
-    admitted and would wait forever (docs/dispatch.md, "Reservations and backfill"). The
-    GPUs asked are a lower bound of what the gang holds, so nothing admissible is refused.
-    The pools it may use: the one it names, else every routable pool (of its ``pool_kind``).
+    """A job larger than its account's concurrent-GPU limit on every pool it may use is refused
+    now (:func:`gateway.domain.quota.never_admissible`, docs/dispatch.md, "Reservations and
+    backfill"): it could never be admitted and would wait forever. The pools it may use: the
+    one it names, else every routable pool (of its ``pool_kind``).
     """
     from sqlalchemy import select
 
     from gateway.accounts import service as accounts
+    from gateway.domain import quota
     from gateway.kit.errors import NotFound
-    from gateway.ledger.rules import routable_pools
+    from gateway.ledger.rules import quota_of, routable_pools
     from gateway.models.accounts import AccountPoolQuota, AccountQuota
     from gateway.models.pools import Pool
 
@@ -205,18 +203,13 @@ def refuse_if_never_admissible(session, spec: JobSpec) -> None:
         names = [a.name for a in accounts.chain(session, spec.account)]
     except NotFound:
         return  # an unknown account: create() names the field
-    overall = [(q.max_gpus, "max_gpus", q.account_name) for q in
-               session.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names)))
-               if q.max_gpus is not None]
-    per_pool = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(names),
-                                                                   AccountPoolQuota.max_gpus.is_not(None))))
-    if not overall and not per_pool:
-        return  # the common case: no limit set anywhere on the chain
-    if overall and spec.total_gpus > min(overall)[0]:  # max_gpus counts every pool together
-        value, field, where = min(overall)
-        raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than "
-                                      f"the concurrent-GPU limit of account {spec.account} on every pool "
-                                      f"({field} = {value}, set on account {where})")
+    quotas = {q.account_name: quota_of(q) for q in
+              session.scalars(select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
+    per_pool = {(q.account_name, q.pool): q.max_gpus for q in session.scalars(
+        select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.is_not(None)))}
+    view = quota.ChainView(parent={}, quotas=quotas, pool_limits=per_pool)
+    if not per_pool and all(q.max_gpus is None for q in quotas.values()):
+        return  # the common case: no concurrent-GPU limit set anywhere on the chain
     if spec.pool != "auto":
         pools = [spec.pool]
     else:
@@ -224,19 +217,9 @@ def refuse_if_never_admissible(session, spec: JobSpec) -> None:
         if spec.pool_kind is not None:
             kinds = dict(session.execute(select(Pool.name, Pool.kind).where(Pool.name.in_(pools))).all())
             pools = [p for p in pools if kinds.get(p) == spec.pool_kind]
-    if not pools:
-        return  # no pool to judge against: the job waits with the dispatcher's reason
-    limits: list[str] = []
-    for pool in pools:
-        candidates = overall + [(q.max_gpus, f"max_gpus_per_pool[{pool}]", q.account_name)
-                                for q in per_pool if q.pool == pool]
-        tightest = min(candidates, default=None)
-        if tightest is None or spec.total_gpus <= tightest[0]:
-            return
-        limits.append(f"{pool}: {tightest[1]} = {tightest[0]} (set on account {tightest[2]})")
-    raise Invalid("body.workers", f"this job can never run: it asks {spec.total_gpus} GPUs at once, more than the "
-                                  f"concurrent-GPU limit of account {spec.account} on every pool it may use "
-                                  f"({'; '.join(limits)})")
+    why = quota.never_admissible(view, names, account=spec.account, total_gpus=spec.total_gpus, pools=pools)
+    if why is not None:
+        raise Invalid("body.workers", why)
 
 
 def budget_hold(session, spec: JobSpec, settings):

@@ -8,7 +8,6 @@ under concurrency (:func:`lock_caps`). Split out of gateway/jobs/service.py (iss
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,8 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from gateway.accounts.tree import subtree_names, up_cte, up_many_cte
+from gateway.domain import quota
+from gateway.domain.quota import CapRead, CapTally
 from gateway.domain.states import JobState
 from gateway.kit.errors import LimitExceeded
 from gateway.kit.timeutil import utcnow
@@ -75,7 +76,6 @@ _CAP_READ = (
     .select_from(_CAP_UP.outerjoin(AccountQuota, AccountQuota.account_name == _CAP_UP.c.name))
     .order_by(_CAP_UP.c.depth)
 )
-_HINT = "wait for jobs to start or cancel some"
 
 # Postgres: the cap check's serialisation (issue #27 finding 3). Transaction-scoped advisory
 # locks, held until the submissions commit, so a later transaction counts only after the
@@ -108,27 +108,6 @@ def lock_caps(session: Session, pairs) -> None:
     pairs = list(pairs)
     session.connection().execute(_CAP_LOCK, {"leaves": sorted({a for a, _ in pairs}),
                                              "users": sorted({u for _, u in pairs})})
-
-
-@dataclasses.dataclass
-class CapRead:
-    """One read of an account chain's caps and the counts they limit (:func:`read_caps`).
-
-    ``counts`` maps a counter (``("user", name)``, ``("account", name)``, ``("tree", name)``,
-    ``("tree_user", name, user)``, ``("keys", subject)``) to what the database held;
-    ``checks`` are the limits on them in the order they are judged; ``touches`` the counters
-    one more job of this account and user adds to.
-    """
-
-    chain: list[Any]
-    counts: dict[tuple, int]
-    checks: list[tuple[tuple, int, str, bool]]  # counter, limit, message with {n}, hinted
-    touches: tuple[tuple, ...]
-    key_counter: tuple | None
-
-
-class CapTally(collections.Counter):
-    """What a transaction admitted since it read the counts: a batch's earlier members."""
 
 
 def read_caps(session: Session, *, account: str, username: str, subject: str, caps: SubmitCaps,
@@ -190,19 +169,15 @@ def read_caps(session: Session, *, account: str, username: str, subject: str, ca
 
 
 def admit(read: CapRead, tally: CapTally, *, adding: int = 1) -> None:
-    """THE cap rule: refuse ``adding`` more jobs (and, when read with a key, one new key) that
-    would pass a cap, counting what was read plus what ``tally`` says this transaction
-    admitted since; else add them to ``tally``. Every entry point judges through here.
+    """THE cap rule (:func:`gateway.domain.quota.cap_refusal`, then :func:`~gateway.domain.quota.count`):
+    refuse ``adding`` more jobs (and, when read with a key, one new key) that would pass a
+    cap, counting what was read plus what ``tally`` says this transaction admitted since;
+    else add them to ``tally``. Every entry point judges through here.
 
     Raises:
         LimitExceeded: 429 whose detail names the limit; ``tally`` is unchanged.
     """
-    hint = _HINT if adding == 1 else f"this request adds {adding}; {_HINT}"
-    for counter, limit, message, hinted in read.checks:
-        n = read.counts[counter] + tally[counter]
-        if n + (1 if counter == read.key_counter else adding) > limit:
-            raise LimitExceeded(message.format(n=n) + (f"; {hint}" if hinted else ""))
-    for counter in read.touches:
-        tally[counter] += adding
-    if read.key_counter is not None:
-        tally[read.key_counter] += 1
+    why = quota.cap_refusal(read, tally, adding=adding)
+    if why is not None:
+        raise LimitExceeded(why)
+    quota.count(read, tally, adding=adding)

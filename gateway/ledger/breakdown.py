@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gateway.accounts.tree import walk_up
+from gateway.domain.tree import walk_up
 from gateway.models.ledger import UsageBucket
 
 _HORIZON_HALF_LIVES = 20

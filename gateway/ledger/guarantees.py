@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select, true
 from sqlalchemy.orm import Session
 
-from gateway.accounts.tree import walk_up
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.preempt import RATE_WINDOW_S, Running
 from gateway.domain.states import JobState
+from gateway.domain.tree import walk_up
 from gateway.kit.timeutil import as_utc
 from gateway.models.accounts import AccountPoolQuota
 from gateway.models.jobs import Job, JobPreemption

@@ -11,15 +11,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.domain import quota
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger.chains import _apply, _locked_reservation
-from gateway.ledger.rules import (
-    _hours,
-    _run_charge,
-    charged_in_period,
-    period_label,
-    period_start,
-)
+from gateway.ledger.rules import _run_charge, charged_of, quota_of
 from gateway.ledger.service import _add_bucket, _add_decayed_usage, _entry
 from gateway.models.accounts import AccountQuota
 from gateway.models.ledger import (
@@ -45,26 +40,16 @@ def record_requeue(session: Session, *, job: Any, started_at: datetime | None, r
 
 def _requeue_refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], r: Reservation,
                      held: int, charge: int, charged_on: date, now: datetime) -> str | None:
-    """Why the job's whole commitment no longer fits a GPU-hour budget of its chain, or None.
-
-    ``held`` is what the job holds of the chain's commitment now; ``charge`` is about to be
-    charged on ``charged_on``. Only budgets are checked again: the gang's GPUs and its queue
-    slot never left the ledger (the backend kept it queued), a new run's committed time did.
-    """
-    quotas = {q.account_name: q for q in session.scalars(select(AccountQuota).where(
+    """:func:`quota.requeue_refusal` over the chain's budgets, what they were charged this
+    period and the balances locked by the caller."""
+    quotas = {q.account_name: quota_of(q) for q in session.scalars(select(AccountQuota).where(
         AccountQuota.account_name.in_(names), AccountQuota.budget_gpu_seconds.is_not(None)))}
-    for name in reversed(names):
-        q = quotas.get(name)
-        if q is None:
-            continue
-        since = period_start(q.budget_period, q.budget_window_days, now)
-        used = charged_in_period(session, name, since) + (charge if charged_on >= since else 0)
-        others = balances[name].committed_gpu_seconds - held
-        if used + others + r.committed_gpu_seconds > q.budget_gpu_seconds:
-            return (f"{name}: GPU-hour budget {period_label(q.budget_period, q.budget_window_days)}: "
-                    f"{_hours(used)} used + {_hours(others)} committed of {_hours(q.budget_gpu_seconds)} "
-                    f"GPU-hours, another run needs {_hours(r.committed_gpu_seconds)}")
-    return None
+    if not quotas:
+        return None
+    view = quota.ChainView(parent={}, quotas=quotas, charged=charged_of(session, quotas, now),
+                           held={n: quota.Held(b.reserved_gpus, b.committed_gpu_seconds) for n, b in balances.items()})
+    return quota.requeue_refusal(view, names, held=held, charge=charge, charged_on=charged_on, now=now,
+                                 committed=r.committed_gpu_seconds)
 
 
 def requeue(session: Session, *, job: Any, started_at: datetime | None, requeued_at: datetime, actor: str,

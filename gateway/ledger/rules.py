@@ -1,23 +1,27 @@
-"""The ledger's admission rules and the reads they need: billing weights, the concurrent-GPU
-limits (overall and per pool), GPU-hour budgets and their periods, what a job was charged.
+"""The reads the quota rules need, and the rules asked with a session.
 
-``admission_check`` evaluates the rule without locking or writing; ``reserve``
-(``service.py``) applies the same ``_refusal`` under the chain's lock; ``budget_verdict`` /
-``budget_verdict_of`` is the budget's word at submit (held, or never).
+The rules themselves are pure, in ``gateway/domain/quota.py``: this module reads what they
+judge (a :class:`~gateway.domain.quota.ChainView`: the chain's limits, what its subtrees
+hold, what each budget was charged this period, the pools' billing terms) and asks them.
+``admission_check`` judges without locking or writing; ``reserve`` (``service.py``) judges
+the same ``quota.refusal`` over the rows it locked; ``budget_verdict`` /
+``budget_verdict_of`` is the budget's word at submit (held, or never); the dispatch round
+reads one view for all its accounts (``round.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from datetime import date, datetime, timedelta
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, null, select, union_all
 from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
 from gateway.accounts.tree import subtree_names, up_cte
+from gateway.domain import quota
+from gateway.domain.quota import committed_for, period_label, period_start  # noqa: F401  (the ledger's words)
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit.errors import NotFound
 from gateway.kit.timeutil import as_utc, utcnow
@@ -39,19 +43,29 @@ def _now(now: datetime | None) -> datetime:
     return as_utc(now) or utcnow()
 
 
-def _hours(gpu_seconds: float) -> str:
-    return f"{gpu_seconds / 3600:.1f}"
+_hours = quota.hours
 
 
-def billing_weight(session: Session, pool: str, gpu_type: str | None) -> float:
-    """The GPU type's weight in ``pool``, else the pool's default ("*"), else the pool's cost, else 1."""
-    gpu_type = normalise_gpu_type(gpu_type)  # jobs recorded before types were normalised
-    weights = dict(session.execute(select(GpuBillingWeight.gpu_type, GpuBillingWeight.weight).where(
-        GpuBillingWeight.pool == pool, GpuBillingWeight.gpu_type.in_([gpu_type or "*", "*"]))).all())
-    for key in (gpu_type or "*", "*"):
-        if key in weights:
-            return float(weights[key])
-    return float(session.scalar(select(Pool.cost).where(Pool.name == pool)) or 1.0)
+# The pools (cost, whether routable) and the billing weights in one statement: a weight's
+# row has its GPU type ("*" for the pool's default), a pool's has none.
+_POOLS_AND_WEIGHTS = union_all(
+    select(Pool.name, Pool.cost, Pool.configured, Pool.state, null().label("gpu_type"), null().label("weight")),
+    select(GpuBillingWeight.pool, null(), null(), null(), GpuBillingWeight.gpu_type, GpuBillingWeight.weight))
+
+
+def pool_terms(session: Session) -> quota.PoolTerms:
+    """Every known pool's cost, the routable ones, the billing weights: one statement."""
+    costs: dict[str, float | None] = {}
+    routable: list[str] = []
+    weights: dict[tuple[str, str], float] = {}
+    for name, cost, configured, state, gpu_type, weight in session.execute(_POOLS_AND_WEIGHTS):
+        if gpu_type is None:
+            costs[name] = cost
+            if configured and state == "active":
+                routable.append(name)
+        else:
+            weights[(name, gpu_type)] = float(weight)
+    return quota.PoolTerms(costs=costs, routable=tuple(sorted(routable)), weights=weights)
 
 
 def routable_pools(session: Session) -> list[str]:
@@ -67,25 +81,10 @@ def pool_balances(session: Session, account: str) -> dict[str, int]:
                                                   .order_by(AccountPoolBalance.pool))}
 
 
-def committed_for(gpus: int, time_limit_s: int, weight: float) -> int:
-    return math.ceil(gpus * time_limit_s * weight - 1e-9)
-
-
 def _run_charge(r: Reservation, start: datetime, end: datetime) -> tuple[float, int]:
     """(seconds, GPU-seconds) a run from ``start`` to ``end`` costs, clamped to the time limit and the commitment."""
     seconds = min(max((end - start).total_seconds(), 0.0), float(r.time_limit_s))
     return seconds, min(committed_for(r.gpus, 1, r.billing_weight * seconds) if seconds else 0, r.committed_gpu_seconds)
-
-
-def period_start(period: str, window_days: int, now: datetime) -> date:
-    today = now.date()
-    if period == "month":
-        return today.replace(day=1)
-    return today - timedelta(days=window_days - 1)
-
-
-def period_label(period: str, window_days: int) -> str:
-    return "this month" if period == "month" else f"in the last {window_days} days"
 
 
 _CHARGED_SINCE = select(func.coalesce(func.sum(UsageBucket.gpu_seconds), 0)).where(
@@ -97,59 +96,48 @@ def charged_in_period(session: Session, account_name: str, since: date) -> int:
     return int(session.scalar(_CHARGED_SINCE, {"root": account_name, "since": since}) or 0)
 
 
-def _pool_limits(session: Session, names: list[str], pools: list[str] | None) -> dict[tuple[str, str], tuple[int, int]]:
-    """(account, pool) -> (limit, GPUs held there) for every per-pool limit set in the chain."""
-    stmt = (select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus,
+def quota_of(row: Any) -> quota.Quota:
+    """An ``account_quota`` row (or any row with its columns) as the rules read it."""
+    return quota.Quota(max_gpus=row.max_gpus, budget_gpu_seconds=row.budget_gpu_seconds,
+                       budget_period=row.budget_period or "month", budget_window_days=row.budget_window_days or 30)
+
+
+def charged_of(session: Session, quotas: dict[str, quota.Quota], now: datetime) -> dict[str, int]:
+    """What each account with a budget was charged in its budget's current period."""
+    return {name: charged_in_period(session, name, period_start(q.budget_period, q.budget_window_days, now))
+            for name, q in quotas.items() if q.budget_gpu_seconds is not None}
+
+
+def read_totals(session: Session, names: Iterable[str], quotas: dict[str, quota.Quota], *,
+                now: datetime) -> tuple[dict[str, quota.Held], dict, dict, dict[str, int]]:
+    """What the accounts ``names`` hold (balances), their per-pool limits and what they hold
+    under them, and what each budget was charged this period: the totals the rules judge.
+    Under the chains' locks when the caller holds them (the dispatch round's apply step)."""
+    names = sorted(set(names))
+    held = {b.account_name: quota.Held(b.reserved_gpus, b.committed_gpu_seconds) for b in session.execute(
+        select(AccountBalance.account_name, AccountBalance.reserved_gpus, AccountBalance.committed_gpu_seconds)
+        .where(AccountBalance.account_name.in_(names)))}
+    limits, used = {}, {}
+    for a, p, limit, n in session.execute(
+            select(AccountPoolQuota.account_name, AccountPoolQuota.pool, AccountPoolQuota.max_gpus,
                    func.coalesce(AccountPoolBalance.reserved_gpus, 0))
             .outerjoin(AccountPoolBalance, (AccountPoolBalance.account_name == AccountPoolQuota.account_name)
                        & (AccountPoolBalance.pool == AccountPoolQuota.pool))
-            .where(AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None)))
-    if pools is not None:
-        stmt = stmt.where(AccountPoolQuota.pool.in_(pools))
-    return {(a, p): (int(limit), int(used)) for a, p, limit, used in session.execute(stmt)}
+            .where(AccountPoolQuota.account_name.in_(names), AccountPoolQuota.max_gpus.isnot(None))):
+        limits[(a, p)], used[(a, p)] = int(limit), int(n)
+    return held, limits, used, charged_of(session, {n: q for n, q in quotas.items() if n in names}, now)
 
 
-def _refusal(session: Session, *, names: list[str], balances: dict[str, AccountBalance], gpus: int,
-             pool: str | None, committed: int, now: datetime,
-             quotas: dict[str, Any] | None = None,
-             pool_limits: dict[tuple[str, str], tuple[int, int]] | None = None) -> str | None:
-    """Why the gang does not fit (first failing limit, leaf first), or None.
-
-    ``quotas`` (name -> quota row) and ``pool_limits`` ((name, pool) -> (limit, held)) may
-    be passed when already read with the locks. ``pool`` None means "any routable pool":
-    a per-pool limit refuses only when it blocks every one of them.
-    """
-    if quotas is None:
-        quotas = {q.account_name: q for q in session.scalars(
-            select(AccountQuota).where(AccountQuota.account_name.in_(names)))}
-    pools = [pool] if pool else None
-    if pool_limits is None:
-        pools = pools or routable_pools(session)
-        pool_limits = _pool_limits(session, names, pools)
-    for name in reversed(names):
-        q = quotas.get(name)
-        b = balances.get(name) or _ZERO
-        if q is not None and q.max_gpus is not None and b.reserved_gpus + gpus > q.max_gpus:
-            return f"{name}: {b.reserved_gpus} of {q.max_gpus} concurrent GPUs in use, job needs {gpus}"
-        blocked = []
-        for p in pools or []:
-            limit, used = pool_limits.get((name, p), (None, 0))
-            if limit is not None and used + gpus > limit:
-                blocked.append(f"{name}: {used} of {limit} concurrent GPUs in use in pool {p}, job needs {gpus}")
-        if blocked and len(blocked) == len(pools):
-            return "; ".join(blocked)
-        if q is None:
-            continue
-        # max_queued_jobs and max_queued_jobs_per_user are not the ledger's: they count the
-        # jobs that wait to start, judged once, at submit (gateway/jobs/caps.py; issue #46).
-        if q.budget_gpu_seconds is not None:
-            since = period_start(q.budget_period, q.budget_window_days, now)
-            charged = charged_in_period(session, name, since)
-            if charged + b.committed_gpu_seconds + committed > q.budget_gpu_seconds:
-                return (f"{name}: GPU-hour budget {period_label(q.budget_period, q.budget_window_days)}: "
-                        f"{_hours(charged)} used + {_hours(b.committed_gpu_seconds)} committed of "
-                        f"{_hours(q.budget_gpu_seconds)} GPU-hours, job needs {_hours(committed)}")
-    return None
+def read_view(session: Session, names: Sequence[str], *, now: datetime,
+              pools: quota.PoolTerms | None = None) -> quota.ChainView:
+    """The chain ``names`` (root first) as the rules judge it, read without locks."""
+    quotas = {q.account_name: quota_of(q) for q in session.scalars(
+        select(AccountQuota).where(AccountQuota.account_name.in_(list(names))))}
+    held, limits, used, charged = read_totals(session, names, quotas, now=now)
+    parent = {n: (names[i - 1] if i else None) for i, n in enumerate(names)}
+    return quota.ChainView(parent=parent, quotas=quotas, held=held, pool_limits=limits, pool_held=used,
+                           charged=charged, pool_limited=frozenset(a for a, _ in limits),
+                           pools=pools if pools is not None else pool_terms(session))
 
 
 # The account chain with its GPU-hour budgets in one round trip (this runs on every submission).
@@ -185,31 +173,17 @@ def budget_verdict_of(session: Session, chain: list[Any], *, total_gpus: int, ti
                       gpu_type: str | None, now: datetime | None = None) -> tuple[str, str] | None:
     """:func:`budget_verdict` from an account chain already read (root first; rows with
     ``name``, ``budget_gpu_seconds``, ``budget_period``, ``budget_window_days``): the submit
-    path gets it with its cap check. No read at all when no budget is set (the common case)."""
-    now = _now(now)
-    names = [r.name for r in chain]
-    quotas = {r.name: r for r in chain if r.budget_gpu_seconds is not None}
+    path gets it with its cap check. No read at all when no budget is set (the common case);
+    else the pools' terms and each budget's charges, then :func:`quota.budget_verdict`."""
+    quotas = {r.name: quota.Quota(budget_gpu_seconds=r.budget_gpu_seconds, budget_period=r.budget_period or "month",
+                                  budget_window_days=r.budget_window_days or 30)
+              for r in chain if r.budget_gpu_seconds is not None}
     if not quotas:
-        return None  # the common case costs two small reads
-    weight = min((billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
-    needs = committed_for(total_gpus, time_limit_s, weight)
-    for name in reversed(names):
-        q = quotas.get(name)
-        if q is None or q.budget_gpu_seconds is None:
-            continue
-        label = "monthly" if q.budget_period == "month" else f"{q.budget_window_days}-day"
-        if needs > q.budget_gpu_seconds:
-            return ("never", (f"{name}'s {label} GPU-hour budget is {_hours(q.budget_gpu_seconds)} GPU-hours and "
-                             f"this job needs {_hours(needs)} ({total_gpus} GPUs x {time_limit_s / 3600:.2f} h "
-                             f"time limit); ask for fewer GPUs or a shorter time limit"))
-        charged = charged_in_period(session, name, period_start(q.budget_period, q.budget_window_days, now))
-        left = q.budget_gpu_seconds - charged
-        if needs > left:
-            when = "the budget renews next month" if q.budget_period == "month" else "older usage leaves the window"
-            return ("later", (f"{name}'s GPU-hour budget {period_label(q.budget_period, q.budget_window_days)} has "
-                             f"{_hours(max(left, 0))} of {_hours(q.budget_gpu_seconds)} GPU-hours left and this job "
-                             f"needs {_hours(needs)}: it is held until {when} or an admin credits the account"))
-    return None
+        return None
+    names = [r.name for r in chain]
+    view = quota.ChainView(parent={}, quotas=quotas, charged=charged_of(session, quotas, _now(now)),
+                           pools=pool_terms(session))
+    return quota.budget_verdict(view, names, total_gpus=total_gpus, time_limit_s=time_limit_s, gpu_type=gpu_type)
 
 
 def _job_pool(session: Session, job: Any, pool: str | None) -> str | None:
@@ -236,29 +210,15 @@ def admission_check(session: Session, *, job: Any, pool: str | None, now: dateti
     if r is not None and r.status in ("reserved", "started"):
         return True, f"already holds a reservation of {r.gpus} GPUs in pool {r.pool}"
     names = [a.name for a in accounts.chain(session, job.account_name)]
-    balances = {b.account_name: b for b in session.scalars(
-        select(AccountBalance).where(AccountBalance.account_name.in_(names)))}
+    view = read_view(session, names, now=now)
     gpu_type = normalise_gpu_type(field_of(job, "gpu_type", session))
-    weight = billing_weight(session, pool, gpu_type) if pool else min(
-        (billing_weight(session, p, gpu_type) for p in routable_pools(session)), default=1.0)
+    weight = view.pools.weight(pool, gpu_type) if pool else view.pools.cheapest(gpu_type)
     gpus = job.total_gpus if gpus is None else gpus
-    committed = committed_for(gpus, job.time_limit_s, weight)
-    why = _refusal(session, names=names, balances=balances, gpus=gpus, pool=pool,
-                   committed=committed, now=now)
+    why = quota.refusal(view, names, gpus=gpus, pools=[pool] if pool else view.pools.routable,
+                        committed=committed_for(gpus, job.time_limit_s, weight))
     if why:
         return False, why
     return True, f"fits the quotas of {' > '.join(names)}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _BalanceView:
-    reserved_gpus: int = 0
-    committed_gpu_seconds: int = 0
-    charged_gpu_seconds: int = 0
-    queued_jobs: int = 0
-
-
-_ZERO = _BalanceView()
 
 
 def charged_gpu_seconds(session: Session, *, job_id: str) -> int:

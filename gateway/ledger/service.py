@@ -30,6 +30,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
+from gateway.domain import quota
 from gateway.domain.fairshare import decay
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit import bulk
@@ -49,10 +50,9 @@ from gateway.ledger.chains import (
     add_pool_deltas,
 )
 from gateway.ledger.rules import (
-    _BalanceView,
     _now,
-    _refusal,
     _run_charge,
+    charged_of,
     committed_for,
     pool_balances,
 )
@@ -164,12 +164,15 @@ def reserve(session: Session, *, job: Any, pool: str, actor: str, now: datetime 
         require_known(session, pool, "pool")
     if not _again_or_refuse(r_status, r_pool, job.id, pool):
         return
-    balances = {r.name: _BalanceView(**{c: getattr(r, c) for c in _BALANCE_COLS}) for r in rows}
-    quotas = {r.name: _QuotaView(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
+    quotas = {r.name: quota.Quota(**{c: getattr(r, c) for c in _QUOTA_COLS}) for r in rows if r.has_quota}
     committed = committed_for(held, job.time_limit_s, weight)
-    pool_limits = {(r.name, pool): (r.pool_limit, r.pool_held or 0) for r in rows if r.pool_limit is not None}
-    why = _refusal(session, names=names, balances=balances, gpus=held, pool=pool,
-                   committed=committed, now=now, quotas=quotas, pool_limits=pool_limits)
+    view = quota.ChainView(
+        parent={}, quotas=quotas,
+        held={r.name: quota.Held(r.reserved_gpus, r.committed_gpu_seconds) for r in rows},
+        pool_limits={(r.name, pool): r.pool_limit for r in rows if r.pool_limit is not None},
+        pool_held={(r.name, pool): r.pool_held or 0 for r in rows if r.pool_limit is not None},
+        charged=charged_of(session, quotas, now))
+    why = quota.refusal(view, names, gpus=held, pools=[pool], committed=committed)
     if why:
         raise QuotaExceeded(why)
     row, entry = reserve_rows(job=job, pool=pool, gpu_type=gpu_type, held=held, weight=weight,
@@ -347,14 +350,6 @@ def _write(session: Session, conn, items: list[ReservationWrite], now: datetime)
                                    for n, d in deltas.items()])
     if pool_deltas:
         add_pool_deltas(session, pool_deltas)
-
-
-@dataclasses.dataclass(frozen=True)
-class _QuotaView:
-    max_gpus: int | None
-    budget_gpu_seconds: int | None
-    budget_period: str
-    budget_window_days: int
 
 
 def record_start(session: Session, *, job: Any, started_at: datetime, actor: str) -> None:

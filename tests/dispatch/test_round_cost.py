@@ -211,9 +211,12 @@ def test_limits_still_refuse_and_hold_with_the_ledgers_words(url):
 
 
 def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
-    """The batch is written under the chains' locks only if nothing it relied on changed."""
+    """The batch is written under the chains' locks only if nothing it relied on changed: the
+    tree, no limit on a chain judged without one, and a limited chain's totals."""
+    from gateway.domain.quota import Tally
     from gateway.kit.timeutil import utcnow
     from gateway.ledger import chains as ledger_chains
+    from gateway.ledger import service as ledger
     from gateway.ledger.round import RoundLedger
     from gateway.models.accounts import Account, AccountQuota
     from gateway.models.jobs import Job
@@ -223,21 +226,27 @@ def test_a_limit_set_or_a_move_under_the_round_makes_it_claim_again(url):
             add_account(s, "org")
             add_account(s, "team", parent="org")
             add_account(s, "other")
-        [job_id] = add_jobs(d, "team", 1)
-        for change in ("limit", "move"):
+        [job_id, other_id] = add_jobs(d, "team", 2)
+        for change in ("limit", "move", "totals"):
             with pytest.raises(ledger_chains.ChainChanged), transaction(d.sessions) as s:
                 job = s.get(Job, job_id)
+                if change == "totals":  # team may hold one gang: the round judges this one fits
+                    s.add(AccountQuota(account_name="team", max_gpus=job.total_gpus))
+                    s.flush()
                 rl = RoundLedger(s, accounts_=["team"], now=utcnow())
-                assert not rl.limited("team")
-                rl.defer_reserve(job=job, pool="slurm-a", actor="test", now=utcnow())
+                tally = Tally(rl.view)
+                assert tally.limited("team") == (change == "totals")
+                assert tally.reserve(job, "slurm-a", job.total_gpus, None) is None
                 if change == "limit":
                     s.add(AccountQuota(account_name="org", max_gpus=4))
-                else:
+                elif change == "move":
                     s.get(Account, "team").parent_name = "other"
+                else:  # another writer reserves the other gang before the round takes the locks
+                    ledger.reserve(s, job=s.get(Job, other_id), pool="slurm-a", actor="test")
                 s.flush()
-                rl.flush()
-        # And a dispatch round, meeting nothing of the kind, reserves it once.
-        assert d.dispatch_round() == [job_id]
+                rl.write(tally.reservations, actor="test")
+        # And a dispatch round, meeting nothing of the kind, reserves each once.
+        assert sorted(d.dispatch_round()) == sorted([job_id, other_id])
         assert d.dispatch_round() == []
         assert ledger_state(d)["problems"] == []
 

@@ -10,20 +10,24 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
+from gateway.domain.quota import Tally
 from gateway.kit.errors import Conflict
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
 from gateway.ledger.round import RoundLedger
 from gateway.models.ledger import AccountPoolBalance, LedgerEntry, Reservation
+from gateway.models.specs import field_of
 from tests.ledger.dbfixtures import T0, add_account, add_job, in_tx
 
 
 def reserve_in_round(factory, jobs, pool="slurm"):
+    """What a dispatch round does: judge over the view read with its snapshot, then write."""
     with in_tx(factory) as s:
         rl = RoundLedger(s, accounts_=[j.account_name for j in jobs], now=T0)
+        tally = Tally(rl.view)
         for job in jobs:
-            rl.defer_reserve(job=job, pool=pool, actor="round", now=T0)
-        rl.flush()
+            assert tally.reserve(job, pool, job.total_gpus, field_of(job, "gpu_type", s)) is None
+        rl.write(tally.reservations, actor="round")
 
 
 def ledger_rows(factory, account_names):
@@ -115,3 +119,31 @@ def test_a_reservation_in_another_pool_or_finished_is_refused_and_nothing_is_wri
                        else "already finished"):
         reserve_in_round(factory, [other, job], pool="kubernetes")
     assert ledger_rows(factory, ["team-a"]) == before  # the round's other job was not written either
+
+
+def test_a_limited_chain_is_judged_by_the_round_as_by_the_per_job_rule_and_written_the_same(factory):
+    """team-a may hold 16 GPUs under org's 100 GPU-hour budget: the round admits the first two
+    8-GPU gangs and refuses the third with the words ledger.reserve uses, and writes what
+    ledger.reserve writes (issue #46: the rules in the core, one implementation)."""
+    from gateway.kit.errors import QuotaExceeded
+    from gateway.models.accounts import AccountQuota
+
+    with in_tx(factory) as s:
+        add_account(s, "org")
+        add_account(s, "team-a", parent="org")
+        s.add(AccountQuota(account_name="team-a", max_gpus=16))
+        s.add(AccountQuota(account_name="org", budget_gpu_seconds=100 * 3600, budget_period="month"))
+        jobs = [add_job(s, "team-a", gpus=8) for _ in range(3)]
+    with in_tx(factory) as s:
+        rl = RoundLedger(s, accounts_=["team-a"], now=T0)
+        tally = Tally(rl.view)
+        said = [tally.reserve(job, "slurm", 8, None) for job in jobs]
+        rl.write(tally.reservations, actor="round")
+    assert said == [None, None, "team-a: 16 of 16 concurrent GPUs in use, job needs 8"]
+    got = ledger_rows(factory, ["org", "team-a"])
+    assert got["problems"] == [] and got["balances"]["team-a"] == (16, 16 * 3600, 2)
+    with in_tx(factory) as s:  # the per-job rule, on the same state, refuses the third alike
+        with pytest.raises(QuotaExceeded) as refused:
+            ledger.reserve(s, job=s.merge(jobs[2]), pool="slurm", actor="round", now=T0)
+    assert refused.value.detail == said[2]
+    assert ledger_rows(factory, ["org", "team-a"]) == got

@@ -129,7 +129,7 @@ def test_the_handle_checker_finds_sessions_and_backends():
 
 def test_domain_functions_take_no_session_and_no_backend():
     """The round decides over data: capacity snapshots (PoolView.of_capacity, built by
-    gateway/pools/service.py::snapshot, which asks the adapter), shapes, fair share. Still
-    not pure (docs/architecture.md): decide's LedgerPort, whose implementation runs SQL."""
+    gateway/pools/service.py::snapshot, which asks the adapter), shapes, fair share, and the
+    ledger's view of the account chains (gateway/domain/quota.py)."""
     bad = {str(p.relative_to(ROOT)): found for p in sorted(DOMAIN.glob("*.py")) if (found := _handles_taken(p.read_text()))}
     assert bad == {}, bad

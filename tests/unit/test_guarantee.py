@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.domain.decide import decide
 from gateway.domain.guarantee import Guarantees
 from gateway.domain.preempt import Running
-from tests.unit.test_decide import NOW, PARAMS, Ledger, job, snapshot, view
+from tests.unit.test_decide import NOW, PARAMS, job, snapshot, view
 
 CHAINS = {"org": ("org",), "team-a": ("org", "team-a"), "team-b": ("org", "team-b"), "team-c": ("team-c",)}
 
@@ -31,13 +31,13 @@ def test_work_within_a_guarantee_goes_first_and_claims_are_marked_borrowed_or_no
     g = Guarantees(chains=CHAINS, overall={"team-a": 8})
     b1, a1 = job("b1", "team-b"), job("a1", "team-a")
     result = decide(snapshot(now=NOW, picked=[b1, a1], views={"slurm": view("slurm", nodes=1, idle=1)},
-                             guarantees=g), Ledger(), PARAMS)
+                             guarantees=g), PARAMS)
     assert [(c.job.id, c.borrowed) for c in result.claims] == [("a1", False)]  # before b1, in fair-share order
     assert result.claims[0].guarantee.startswith("within team-a's guarantee of 8 GPUs")
     [waiting] = result.waiting
     assert waiting.job.id == "b1" and waiting.reason.startswith("waiting for capacity")
     borrowed = decide(snapshot(now=NOW, picked=[job("b2", "team-b")], views={"slurm": view("slurm", nodes=1, idle=1)},
-                               guarantees=g), Ledger(), PARAMS)
+                               guarantees=g), PARAMS)
     assert [(c.job.id, c.borrowed) for c in borrowed.claims] == [("b2", True)]
 
 
@@ -55,7 +55,7 @@ def test_a_guaranteed_gang_that_fits_nowhere_reclaims_the_cheapest_borrowed_gang
     gang = job("gang", "team-a", workers=1)
     snap = snapshot(now=NOW, picked=[gang], views={"slurm": view("slurm", nodes=4, idle=0)}, guarantees=g,
                     running=victims)
-    result = decide(snap, Ledger(), PARAMS)
+    result = decide(snap, PARAMS)
     assert result.claims == []
     [reclaim] = result.reclaims
     assert reclaim.job is gang and [v.id for v in reclaim.eviction.victims] == ["fresh-ckpt"]
@@ -64,7 +64,7 @@ def test_a_guaranteed_gang_that_fits_nowhere_reclaims_the_cheapest_borrowed_gang
                                      "guarantee on slurm: stops 1 borrowed job of team-b")
     # Victims still stopping for it: it waits for them, nothing more is chosen.
     again = decide(snapshot(now=NOW, picked=[gang], views={"slurm": view("slurm", nodes=4, idle=0)}, guarantees=g,
-                            running=victims[1:], reclaiming={"gang": ("fresh-ckpt",)}), Ledger(), PARAMS)
+                            running=victims[1:], reclaiming={"gang": ("fresh-ckpt",)}), PARAMS)
     assert again.reclaims == []
     assert [w.reason for w in again.waiting] == [
         "reclaiming borrowed GPUs: waiting for the jobs it stops (fresh-ckpt) to give them back"]
@@ -75,7 +75,7 @@ def test_borrowed_work_never_reclaims_and_a_full_guarantee_does_not_either():
     snap = snapshot(now=NOW, picked=[job("a2", "team-a"), job("c1", "team-c")],
                     views={"slurm": view("slurm", nodes=2, idle=0)}, guarantees=g,
                     running=[running("b1"), running("b2")])
-    assert decide(snap, Ledger(), PARAMS).reclaims == []
+    assert decide(snap, PARAMS).reclaims == []
 
 
 def test_the_rate_limit_per_pool_holds_within_a_round():
@@ -84,6 +84,6 @@ def test_the_rate_limit_per_pool_holds_within_a_round():
     snap = snapshot(now=NOW, picked=jobs, views={"slurm": view("slurm", nodes=3, idle=0)}, guarantees=g,
                     running=[running(f"b{i}") for i in range(3)])
     params = PARAMS.__class__(**{**PARAMS.__dict__, "preempt_max_per_pool_per_minute": 2})
-    result = decide(snap, Ledger(), params)
+    result = decide(snap, params)
     assert [r.job.id for r in result.reclaims] == ["a0", "a1"]
     assert len({v.id for r in result.reclaims for v in r.eviction.victims}) == 2  # never the same victim twice
