@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -46,6 +47,9 @@ from bench.common import BIN, free_port, fresh_database, machine, median, write_
 
 UI_SECRET = "bench-ui-session-secret-0123456789abcdef"
 HISTORY_PAGE = 100  # finished jobs in the "empty" registry: one page of the history's state
+# Issue #46's goals: requests/s of the read over the bare endpoint's, at 1,000,000 jobs.
+GOALS = {"list 50": 0.25, "one job": 0.25, "page: jobs": 0.1, "page: one job": 0.1, "page: accounts": 0.1,
+         "page: admin": 0.1}
 
 
 def hey(url: str, token: str, *, seconds: float, concurrency: int, post: bool) -> dict:
@@ -54,13 +58,18 @@ def hey(url: str, token: str, *, seconds: float, concurrency: int, post: bool) -
     cmd = [HEY, "-z", f"{seconds:g}s", "-c", str(concurrency), "-H", header]
     if post:
         cmd += ["-m", "POST", "-T", "application/json", "-d", json.dumps(SPEC)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     lat = {int(m.group(1)): float(m.group(2)) * 1e3 for m in re.finditer(r"(\d+)%+ in ([\d.]+) secs", out)}
     codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
     ok = sum(n for c, n in codes.items() if 200 <= c < 300)
+    # The load generator's own CPU per request (it shares the 2 cores with the servers).
+    client_ms = client_s / max(1, sum(codes.values())) * 1e3
     return {"rps": rps, "p50": lat.get(50, float("nan")), "p99": lat.get(99, float("nan")),
-            "errors": sum(codes.values()) - ok}
+            "errors": sum(codes.values()) - ok, "client_ms": client_ms}
 
 
 # Columns a copied job takes from its template; the rest are set by the growth SQL.
@@ -199,17 +208,23 @@ def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]
                 for name, (u, tok, post, secs) in {"submit": (g + "/v1/jobs", user, True, args.seconds),
                                                    "bare": (b + "/v1/jobs", user, True, args.seconds),
                                                    "bare httptools": (h + "/v1/jobs", user, True, args.seconds),
-                                                   **{k: (u, t, False, args.read_seconds) for k, (u, t) in reads.items()}
+                                                   **{k: (u, t, False, args.read_seconds) for k, (u, t) in reads.items()},
+                                                   "bare again": (b + "/v1/jobs", user, True, args.seconds),
                                                    }.items():
                     r = hey(u, tok, seconds=secs, concurrency=args.concurrency, post=post)
                     res.setdefault(name, []).append(r)
                     print(f"{phase:5} {name:12} {r['rps']:7.1f} req/s p50 {r['p50']:7.1f} ms p99 {r['p99']:7.1f} ms "
-                          f"errors {r['errors']}", flush=True)
+                          f"errors {r['errors']} client CPU {r['client_ms']:.3f} ms/request", flush=True)
             total, waiting = registry(url_db)
             sizes[phase] = {"total": total, "pending": waiting,
                             # gateway / bare within each repeat (same minute, same host load)
                             "submit/bare": median([s["rps"] / b["rps"] for s, b in zip(res["submit"], res["bare"], strict=True)]),
-                            **{k: {m: median([x[m] for x in v]) for m in ("rps", "p50", "p99", "errors")}
+                            # each read against the bare endpoint of its own repeat, taken before and
+                            # after the reads (their mean: the host's drift within a repeat cancels)
+                            "read/bare": {k: median([x["rps"] / ((b1["rps"] + b2["rps"]) / 2) for x, b1, b2 in
+                                                     zip(res[k], res["bare"], res["bare again"], strict=True)])
+                                          for k in reads},
+                            **{k: {m: median([x[m] for x in v]) for m in ("rps", "p50", "p99", "errors", "client_ms")}
                                for k, v in res.items()}}
     finally:
         for p in servers:
@@ -218,6 +233,12 @@ def measure(args, url_db: str) -> tuple[dict[str, dict], float, tuple[int, int]]
         if os.path.exists(f"/tmp/{key}"):
             os.remove(f"/tmp/{key}")
     return sizes, grow_s, grown_at
+
+
+def _goal(read: str, ratio: float) -> str:
+    if read not in GOALS:
+        return ""
+    return f">= {GOALS[read]}: {'met' if ratio >= GOALS[read] else 'not met'}"
 
 
 def main() -> None:
@@ -271,7 +292,18 @@ server settings: {ratio_e:.3f} empty, {ratio_g:.3f} grown (goal >= 0.25 with p99
 
 | request | empty: req/s | empty: p50 / p99 (ms) | grown: req/s | grown: p50 / p99 (ms) | grown / empty |
 |---|---|---|---|---|---|
-""" + "\n".join(rows) + "\n"
+""" + "\n".join(rows) + "\n" + f"""
+Reads against the bare endpoint (issue #46: at {grown_at[0]:,} jobs, a list of 50 and one job >= 0.25, each
+page >= 0.1): each read's requests/s over the bare endpoint's of the same repeat, measured before and
+after the reads (their mean), median of the repeats; the load generator's own CPU per request
+(`hey`, on the same 2 cores; the bare endpoint's: {e['bare']['client_ms']:.3f} ms empty, {r['bare']['client_ms']:.3f} ms grown).
+
+| read | empty: / bare | grown: / bare | goal | client CPU ms/request (grown) |
+|---|---|---|---|---|
+""" + "\n".join(
+        f"| {k} | {e['read/bare'][k]:.3f} | **{r['read/bare'][k]:.3f}** | "
+        f"{_goal(k, r['read/bare'][k])} | "
+        f"{r[k]['client_ms']:.3f} |" for k in e['read/bare']) + "\n"
     print(body)
     if not args.no_write:
         write_section("growth" + (f"-{args.label}" if args.label else ""), body)
