@@ -217,7 +217,7 @@ def _locked_reservation(session: Session, job: Any) -> tuple[list[str], dict[str
 def _chain_deltas_ctes(source: str) -> str:
     """Postgres: ``balances`` and ``per_pool``, the running totals moved by the rows of
     ``source`` (``account_name, pool, gpus, committed_gpu_seconds``: one row per reserved job
-    and chain account; ``:b_now`` the time), for a one-statement writer (``service._flush_sql``)."""
+    and chain account; ``:b_now`` the time), for a one-statement writer (``booking._flush_sql``)."""
     return f"""balances AS (
     UPDATE account_balance SET reserved_gpus = account_balance.reserved_gpus + d.g,
         committed_gpu_seconds = account_balance.committed_gpu_seconds + d.c,

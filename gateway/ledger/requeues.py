@@ -13,9 +13,10 @@ from sqlalchemy.orm import Session
 
 from gateway.domain import quota
 from gateway.kit.timeutil import as_utc, utcnow
+from gateway.ledger.booking import entry
 from gateway.ledger.chains import _apply, _locked_reservation
 from gateway.ledger.rules import _run_charge, charged_of, quota_of
-from gateway.ledger.service import _add_bucket, _add_decayed_usage, _entry
+from gateway.ledger.service import _add_bucket, _add_decayed_usage
 from gateway.models.accounts import AccountQuota
 from gateway.models.ledger import (
     AccountBalance,
@@ -93,7 +94,7 @@ def requeue(session: Session, *, job: Any, started_at: datetime | None, requeued
     # Re-admitted: give back the commitment the accruals took, so it is whole for the next
     # run. Refused: the segment consumes its part of the commitment, as at an end.
     back = accrued if refusal is None else -charge
-    _entry(session, at=requeued_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
+    entry(session, at=requeued_at, account_name=r.account_name, kind="usage", job_id=job.id, pool=r.pool,
            gpu_type=r.gpu_type, username=r.username, gpus=0, committed_gpu_seconds=back, gpu_seconds=charge,
            billing_weight=r.billing_weight, actor=actor,
            reason=f"ran {int(seconds)} s on {r.gpus} GPUs, then requeued by the backend"

@@ -16,7 +16,7 @@ global order (depth from the root, then name, which agrees with every chain's ro
 order); the limited chains judged again over the totals read under those locks (the same
 ``quota.refusal``); then the reservations, entries, balance deltas and per-pool rows in
 ONE statement on Postgres (data-modifying CTEs), one statement each on SQLite, through the
-one writer, :func:`gateway.ledger.service.write_reservations` (a single job's
+one writer, :func:`gateway.ledger.booking.write_reservations` (a single job's
 :func:`reserve` is a batch of one), so ``reading.verify()`` stays empty. If the tree
 moved, a limit was set on a chain judged free of limits, or a limited chain's totals
 moved so that a reservation no longer fits, the round raises ``ChainChanged`` and the
@@ -36,9 +36,9 @@ from sqlalchemy.orm import Session, aliased
 from gateway.accounts.tree import up_many_cte
 from gateway.domain import quota
 from gateway.kit.errors import Invalid
+from gateway.ledger import booking
 from gateway.ledger import chains as ledger_chains
 from gateway.ledger import rules as ledger_rules
-from gateway.ledger import service as ledger
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import AccountBalance
 from gateway.pools.service import require_known
@@ -92,7 +92,7 @@ class RoundLedger:
     def write(self, reservations: Sequence[quota.Reservation], *, actor: str) -> None:
         """Write the round's reservations (the decision's, in its order): lock the union of
         their chains once, root first, judge the limited chains again over the totals read
-        under the locks (:func:`quota.recheck`), then :func:`ledger.write_reservations`.
+        under the locks (:func:`quota.recheck`), then :func:`booking.write_reservations`.
 
         Raises ChainChanged (nothing written; the round is claimed again) when the tree
         moved, a limit was set on a chain the round judged free of limits, or a limited
@@ -107,9 +107,9 @@ class RoundLedger:
                 raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
             if r.pool not in self.view.pools.known():
                 require_known(self.session, r.pool, "pool")  # raises, naming the configured pools
-            row, entry = ledger.reserve_rows(job=job, pool=r.pool, gpu_type=r.gpu_type, held=r.gpus, weight=r.weight,
+            row, entry = booking.reserve_rows(job=job, pool=r.pool, gpu_type=r.gpu_type, held=r.gpus, weight=r.weight,
                                              committed=r.committed, actor=actor, now=self.now)
-            items.append(ledger.ReservationWrite(job, r.pool, r.names, row, entry))
+            items.append(booking.ReservationWrite(job, r.pool, r.names, row, entry))
         depth = {n: i for r in reservations for i, n in enumerate(r.names)}
         free = {n for r in reservations if not r.limited for n in r.names}
         fresh = self._lock(sorted(depth, key=lambda n: (depth[n], n)), free)  # root-first for every chain
@@ -123,7 +123,7 @@ class RoundLedger:
             if why is not None:
                 raise ledger_chains.ChainChanged(f"a quota's totals moved while the dispatch round was being "
                                                  f"claimed ({why}); retry")
-        ledger.write_reservations(self.session, items, now=self.now)
+        booking.write_reservations(self.session, items, now=self.now)
 
     def _lock(self, order: list[str], free: set[str]) -> dict[str, quota.Quota | None] | None:
         """Lock the balance and account rows of ``order`` (in that order), as every ledger writer does.

@@ -142,4 +142,4 @@ def test_the_writers_are_where_the_docs_say():
     assert found["idempotency_key"] == ["gateway/jobs/store.py"]
     assert found["account"] == ["gateway/admin/lifecycle.py"]
     assert found["account_balance"] == ["gateway/ledger/chains.py"]
-    assert found["ledger_entry"] == ["gateway/ledger/service.py"]
+    assert found["ledger_entry"] == ["gateway/ledger/booking.py"]
