@@ -49,10 +49,17 @@ if [[ -f "$pidf" ]] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
   pid="$(cat "$pidf")"; kill "$pid"
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
 fi
+# Someone else on kwok's port would answer the health check below and every pods/log read in
+# its stead (404 for our Logs objects) while our kwok, unable to bind, still runs the pods.
+holder="$(ss -Hltnp "sport = :$KWOK_PORT" 2>/dev/null || true)"
+if [[ -n "$holder" ]]; then
+  say "port $KWOK_PORT is already taken: $holder; stop that process (another checkout's stack/down.sh)"; exit 1
+fi
 say "starting kwok (kubelet server on 127.0.0.1:$KWOK_PORT)"
 setsid nohup "${cmd[@]}" >> "$STATE/logs/kwok.log" 2>&1 < /dev/null &
 echo $! > "$pidf"
 for _ in $(seq 1 60); do
+  kill -0 "$(cat "$pidf")" 2>/dev/null || { say "kwok exited at start (log: $STATE/logs/kwok.log)"; exit 1; }
   curl -sk --max-time 2 "https://127.0.0.1:$KWOK_PORT/healthz" > /dev/null 2>&1 && exit 0
   sleep 0.5
 done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -185,7 +186,8 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
         remade = False
         while seen != want:
             waited = time.monotonic() - started
-            assert waited < 40, f"kwok never served the stand-in log of {ns}/{pod}: {seen!r}"
+            assert waited < 40, (f"kwok never served the stand-in log of {ns}/{pod}: {seen!r}; "
+                                 f"{_kwok_diagnosis(kube, core, ns, pod)}")
             if waited > 10 and not remade:
                 remade = True
                 with contextlib.suppress(Exception):
@@ -198,6 +200,30 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
             except Exception as exc:  # noqa: BLE001  (kwok has not seen the Logs object yet)
                 seen = repr(exc)[:200]
                 time.sleep(0.3)
+
+
+def _kwok_diagnosis(kube, core, ns: str, pod: str) -> str:
+    """What a failed stand-in log read needs to be understood: the pod's node (a fake one?),
+    which process answers on kwok's port (the kwok this stack started?), kwok's last words.
+    (CI once failed three tests here with 404s for 40 s on a fresh stack; the same tests pass
+    on the same machine otherwise, and that run left nothing to tell why.)"""
+    words = []
+    with contextlib.suppress(Exception):
+        p = core.read_namespaced_pod(pod, ns)
+        words.append(f"pod on node {p.spec.node_name!r}, phase {p.status.phase}")
+    state = Path(kube["ISTHMUS_KUBE_STATE_DIR"])
+    with contextlib.suppress(Exception):
+        pid = (state / "pids" / "kwok.pid").read_text().strip()
+        alive = Path(f"/proc/{pid}").exists()
+        port = kube.get("ISTHMUS_KUBE_KWOK_PORT", "16447")
+        listeners = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+        words.append(f"this stack's kwok pid {pid} ({'alive' if alive else 'gone'}); on port {port}: {listeners!r}")
+    with contextlib.suppress(Exception):
+        lines = (state / "logs" / "kwok.log").read_text(errors="replace").splitlines()
+        notable = [line[:300] for line in lines if '"level":"INFO"' not in line or "log" in line.lower()][-6:]
+        words.append("kwok.log's last warnings and log lines: " + " | ".join(notable))
+    return "; ".join(words)
 
 
 def _logs_object(ns: str, pod: str, path: Path) -> dict:
