@@ -10,16 +10,18 @@ rows as plain named tuples. What they return is what ``repository.list_readable`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 
-from sqlalchemy import and_, bindparam, exists, or_
+from sqlalchemy import and_, bindparam, exists, or_, select
 from sqlalchemy.orm import Session
 
 from gateway.identity.principal import Principal
 from gateway.jobs import repository
 from gateway.kit.db import compiled_read
 from gateway.models.flows import JobDependency
-from gateway.models.jobs import Job
+from gateway.models.jobs import Job, JobEvent
 
 # The columns a list may read, by name: a statement's shape names them.
 COLUMNS = {"shown": repository.SHOWN_AS_TEXT, "table": repository.IN_TABLE}
@@ -76,3 +78,24 @@ def one(session: Session, principal: Principal, job_id: str):
 
     rows = compiled_read(session, ("one", _whose(principal)), build).rows(session, {"r_id": job_id})
     return rows[0] if rows else None
+
+
+def as_job(row) -> SimpleNamespace:
+    """A row of :func:`one` with a job's attributes as its readers use them (``spec_of``,
+    ``checkpoint_dir_of``, ``at_risk``, the dashboard's job page): the JSON columns decoded,
+    ``job_state`` and ``checkpoint_lineage`` as the model has them."""
+    from gateway.domain.states import JobState
+
+    return SimpleNamespace(**row._asdict(), spec=json.loads(row.spec_text),
+                           nodes=json.loads(row.nodes_text) if row.nodes_text is not None else None,
+                           job_state=JobState(row.state), checkpoint_lineage=row.lineage or row.id)
+
+
+def events(session: Session, job_id: str, *, limit: int = 500) -> list:
+    """``repository.list_events`` of a job whose reader is shown its history (the dashboard's job
+    page): the columns it shows (not ``data``), oldest first."""
+    read = compiled_read(session, "events", lambda: (
+        select(JobEvent.id, JobEvent.at, JobEvent.actor, JobEvent.kind, JobEvent.from_state, JobEvent.to_state,
+               JobEvent.reason).where(JobEvent.job_id == bindparam("r_id", None))
+        .order_by(JobEvent.id).limit(bindparam("r_limit", None))))
+    return read.rows(session, {"r_id": job_id, "r_limit": limit})

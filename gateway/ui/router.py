@@ -30,7 +30,7 @@ from gateway.jobs import reads as job_reads
 from gateway.jobs import repository as jobs_repo
 from gateway.jobs import service as jobs
 from gateway.kit.db import reading, transaction
-from gateway.kit.errors import Forbidden, GatewayError, Invalid
+from gateway.kit.errors import Forbidden, GatewayError, Invalid, NotFound
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import utcnow
 from gateway.ledger import reading as ledger_reading
@@ -78,8 +78,11 @@ def jobs_page(request: Request, state: str = "", account: str = "", pool: str = 
 def job_page(request: Request, job_id: str, partial: str = ""):
     principal = principal_of(request)
     with reading(request.app.state) as session:
-        job = jobs.get_or_raise(session, principal=principal, job_id=job_id)
-        events = jobs_repo.list_events(session, job.id)
+        row = job_reads.one(session, principal, job_id)  # a statement built once (issue #46)
+        if row is None:
+            raise NotFound(f"no job {job_id!r} visible to you")
+        job = job_reads.as_job(row)
+        events = job_reads.events(session, job.id)
         ctx = {"job": job, "spec": spec_of(job, session), "pool": job_pool(job) or "", "final": job.job_state.final, "estimate": estimate_of(job),
                "checkpoint_dir": checkpoint_dir_of(job, getattr(request.app.state, "storage", None)),
                "attempts": jobs.attempts_of(session, job.id) if job.attempt > 1 else [],
