@@ -6,8 +6,10 @@ back on any exception. Services and repositories only ``flush()``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import select
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
@@ -170,12 +172,31 @@ def reading(state: Any) -> Iterator[Session]:
 
 async def in_read(state: Any, work: Callable[[Session], T]) -> T:
     """``work(session)``, which only reads, in a read session (``make_read_sessionmaker``), run
-    in the thread pool in one hop: a sync route with the session dependency took four (the
-    dependency's enter and exit, the route, the check of its answer; issue #46)."""
-    from starlette.concurrency import run_in_threadpool
+    in the thread pool in one hop (``in_read_thread``): a sync route with the session dependency
+    took four (the dependency's enter and exit, the route, the check of its answer; issue #46)."""
+    return await in_read_thread(_in_sync_transaction, getattr(state, "read_sessionmaker", None)
+                                or state.sessionmaker, work)
 
-    return await run_in_threadpool(_in_sync_transaction, getattr(state, "read_sessionmaker", None)
-                                   or state.sessionmaker, work)
+
+# Threads that run reads at once, per event loop (a worker process). A read is mostly Python
+# holding the GIL: with the thread pool's default of 40, 16 concurrent reads in a worker cost
+# 20-40% more CPU each than 4 did (threads handing the GIL to each other: bench/bench_read_cpu.py
+# at 4 to 64 clients, issue #46); a few threads still overlap one read's round trips with
+# another's Python. Writes and every other sync route keep the default pool.
+READ_THREADS = 4
+_READ_LIMITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def in_read_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, blocking work that only reads, in the thread pool, at most ``READ_THREADS``
+    of them at once in this event loop (the rest wait their turn)."""
+    import anyio.to_thread
+
+    loop = asyncio.get_running_loop()
+    limiter = _READ_LIMITERS.get(loop)
+    if limiter is None:
+        limiter = _READ_LIMITERS[loop] = anyio.CapacityLimiter(READ_THREADS)
+    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
 
 def _in_sync_transaction(factory: sessionmaker[Session], work: Callable[[Session], T]) -> T:

@@ -29,7 +29,7 @@ from gateway.jobs import checkpoints, preemption
 from gateway.jobs import reads as job_reads
 from gateway.jobs import repository as jobs_repo
 from gateway.jobs import service as jobs
-from gateway.kit.db import reading, transaction
+from gateway.kit.db import in_read_thread, reading, transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid, NotFound
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import utcnow
@@ -57,10 +57,16 @@ WAITING = ("pending", "dispatching", "queued", "requeued")
 
 
 # ------------------------------------------------------------------ pages
+# The pages that only read run in the read threads (kit/db.py in_read_thread: a few at once per
+# worker, issue #46); the forms and streams as before.
 
 
 @router.get("/", name="ui_jobs")
-def jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
+async def jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
+    return await in_read_thread(_jobs_page, request, state, account, pool)
+
+
+def _jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
     principal = principal_of(request)
     with reading(request.app.state) as session:
         rows = job_reads.list_readable(session, principal, states=[state] if state else (), account=account or None,
@@ -75,7 +81,11 @@ def jobs_page(request: Request, state: str = "", account: str = "", pool: str = 
 
 
 @router.get("/jobs/{job_id}", name="ui_job")
-def job_page(request: Request, job_id: str, partial: str = ""):
+async def job_page(request: Request, job_id: str, partial: str = ""):
+    return await in_read_thread(_job_page, request, job_id, partial)
+
+
+def _job_page(request: Request, job_id: str, partial: str = ""):
     principal = principal_of(request)
     with reading(request.app.state) as session:
         row = job_reads.one(session, principal, job_id)  # a statement built once (issue #46)
@@ -168,7 +178,11 @@ def cancel(request: Request, job_id: str, csrf: str = Depends(posted_csrf)):
 
 
 @router.get("/accounts", name="ui_accounts")
-def accounts_page(request: Request):
+async def accounts_page(request: Request):
+    return await in_read_thread(_accounts_page, request)
+
+
+def _accounts_page(request: Request):
     principal = principal_of(request)
     half_life = request.app.state.settings.fairshare_half_life_s
     with reading(request.app.state) as session:
@@ -224,7 +238,11 @@ def _windows(session, health) -> list[dict]:
 
 
 @router.get("/admin", name="ui_admin")
-def admin_page(request: Request, days: int = 30):
+async def admin_page(request: Request, days: int = 30):
+    return await in_read_thread(_admin_page, request, days)
+
+
+def _admin_page(request: Request, days: int = 30):
     principal = principal_of(request)
     if not principal.is_admin:
         raise Forbidden("the admin page needs the admin role")
