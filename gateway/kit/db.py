@@ -272,11 +272,11 @@ class CompiledRead:
 
 
 _READS: dict[Any, CompiledRead] = {}
-_READS_KEPT = 4096
+_READS_KEPT = 1024  # a few KB each: shapes are few, a principal's accounts make the rest
 
 
 def compiled_read(session: Session, key: Any, build: Callable[[], Any]) -> CompiledRead:
-    """The ``CompiledRead`` of ``build()``, made once per engine and ``key`` (the shape of the
+    """The ``CompiledRead`` of ``build()``, made once per dialect and ``key`` (the shape of the
     statement: which filters it has, whose accounts) and kept; ``key`` must name everything
     ``build`` puts in the statement other than its bind parameters."""
     dialect = session.get_bind().dialect
