@@ -73,6 +73,11 @@ def inline_thread_pool() -> None:
         if hasattr(mod, "run_in_threadpool"):
             mod.run_in_threadpool = run_inline
     deps.contextmanager_in_threadpool = cm_inline
+    # The reads' own threads (kit/db.py in_read_thread), wherever it was imported by name.
+    import gateway.kit.db as db
+    import gateway.ui.router as ui_router
+
+    db.in_read_thread = ui_router.in_read_thread = run_inline
 
 
 async def measure(app, headers: dict, reads: dict, job: str, n: int, top: int, profile: bool) -> dict:
@@ -103,12 +108,25 @@ async def measure(app, headers: dict, reads: dict, job: str, n: int, top: int, p
                     _sql[key] = _sql.get(key, 0) + 1
 
                 event.listen(Engine, "before_cursor_execute", count)
+                # Reads sent as compiled text (kit/db.py CompiledRead) pass no engine event.
+                from gateway.kit.db import CompiledRead
+
+                plain = CompiledRead.tuples
+
+                def counted(read, session, params, _sql=sql, _plain=plain):
+                    if read.sql is not None and not session.in_transaction():
+                        key = "(compiled) " + " ".join(read.sql.split())[:99]
+                        _sql[key] = _sql.get(key, 0) + 1
+                    return _plain(read, session, params)
+
+                CompiledRead.tuples = counted
                 prof = cProfile.Profile(time.thread_time)  # CPU time: no Postgres, no other process's load
                 prof.enable()
                 for _ in range(n):
                     await client.get(url, headers=headers[who], follow_redirects=False)
                 prof.disable()
                 event.remove(Engine, "before_cursor_execute", count)
+                CompiledRead.tuples = plain
                 out[name].update(profile=prof, sql=sql)
     return out
 
