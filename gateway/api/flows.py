@@ -11,7 +11,7 @@ from gateway.domain.states import JobState
 from gateway.flows import service
 from gateway.flows.schemas import JobSetOut, JobSetSpec
 from gateway.identity.dependency import CurrentPrincipal
-from gateway.jobs.schemas import JobPage
+from gateway.jobs.responses import JobPage
 from gateway.kit.db import DbSession
 from gateway.kit.errors import problem_responses
 from gateway.kit.timeutil import as_utc

@@ -36,19 +36,16 @@ from gateway.jobs import (
     repository,
     service,
 )
-from gateway.jobs.schemas import (
-    EXAMPLE_SPEC,
-    POOL_CHOICE_RE,
+from gateway.jobs.responses import (
     AttemptOut,
-    CheckpointIn,
     CheckpointOut,
     JobEventOut,
     JobEventPage,
     JobOut,
     JobPage,
-    JobSpec,
     PreemptionOut,
 )
+from gateway.jobs.schemas import EXAMPLE_SPEC, POOL_CHOICE_RE, CheckpointIn, JobSpec
 from gateway.kit.db import DbSession, in_read, in_transaction
 from gateway.kit.errors import Invalid, NotFound, problem_responses
 from gateway.kit.groupcommit import GroupCommit

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from gateway.jobs.schemas import JobOut
+from gateway.jobs.responses import JobOut
 from gateway.kit.timeutil import utcnow
 from gateway.models.jobs import Job
 from tests.jobs.test_api import SPEC, submit
