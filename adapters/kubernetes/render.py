@@ -193,7 +193,7 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings,
     """The Job body: suspended, queued on the account's LocalQueue, Indexed, one pod per worker.
 
     ``levels``: the pool's Kueue Topology levels, highest first, as (word, node label)
-    (backend.py ``_flavors``). A gang's ``topology`` wish becomes the Topology Aware Scheduling
+    (capacity.py ``QueueCapacity.flavors``). A gang's ``topology`` wish becomes the Topology Aware Scheduling
     annotation of its pod template with the level's node label; with no wish, a pool that has
     levels packs the gang as tightly as it can: preferred at the highest level.
     """

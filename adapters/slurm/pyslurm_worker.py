@@ -37,7 +37,7 @@ def _gres_text(gres: Any) -> str:
 def _tres_per_node(job: Any) -> str:
     """The job's per-node GRES request as Slurm's text (``gres/gpu:8``).
 
-    Without accounting, ``tres_alloc_str`` carries no GPUs, so parse.py counts them as
+    Without accounting, ``tres_alloc_str`` carries no GPUs, so job_record.py counts them as
     per-node request x nodes, as for REST and the CLI.
     """
     gres = job.gres_per_node or {}   # {"gres/gpu": 8} or {"gpu:a100": 8}
@@ -49,7 +49,7 @@ def _tres_per_node(job: Any) -> str:
 
 
 def job_record(job: Any) -> dict[str, Any]:
-    """A pyslurm Job in the shape of Slurm's JSON job record (what parse.job_status reads)."""
+    """A pyslurm Job in the shape of Slurm's JSON job record (what job_record.job_status reads)."""
     signal = job.exit_code_signal or 0
     code = job.exit_code
     return {

@@ -169,7 +169,7 @@ class Claimer:
         self.clock = clock
         self.capacity = capacity
         self.submitter = submitter
-        self.recent_ends = recent_ends  # gangs this process saw end lately (Reconciler._finish appends)
+        self.recent_ends = recent_ends  # gangs this process saw end lately (Outcomes._finish appends)
         self.weights = weights
 
     def dispatch_round(self) -> list[str]:
