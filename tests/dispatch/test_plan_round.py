@@ -163,8 +163,8 @@ def test_the_pick_looks_past_an_accounts_unadmittable_jobs(gw):
 
 
 def test_the_cli_shows_the_estimate(gw):
-    from gateway.cli import JOB_COLUMNS, _job_detail
     from gateway.cli_client import _table
+    from gateway.cli_user import JOB_COLUMNS, _job_detail
 
     for _ in range(4):
         submit(gw, "team-b", time_limit="10m")

@@ -122,7 +122,7 @@ def test_a_gang_whose_node_fails_runs_again_elsewhere_and_resumes_from_its_check
     html = page_as(gw, gw.headers("alice", ("team-a",)), f"/ui/jobs/{job['id']}")
     assert f'<tr class="attempt"><td>1</td><td>{POOL}</td><td>{", ".join(running["nodes"])}</td>' in html, html
     assert "This is attempt 2." in html and "node failure: NODE_FAIL" in html
-    from gateway.cli import _job_detail
+    from gateway.cli_user import _job_detail
 
     detail = _job_detail(done)
     assert "attempt:           2" in detail and f"  attempt 1: node_failure on {POOL} ({','.join(running['nodes'])})" \
