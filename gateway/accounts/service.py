@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from gateway.accounts.tree import MAX_DEPTH, up_cte
 from gateway.accounts.tree import descendants as _descendants
 from gateway.domain.tree import walk_up
+from gateway.kit.db import compiled_read
 from gateway.kit.errors import Conflict, Invalid, NotFound
 from gateway.kit.names import ACCOUNT_NAME, ACCOUNT_NAME_RE
 from gateway.kit.timeutil import utcnow
@@ -81,25 +82,67 @@ class EffectiveLimit:
 
 
 def effective_quota(session: Session, name: str) -> dict[str, Any]:
-    """Each limit as it applies to ``name``: its own value, else the nearest ancestor's."""
-    accounts = [a.name for a in chain(session, name)]
-    rows = {q.account_name: q for q in session.scalars(
-        select(AccountQuota).where(AccountQuota.account_name.in_(accounts)))}
-    pool_rows = list(session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name.in_(accounts))))
+    """Each limit as it applies to ``name``: its own value, else the nearest ancestor's.
+
+    Two statements built once (kit/db.py ``compiled_read``), rows as plain tuples: the chain
+    with each account's quota row, and the chain's per-pool quota rows (were three statements
+    of ORM objects; the accounts page asks this per account, issue #46). The chain's checks
+    are :func:`chain`'s."""
+    chain_rows = compiled_read(session, "accounts.chain_quotas", _chain_quotas).rows(session, {"leaf": name})
+    if not chain_rows:
+        raise NotFound(f"no account {name!r}")
+    if len(chain_rows) > MAX_DEPTH:
+        raise Conflict(f"account tree above {name!r} is deeper than {MAX_DEPTH} levels or has a cycle")
+    if chain_rows[0].parent is not None:
+        raise NotFound(f"no account {chain_rows[0].parent!r}")
+    accounts = [r.name for r in chain_rows]
+    rows = {r.name: r for r in chain_rows if r.has_quota}
+    pool_rows = compiled_read(session, "accounts.chain_pool_quotas", _chain_pool_quotas).rows(session, {"leaf": name})
     return _effective(accounts, rows, pool_rows)
 
 
-def effective_quotas(session: Session, tree: dict[str, Account]) -> dict[str, dict[str, Any]]:
-    """:func:`effective_quota` of every account of ``tree`` (``load_tree``), from two statements
-    in all instead of three per account (the admin page; issue #46). An account whose chain
-    leaves the tree, loops or is too deep is asked alone, which raises as it always did."""
-    parent_of = {a.name: a.parent_name for a in tree.values()}
-    rows = {q.account_name: q for q in session.scalars(select(AccountQuota))}
-    pool_rows: dict[str, list[AccountPoolQuota]] = {}
-    for row in session.scalars(select(AccountPoolQuota)):
+def _all_quotas():
+    q = AccountQuota
+    return select(q.account_name, *(getattr(q, f) for f in QUOTA_FIELDS), q.budget_period, q.budget_window_days)
+
+
+def _all_pool_quotas():
+    pq = AccountPoolQuota
+    return select(pq.account_name, pq.pool, *(getattr(pq, column) for _field, column in PER_POOL))
+
+
+def _chain_quotas():
+    """The chain of ``:leaf`` root first, each account with its quota row's columns (NULL
+    without one; ``has_quota`` says which)."""
+    up = up_cte("chain_q")
+    q = AccountQuota
+    return (select(up.c.name, up.c.parent, (q.account_name.is_not(None)).label("has_quota"),
+                   *(getattr(q, f) for f in QUOTA_FIELDS), q.budget_period, q.budget_window_days)
+            .outerjoin(q, q.account_name == up.c.name).order_by(up.c.depth.desc()))
+
+
+def _chain_pool_quotas():
+    up = up_cte("chain_pq")
+    pq = AccountPoolQuota
+    return (select(pq.account_name, pq.pool, *(getattr(pq, column) for _field, column in PER_POOL))
+            .join(up, up.c.name == pq.account_name).order_by(pq.account_name, pq.pool))
+
+
+def effective_quotas(session: Session, tree: dict[str, Account] | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`effective_quota` of every account of ``tree`` (``load_tree``; default: every
+    account, read as plain rows), from two statements in all instead of three per account (the
+    admin page; issue #46), each built once (kit/db.py ``compiled_read``). An account whose
+    chain leaves the tree, loops or is too deep is asked alone, which raises as it always did."""
+    if tree is None:
+        parent_of = dict(compiled_read(session, "accounts.parents", _parents).tuples(session, {}))
+    else:
+        parent_of = {a.name: a.parent_name for a in tree.values()}
+    rows = {q.account_name: q for q in compiled_read(session, "accounts.quotas", _all_quotas).rows(session, {})}
+    pool_rows: dict[str, list[Any]] = {}
+    for row in compiled_read(session, "accounts.pool_quotas", _all_pool_quotas).rows(session, {}):
         pool_rows.setdefault(row.account_name, []).append(row)
     out = {}
-    for name in tree:
+    for name in parent_of:
         accounts = walk_up(parent_of, name)
         out[name] = effective_quota(session, name) if accounts is None else _effective(
             list(accounts), rows, [r for acc in accounts for r in pool_rows.get(acc, ())])
@@ -220,17 +263,34 @@ def members(session: Session, name: str) -> list[AccountMember]:
 
 def visible_accounts(session: Session, *, accounts: frozenset[str], username: str, is_admin: bool) -> list[str]:
     """Accounts a caller may look at: all for admins; else the token's accounts plus the
-    subtrees of accounts where the caller is a recorded coordinator."""
-    tree = load_tree(session)
+    subtrees of accounts where the caller is a recorded coordinator.
+
+    Every dashboard page asks this: the accounts' names and parents as plain rows and the
+    caller's coordinator rows, each a statement built once (kit/db.py ``compiled_read``), not
+    the account table as ORM objects (issue #46)."""
+    parent_of = dict(compiled_read(session, "accounts.parents", _parents).tuples(session, {}))
     if is_admin:
-        return sorted(tree)
-    names = {a for a in accounts if a in tree}
+        return sorted(parent_of)
+    names = {a for a in accounts if a in parent_of}
     if username:
-        for acc in session.scalars(select(AccountMember.account_name).where(
-                AccountMember.username == username, AccountMember.role == "coordinator")):
-            if acc in tree:
-                names.update(descendants(tree, acc))
+        kids: dict[str | None, list[str]] = {}
+        for name, parent in parent_of.items():  # as children_map: a parent not in the table is a root
+            kids.setdefault(parent if parent in parent_of else None, []).append(name)
+        for v in kids.values():
+            v.sort()
+        for (acc,) in compiled_read(session, "accounts.coordinated", _coordinated).tuples(session, {"username": username}):
+            if acc in parent_of:
+                names.update(_descendants(kids, acc))
     return sorted(names)
+
+
+def _parents():
+    return select(Account.name, Account.parent_name)
+
+
+def _coordinated():
+    return select(AccountMember.account_name).where(AccountMember.username == bindparam("username"),
+                                                    AccountMember.role == "coordinator")
 
 
 def names(session: Session) -> set[str]:
