@@ -5,16 +5,18 @@ entries: must always be empty).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
 from gateway.domain.fairshare import FairShare, compute_fairshare, decay
+from gateway.kit.db import compiled_read
 from gateway.kit.timeutil import as_utc
 from gateway.ledger.chains import _balance_rows
+from gateway.ledger.repository import period_key
 from gateway.ledger.rules import _now, charged_in_period, period_start, pool_balances
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import (
@@ -23,6 +25,7 @@ from gateway.models.ledger import (
     FairshareUsage,
     LedgerEntry,
     Reservation,
+    UsageBucket,
 )
 
 
@@ -70,6 +73,50 @@ _FAIRSHARE_ROWS = (select(Account.name, Account.parent_name, Account.shares, Fai
 def get_balance(session: Session, account: str) -> AccountBalance:
     rows = _balance_rows(session, [account], lock=False)
     return rows[account]
+
+
+def balance_of(session: Session, account: str) -> Any:
+    """``account``'s balance row to read (its totals as attributes): a statement built once,
+    a plain row (issue #46); an account without a row yet gets one as :func:`get_balance` makes it."""
+    rows = compiled_read(session, "ledger.balance", _balance).rows(session, {"account": account})
+    return rows[0] if rows else get_balance(session, account)
+
+
+def _balance():
+    b = AccountBalance
+    return select(b.account_name, b.reserved_gpus, b.committed_gpu_seconds, b.charged_gpu_seconds,
+                  b.queued_jobs).where(b.account_name == bindparam("account"))
+
+
+def usage(session: Session, *, since: date, until: date, period: str = "month",
+          account: str | None = None) -> list[dict]:
+    """``ledger.repository.usage_report`` (every account, or ``account`` alone) from plain rows of
+    a statement built once: the same list (the dashboard's accounts and admin pages, issue #46)."""
+    if account is None:
+        rows = compiled_read(session, "ledger.usage", lambda: _usage(False)).tuples(
+            session, {"since": since, "until": until})
+    else:
+        rows = compiled_read(session, "ledger.usage_of", lambda: _usage(True)).tuples(
+            session, {"since": since, "until": until, "account": account})
+    agg: dict[tuple[str, str, str], list[int]] = {}
+    for name, day, pool, jobs, used, adjusted, net in rows:
+        row = agg.get(key := (name, pool, period_key(day, period)))
+        if row is None:
+            row = agg[key] = [0, 0, 0, 0]
+        row[0] += jobs
+        row[1] += used
+        row[2] += adjusted
+        row[3] += net
+    return [{"account": a, "pool": p or None, "period": k, "jobs": v[0], "usage_gpu_seconds": v[1],
+             "adjustment_gpu_seconds": v[2], "net_gpu_seconds": v[3], "net_gpu_hours": round(v[3] / 3600, 3)}
+            for (a, p, k), v in sorted(agg.items())]
+
+
+def _usage(one: bool):
+    b = UsageBucket
+    stmt = select(b.account_name, b.day, b.pool, b.jobs, b.usage_gpu_seconds, b.adjustment_gpu_seconds,
+                  b.gpu_seconds).where(b.day >= bindparam("since"), b.day < bindparam("until"))
+    return stmt.where(b.account_name == bindparam("account")) if one else stmt
 
 
 def expected_balances(session: Session) -> dict[str, dict[str, int]]:
@@ -127,22 +174,29 @@ def verify(session: Session) -> list[str]:
 
 
 def account_usage(session: Session, *, account: str, now: datetime | None = None,
-                  half_life_s: float) -> dict[str, Any]:
-    """Usage, remaining budget and fair share of one account (for "why is my job waiting")."""
+                  half_life_s: float, shares: dict[str, FairShare] | None = None,
+                  pools: bool = True) -> dict[str, Any]:
+    """Usage, remaining budget and fair share of one account (for "why is my job waiting").
+
+    ``shares``: every account's fair share (:func:`fairshare`) when the caller already read it
+    (the dashboard's accounts page, for each of its accounts: not read again per account);
+    ``pools=False``: no per-pool balances (``"pools"`` is None), for a caller that does not
+    show them (issue #46)."""
     now = _now(now)
     eff = accounts.effective_quota(session, account)
-    bal = get_balance(session, account)
+    bal = balance_of(session, account)
     budget = eff["budget_gpu_seconds"]
     used = remaining = label = None
     if budget.value is not None:
         since = period_start(eff["budget_period"], eff["budget_window_days"], now)
-        src_bal = get_balance(session, budget.source)
+        src_bal = bal if budget.source == account else balance_of(session, budget.source)
         used = charged_in_period(session, budget.source, since)
         remaining = budget.value - used - src_bal.committed_gpu_seconds
         label = now.strftime("%Y-%m") if eff["budget_period"] == "month" else \
             f"last {eff['budget_window_days']} days"
-    fs = fairshare(session, now=now, half_life_s=half_life_s).get(account)
-    return {"effective": eff, "balance": bal, "pools": pool_balances(session, account), "period": label, "used_gpu_seconds": used,
+    fs = (fairshare(session, now=now, half_life_s=half_life_s) if shares is None else shares).get(account)
+    return {"effective": eff, "balance": bal, "pools": pool_balances(session, account) if pools else None,
+            "period": label, "used_gpu_seconds": used,
             "remaining_gpu_seconds": remaining, "fairshare": fs}
 
 
