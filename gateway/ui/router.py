@@ -29,12 +29,11 @@ from gateway.jobs import checkpoints, preemption
 from gateway.jobs import reads as job_reads
 from gateway.jobs import repository as jobs_repo
 from gateway.jobs import service as jobs
-from gateway.kit.db import in_read_thread, reading, transaction
+from gateway.kit.db import compiled_read, in_read_thread, reading, transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid, NotFound
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import utcnow
 from gateway.ledger import reading as ledger_reading
-from gateway.ledger import repository as ledger_repo
 from gateway.models.specs import checkpoint_dir_of, spec_of
 from gateway.pools import reservations as advance
 from gateway.pools import service as pools
@@ -188,18 +187,21 @@ def _accounts_page(request: Request):
     with reading(request.app.state) as session:
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
+        today = utcnow().date()
+        since = today.replace(day=1)
+        # The statements built once first: they are sent as text only while the session has
+        # not begun a transaction, which its first ORM statement (the fair share's) does.
+        usage = [(name, ledger_reading.account_usage(session, account=name, half_life_s=half_life, shares={},
+                                                     pools=False),
+                  ledger_reading.usage(session, since=since, until=today + timedelta(days=1), period="day",
+                                       account=name)) for name in names]
         fs = ledger_reading.fairshare(session, half_life_s=half_life)
         ranked = sorted(fs.values(), key=lambda f: -f.factor)
         position = {f.account: i + 1 for i, f in enumerate(ranked)}
-        today = utcnow().date()
-        since = today.replace(day=1)
         items = []
-        for name in names:
-            u = ledger_reading.account_usage(session, account=name, half_life_s=half_life)
+        for name, u, days in usage:
             eff, bal = u["effective"], u["balance"]
             budget = eff["budget_gpu_seconds"].value
-            days = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="day",
-                                            accounts_in=[name])
             items.append({
                 "name": name, "reserved_gpus": bal.reserved_gpus, "max_gpus": eff["max_gpus"].value,
                 "queued_jobs": bal.queued_jobs, "used_h": _h(u["used_gpu_seconds"]),
@@ -251,14 +253,16 @@ def _admin_page(request: Request, days: int = 30):
     since = today - timedelta(days=days - 1)
     health = pools.current(getattr(request.app.state, "dispatcher", None))  # before the transaction (SQLite)
     with reading(request.app.state) as session:
+        # The statements built once first (sent as text until an ORM statement begins a transaction).
+        rows = ledger_reading.usage(session, since=since, until=today + timedelta(days=1), period="month")
+        effective = accounts.effective_quotas(session)
+        pool_names = [name for (name,) in compiled_read(session, "ui.configured_pools", _configured_pools)
+                      .tuples(session, {})]
         windows = _windows(session, health)
-        pool_names = [p.name for p in pools.all_pools(session) if p.configured]
         views = {name: h.view for name, h in health.items()}
         held = [{"id": h.id, "words": hold_words(h), "shortfall": shortfall(h, views.get(h.pool)), "by": h.by,
                  "native_note": h.native_note}
                 for h in advance.planned(session, now=utcnow())]
-        rows = ledger_repo.usage_report(session, since=since, until=today + timedelta(days=1), period="month")
-        effective = accounts.effective_quotas(session, accounts.load_tree(session))
         quotas = []
         for name in sorted(effective):
             eff = effective[name]
@@ -276,6 +280,15 @@ def _admin_page(request: Request, days: int = 30):
         "matrix": {f"{a}\x1f{p}": round(v, 2) for (a, p), v in matrix.items()},
         "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas, "windows": windows, "held": held,
         "pool_names": pool_names}, principal=principal)
+
+
+def _configured_pools():
+    """The names of the pools configured now, by name (``pools.all_pools`` filtered, as plain rows)."""
+    from sqlalchemy import select
+
+    from gateway.models.pools import Pool
+
+    return select(Pool.name).where(Pool.configured.is_(True)).order_by(Pool.name)
 
 
 def _admin_only(request: Request, form: dict[str, str]) -> Principal:
