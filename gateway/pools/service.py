@@ -282,3 +282,16 @@ def stored_views(session, *, now, storage=None) -> tuple[dict[str, PoolView], se
             views[name] = PoolView.from_limits(name, limits, {"kind": kind, "state": state, "storages": (
                 storage.provided_by(name) if storage is not None else frozenset())})
     return views, configured
+
+
+def configured_names(session) -> list[str]:
+    """The names of the pools configured now, by name: one statement built once, as plain rows
+    (the admin page's pool choices)."""
+    from sqlalchemy import select
+
+    from gateway.kit.db import compiled_read
+    from gateway.models.pools import Pool
+
+    read = compiled_read(session, "pools.configured_names",
+                         lambda: select(Pool.name).where(Pool.configured.is_(True)).order_by(Pool.name))
+    return [name for (name,) in read.tuples(session, {})]

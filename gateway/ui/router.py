@@ -29,7 +29,7 @@ from gateway.jobs import checkpoints, preemption
 from gateway.jobs import reads as job_reads
 from gateway.jobs import repository as jobs_repo
 from gateway.jobs import service as jobs
-from gateway.kit.db import compiled_read, in_read_thread, reading, transaction
+from gateway.kit.db import in_read_thread, reading, transaction
 from gateway.kit.errors import Forbidden, GatewayError, Invalid, NotFound
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import utcnow
@@ -256,8 +256,7 @@ def _admin_page(request: Request, days: int = 30):
         # The statements built once first (sent as text until an ORM statement begins a transaction).
         rows = ledger_reading.usage(session, since=since, until=today + timedelta(days=1), period="month")
         effective = accounts.effective_quotas(session)
-        pool_names = [name for (name,) in compiled_read(session, "ui.configured_pools", _configured_pools)
-                      .tuples(session, {})]
+        pool_names = pools.configured_names(session)
         windows = _windows(session, health)
         views = {name: h.view for name, h in health.items()}
         held = [{"id": h.id, "words": hold_words(h), "shortfall": shortfall(h, views.get(h.pool)), "by": h.by,
@@ -280,15 +279,6 @@ def _admin_page(request: Request, days: int = 30):
         "matrix": {f"{a}\x1f{p}": round(v, 2) for (a, p), v in matrix.items()},
         "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas, "windows": windows, "held": held,
         "pool_names": pool_names}, principal=principal)
-
-
-def _configured_pools():
-    """The names of the pools configured now, by name (``pools.all_pools`` filtered, as plain rows)."""
-    from sqlalchemy import select
-
-    from gateway.models.pools import Pool
-
-    return select(Pool.name).where(Pool.configured.is_(True)).order_by(Pool.name)
 
 
 def _admin_only(request: Request, form: dict[str, str]) -> Principal:
