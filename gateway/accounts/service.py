@@ -49,13 +49,19 @@ _CHAIN = select(Account).join(_CHAIN_UP, Account.name == _CHAIN_UP.c.name).order
 def chain(session: Session, name: str) -> list[Account]:
     """The account and its ancestors, root first (one statement: accounts/tree.py)."""
     out = list(session.scalars(_CHAIN, {"leaf": name}))
-    if not out:
-        raise NotFound(f"no account {name!r}")
-    if len(out) > MAX_DEPTH:
-        raise Conflict(f"account tree above {name!r} is deeper than {MAX_DEPTH} levels or has a cycle")
-    if out[0].parent_name is not None:
-        raise NotFound(f"no account {out[0].parent_name!r}")
+    _check_chain(name, len(out), out[0].parent_name if out else None)
     return out
+
+
+def _check_chain(name: str, length: int, root_parent: str | None) -> None:
+    """The checks of a chain read root first: it exists, is no deeper than the tree may be
+    (else a cycle), and reaches a root (its first account has no parent)."""
+    if not length:
+        raise NotFound(f"no account {name!r}")
+    if length > MAX_DEPTH:
+        raise Conflict(f"account tree above {name!r} is deeper than {MAX_DEPTH} levels or has a cycle")
+    if root_parent is not None:
+        raise NotFound(f"no account {root_parent!r}")
 
 
 def load_tree(session: Session) -> dict[str, Account]:
@@ -89,12 +95,7 @@ def effective_quota(session: Session, name: str) -> dict[str, Any]:
     of ORM objects; the accounts page asks this per account, issue #46). The chain's checks
     are :func:`chain`'s."""
     chain_rows = compiled_read(session, "accounts.chain_quotas", _chain_quotas).rows(session, {"leaf": name})
-    if not chain_rows:
-        raise NotFound(f"no account {name!r}")
-    if len(chain_rows) > MAX_DEPTH:
-        raise Conflict(f"account tree above {name!r} is deeper than {MAX_DEPTH} levels or has a cycle")
-    if chain_rows[0].parent is not None:
-        raise NotFound(f"no account {chain_rows[0].parent!r}")
+    _check_chain(name, len(chain_rows), chain_rows[0].parent if chain_rows else None)
     accounts = [r.name for r in chain_rows]
     rows = {r.name: r for r in chain_rows if r.has_quota}
     pool_rows = compiled_read(session, "accounts.chain_pool_quotas", _chain_pool_quotas).rows(session, {"leaf": name})

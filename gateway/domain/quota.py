@@ -104,6 +104,12 @@ class ChainView:
         """The account and its ancestors, root first; None when it cannot be walked here."""
         return walk_up(self.parent, account)
 
+    def counting(self) -> ChainView:
+        """A copy whose totals (``held``, ``pool_held``) reservations may be added to (:func:`add`),
+        leaving this view as read."""
+        return dataclasses.replace(self, held={n: dataclasses.replace(h) for n, h in self.held.items()},
+                                   pool_held=dict(self.pool_held))
+
     def limited(self, names: Iterable[str]) -> bool:
         """Whether a limit the ledger judges (``max_gpus``, a budget, a per-pool limit) is set
         on any of ``names``."""
@@ -276,8 +282,7 @@ class Tally:
     """
 
     def __init__(self, view: ChainView) -> None:
-        self.view = dataclasses.replace(
-            view, held={n: dataclasses.replace(h) for n, h in view.held.items()}, pool_held=dict(view.pool_held))
+        self.view = view.counting()
         self.reservations: list[Reservation] = []
         self._chains: dict[str, tuple[str, ...] | None] = {}
         self._limited: dict[str, bool] = {}
@@ -349,8 +354,7 @@ def recheck(view: ChainView, reservations: Sequence[Reservation]) -> str | None:
     """The apply step's judgement: the limited chains' reservations, in the round's order,
     judged again over ``view`` read under the chains' locks. Why the first one no longer
     fits, or None. (A chain without limits cannot refuse; its check is that none was set.)"""
-    view = dataclasses.replace(view, held={n: dataclasses.replace(h) for n, h in view.held.items()},
-                               pool_held=dict(view.pool_held))
+    view = view.counting()
     for r in reservations:
         if r.limited:
             why = refusal(view, r.names, gpus=r.gpus, pools=[r.pool], committed=r.committed)

@@ -101,11 +101,12 @@ class RoundLedger:
         if not reservations:
             return
         items = []
+        known = self.view.pools.known()
         for r in reservations:
             job = r.job
             if job.total_gpus < 0 or job.time_limit_s <= 0:
                 raise Invalid("job", "total_gpus must be >= 0 and time_limit_s > 0")
-            if r.pool not in self.view.pools.known():
+            if r.pool not in known:
                 require_known(self.session, r.pool, "pool")  # raises, naming the configured pools
             row, entry = booking.reserve_rows(job=job, pool=r.pool, gpu_type=r.gpu_type, held=r.gpus, weight=r.weight,
                                              committed=r.committed, actor=actor, now=self.now)
@@ -156,7 +157,7 @@ class RoundLedger:
                                                      "claimed; retry")
             else:
                 limits[n] = ledger_rules.quota_of(r) if r.has_quota else None
-        return limits if len(limits) else None
+        return limits or None
 
 
 def _lock_stmt(where, order_by):
