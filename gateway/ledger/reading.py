@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
 from gateway.domain.fairshare import FairShare, compute_fairshare, decay
+from gateway.domain.quota import period_start
 from gateway.kit.db import compiled_read
 from gateway.kit.timeutil import as_utc
 from gateway.ledger.chains import _balance_rows
 from gateway.ledger.repository import period_key
-from gateway.ledger.rules import _now, charged_in_period, period_start, pool_balances
+from gateway.ledger.rules import _now, charged_in_period, pool_balances
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
 from gateway.models.ledger import (
     AccountBalance,

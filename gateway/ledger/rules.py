@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from gateway.accounts import service as accounts
 from gateway.accounts.tree import subtree_names, up_cte
 from gateway.domain import quota
-from gateway.domain.quota import committed_for, period_label, period_start  # noqa: F401  (the ledger's words)
+from gateway.domain.quota import committed_for, period_start
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit.errors import NotFound
 from gateway.kit.timeutil import as_utc, utcnow
@@ -41,9 +41,6 @@ from gateway.pools.service import require_known
 
 def _now(now: datetime | None) -> datetime:
     return as_utc(now) or utcnow()
-
-
-_hours = quota.hours
 
 
 # The pools (cost, whether routable) and the billing weights in one statement: a weight's

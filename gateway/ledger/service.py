@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from gateway.accounts import service as accounts
 from gateway.domain import quota
 from gateway.domain.fairshare import decay
+from gateway.domain.quota import committed_for
 from gateway.domain.shapes import normalise_gpu_type
 from gateway.kit.errors import Conflict, Invalid, QuotaExceeded
 from gateway.kit.timeutil import as_utc, utcnow
@@ -49,7 +50,6 @@ from gateway.ledger.rules import (
     _now,
     _run_charge,
     charged_of,
-    committed_for,
     pool_balances,
 )
 from gateway.models.accounts import Account, AccountPoolQuota, AccountQuota
