@@ -21,6 +21,7 @@ from fastapi import (
     Response,
 )
 from fastapi.responses import StreamingResponse
+from pydantic import Field
 from pydantic_core import PydanticSerializationError, to_json, to_jsonable_python
 from sqlalchemy.orm import Session
 
@@ -50,6 +51,7 @@ from gateway.kit.db import DbSession, in_read, in_transaction
 from gateway.kit.errors import Invalid, NotFound, problem_responses
 from gateway.kit.groupcommit import GroupCommit
 from gateway.kit.names import ACCOUNT_NAME_RE
+from gateway.kit.query import QueryModel, openapi_parameters, read_query
 from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.kit.unicode import JSONResponse
@@ -246,26 +248,33 @@ async def submit_job(
     return with_checkpoint_dir(to_out(job), job, request)
 
 
+JOB_SET_RE = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+
+class JobListQuery(QueryModel):
+    """listJobs' query parameters, validated in one call (kit/query.py; issue #46)."""
+
+    state: list[JobState] | None = Field(None, description="Only these states (repeatable).")
+    account: str | None = Field(None, pattern=ACCOUNT_NAME_RE)
+    pool: str | None = Field(None, pattern=POOL_CHOICE_RE, max_length=63, description="Pool asked for or routed to.")
+    backend: str | None = Field(None, pattern=POOL_CHOICE_RE, max_length=63, description="Deprecated alias of `pool`.",
+                                json_schema_extra={"deprecated": True})
+    cursor: str | None = Field(None, max_length=128)
+    limit: int = Field(50, ge=1, le=500)
+    job_set: str | None = Field(None, pattern=JOB_SET_RE, description="Only the tasks of this array or sweep.")
+
+
 @router.get(
     "", response_model=JobPage, operation_id="listJobs", summary="List jobs",
     description="Jobs of the caller's accounts (all jobs for admins), newest first. "
                 "Filters combine; `state` may repeat. Follow `next_cursor` for more.",
     responses=problem_responses(401, 422),
+    openapi_extra={"parameters": openapi_parameters(JobListQuery)},
 )
-async def list_jobs(
-    principal: CurrentPrincipal,
-    request: Request,
-    state: Annotated[list[JobState] | None, Query(description="Only these states (repeatable).")] = None,
-    account: Annotated[str | None, Query(pattern=ACCOUNT_NAME_RE)] = None,
-    pool: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63,
-                                      description="Pool asked for or routed to.")] = None,
-    backend: Annotated[str | None, Query(pattern=POOL_CHOICE_RE, max_length=63, deprecated=True,
-                                         description="Deprecated alias of `pool`.")] = None,
-    cursor: Annotated[str | None, Query(max_length=128)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    job_set: Annotated[str | None, Query(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
-                                         description="Only the tasks of this array or sweep.")] = None
-) -> Response:
+async def list_jobs(principal: CurrentPrincipal, request: Request) -> Response:
+    query = read_query(request, JobListQuery)
+    state, account, pool, backend = query.state, query.account, query.pool, query.backend
+    cursor, limit, job_set = query.cursor, query.limit, query.job_set
     after = _decode_cursor(cursor) if cursor else None
 
     def page(session: Session) -> Response:
