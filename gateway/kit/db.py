@@ -81,6 +81,52 @@ def _drop_dead_connection(dbapi_conn, _record, _proxy) -> None:
         raise DisconnectionError("the server closed or wrote to an idle connection")
 
 
+# SQLSTATEs that say the server cannot be reached or is going away, not that a statement is
+# wrong: connection exceptions (08...), admin / crash shutdown, cannot connect now (57P01-03),
+# too many connections (53300). A serialisation failure, a lock timeout or a cancelled query
+# is an OperationalError too, but the server is there: not an outage.
+_OUTAGE_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot be reached now (refused, terminated, shut down,
+    no pooled connection to be had), so that the same request may succeed once it is back.
+
+    The one classification of an outage (issue #47): SQLAlchemy's errors (a pool timeout, a
+    connection it found dead, or a DB-API error it wraps) and psycopg's own (raised bare by
+    ``CompiledRead``). A constraint violation or a programming error is not an outage; nor is
+    anything SQLite says (a locked file waits out its busy timeout, then is an error).
+    """
+    from sqlalchemy import exc as sa_exc
+
+    for err in (exc, exc.__cause__):
+        if err is None:
+            continue
+        if isinstance(err, sa_exc.TimeoutError):  # the pool's: every connection busy or none opens
+            return True
+        if isinstance(err, sa_exc.DBAPIError):
+            if err.connection_invalidated:
+                return True
+            err = err.orig
+        if _psycopg_outage(err):
+            return True
+    return False
+
+
+def _psycopg_outage(err: BaseException | None) -> bool:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - SQLite-only installs
+        return False
+    if isinstance(err, psycopg.InterfaceError):  # "the connection is closed"
+        return True
+    if not isinstance(err, psycopg.OperationalError):
+        return False
+    state = getattr(err, "sqlstate", None)
+    # No SQLSTATE: the client's own failure (refused, server closed the connection, timeout).
+    return state is None or state.startswith(_OUTAGE_SQLSTATES)
+
+
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False, autoflush=True)
 

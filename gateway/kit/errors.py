@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +12,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.kit.db import database_unavailable
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_BASE = "https://isthmus.dev/problems/"
@@ -94,6 +97,23 @@ class BackendUnavailable(GatewayError):
     status, title, slug = 503, "Backend unavailable", "backend-unavailable"
 
 
+# Seconds a client waits before retrying a request the database could not serve: a Postgres
+# restart or failover takes a few (docs/operations.md, "A database outage").
+DATABASE_RETRY_AFTER_S = 5
+
+
+class DatabaseUnavailable(GatewayError):
+    """The database cannot be reached now: retry after ``Retry-After`` seconds. Never names the
+    server, its address or the driver's message (a connection string could be in it)."""
+
+    status, title, slug = 503, "Database unavailable", "database-unavailable"
+
+    def __init__(self) -> None:
+        super().__init__(f"the database is unavailable; retry in {DATABASE_RETRY_AFTER_S} seconds (a submission "
+                         "retried with the same Idempotency-Key is recorded once)",
+                         headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
 class ProblemResponse(JSONResponse):
     """problem+json as pure ASCII (non-ASCII escaped): the media type has no charset parameter,
     and a client that guesses one (requests' chardet fallback) must still read it right, e.g.
@@ -150,14 +170,44 @@ def install_error_handlers(app: FastAPI) -> None:
         return problem_response(exc.status_code, str(exc.detail), detail=None,
                                 instance=request.url.path, headers=getattr(exc, "headers", None))
 
+    async def _database_error(request: Request, exc: Exception):
+        if not database_unavailable(exc):
+            raise exc  # not an outage: the catch-all below answers it, as before
+        return _outage(request, exc)
+
+    # The database's errors as the routes raise them (SQLAlchemy's, and psycopg's bare from
+    # CompiledRead): an outage is a 503; anything else goes on to the catch-all's 500.
+    for db_error in _database_errors():
+        app.add_exception_handler(db_error, _database_error)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):  # pragma: no cover - safety net
-        import logging
-
+        if database_unavailable(exc):  # raised outside the routes (a middleware's read)
+            return _outage(request, exc)
         logging.getLogger("isthmus").exception("unhandled error on %s", request.url.path)
         return problem_response(500, "Internal server error", slug="internal",
                                 detail="an unexpected error occurred; it has been logged",
                                 instance=request.url.path)
+
+
+def _outage(request: Request, exc: Exception) -> JSONResponse:
+    logging.getLogger("isthmus").warning("database unavailable on %s: %s", request.url.path, type(exc).__name__)
+    error = DatabaseUnavailable()
+    return problem_response(error.status, error.title, slug=error.slug, detail=error.detail,
+                            instance=request.url.path, headers=error.headers)
+
+
+def _database_errors() -> tuple[type[Exception], ...]:
+    from sqlalchemy import exc as sa_exc
+
+    found: list[type[Exception]] = [sa_exc.DBAPIError, sa_exc.TimeoutError]
+    try:
+        import psycopg
+
+        found.append(psycopg.Error)
+    except ImportError:  # pragma: no cover - SQLite-only installs
+        pass
+    return tuple(found)
 
 
 def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

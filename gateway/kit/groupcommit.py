@@ -19,7 +19,8 @@ Failure isolation: ``run(items)`` returns one result per item, a value or the ex
 that item's request raises (a refusal of that request alone, written nothing). If ``run``
 itself raises for a batch of several (a database error, a bug), nothing of that
 transaction was kept, and each item is run again alone, so one bad request fails only
-itself.
+itself; but a database outage (``kit/db.py::database_unavailable``) fails every member of the
+batch at once, each answered 503 with Retry-After (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
+
+from gateway.kit.db import database_unavailable
 
 T = TypeVar("T")
 
@@ -94,9 +97,12 @@ class GroupCommit(Generic[T]):
                 future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: re-run the members alone
-            if len(batch) == 1:
-                if not batch[0][1].done():
-                    batch[0][1].set_exception(exc)
+            if len(batch) == 1 or database_unavailable(exc):
+                # An outage fails every member as it is (a 503 each, kit/errors.py): none would
+                # fare better alone, and N more attempts would only wait on the same server.
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
                 return
             for one in batch:  # nothing of the batch was kept: each member alone
                 await self._run_batch([one])

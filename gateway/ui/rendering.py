@@ -44,9 +44,10 @@ def html_error_pages(app: FastAPI) -> None:
     JSON, so the two can never disagree. Needs the API's handlers installed first.
     """
     for exc_class in (GatewayError, RequestValidationError, StarletteHTTPException, Exception):
-        api_handler = app.exception_handlers.get(exc_class)
-        if api_handler is None:
+        if exc_class not in app.exception_handlers:
             raise RuntimeError(f"install the API's error handlers before the dashboard's ({exc_class.__name__})")
+    # Every handler the API installed, the database outage's 503 among them (kit/errors.py).
+    for exc_class, api_handler in list(app.exception_handlers.items()):
         app.add_exception_handler(exc_class, _page_or_problem(api_handler))
 
 

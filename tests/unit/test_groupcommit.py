@@ -80,6 +80,22 @@ def test_a_failed_batch_is_run_again_member_by_member():
     assert seen == [[0, 1, 2, 3], [0], [1], [2], [3]]
 
 
+def test_a_database_outage_fails_the_whole_batch_at_once():
+    """Nothing to isolate when the server is gone: each member gets the outage (a 503), none runs again."""
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    seen: list[list[int]] = []
+
+    async def work(items):
+        seen.append(list(items))
+        raise OperationalError("BEGIN", {}, psycopg.OperationalError("connection refused"))
+
+    out = run(four_at_once(work))
+    assert all(isinstance(o, OperationalError) for o in out)
+    assert seen == [[0, 1, 2, 3]]
+
+
 def test_a_request_that_went_away_does_not_break_its_batch():
     async def work(items):
         await asyncio.sleep(0.02)
