@@ -231,7 +231,7 @@ async def submit_job(
                                                                         "value": EXAMPLE_SPEC}})],
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=255,
                                                   description="Client-chosen key making the submission safe to retry.")] = None
-) -> JobOut:
+) -> JobOut | Response:
     if idempotency_key is not None and not IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
         raise Invalid("header.Idempotency-Key", "must be 1-255 printable ASCII characters without spaces")
     # The transaction is not DbSession's (issue #32): the submission joins its worker's group
@@ -241,10 +241,14 @@ async def submit_job(
     await admission.look_up_user(principal)
     job, created = await _submissions(request.app.state).submit(
         intake.Submission(principal=principal, spec=spec, idempotency_key=idempotency_key))
-    if not created:
-        response.status_code = 200
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    status = 202 if created else 200
     _wake_dispatcher(request, background)
+    made = one_job_json(job, getattr(request.app.state, "storage", None))
+    if made is not None:  # JobOut's JSON without a model and FastAPI's second pass over it (issue #46)
+        return Response(made, status_code=status, media_type="application/json",
+                        headers={"Location": f"/v1/jobs/{job.id}"}, background=background)
+    response.status_code = status
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
     return with_checkpoint_dir(to_out(job), job, request)
 
 
@@ -313,15 +317,25 @@ def _one_job(session: Session, principal, job_id: str, request: Request) -> JobO
     if row.job_set_id or row.has_dependencies or row.has_dependents or (row.attempt or 1) > 1 or row.borrowed:
         return _job_view(session, principal, job_id, request)
     job = _decoded(row)
-    fields = {**_JOB_OUT, **job_fields(job, session)}
-    if not fields["parameters"]:
-        job.checkpoint_lineage = row.lineage or row.id
-        fields["checkpoint_dir"] = checkpoint_dir_of(job, getattr(request.app.state, "storage", None))
-        try:
-            return Response(to_json(fields), media_type="application/json")
-        except PydanticSerializationError:  # a lone surrogate: the models' own way
-            pass
+    job.checkpoint_lineage = row.lineage or row.id
+    made = one_job_json(job, getattr(request.app.state, "storage", None), session)
+    if made is not None:
+        return Response(made, media_type="application/json")
     return _job_view(session, principal, job_id, request)
+
+
+def one_job_json(job, storage, session: Session | None = None) -> bytes | None:
+    """JobOut's JSON of one job as getJob and submitJob answer it when it has no workflow
+    fields to add, written as the list writes a job (no model); None where the model's way
+    must write it: a sweep's parameters (see ``page_response``), a lone surrogate."""
+    fields = {**_JOB_OUT, **job_fields(job, session)}
+    if fields["parameters"]:
+        return None
+    fields["checkpoint_dir"] = checkpoint_dir_of(job, storage)
+    try:
+        return to_json(fields)
+    except PydanticSerializationError:
+        return None
 
 
 def _job_view(session: Session, principal, job_id: str, request: Request) -> JobOut:

@@ -4,6 +4,7 @@ sees what the models' path answered, byte for byte, and a job tied to others sti
 from __future__ import annotations
 
 from gateway.api import jobs as api_jobs
+from gateway.jobs.responses import JobOut
 from gateway.kit import db
 from gateway.kit.unicode import JSONResponse
 from gateway.models.jobs import Job
@@ -31,6 +32,22 @@ def test_one_job_is_the_models_json_byte_for_byte(gw):
         r = gw.client.get(f"/v1/jobs/{job_id}", headers=gw.headers())
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         assert r.content == _model_bytes(gw, job_id)
+
+
+def test_a_submission_answers_the_models_json_byte_for_byte(gw):
+    """submitJob writes its answer as getJob does (issue #46): the same bytes as through JobOut,
+    202 with Location, and the same body again on a replay of its Idempotency-Key (200)."""
+    spec = {**SPEC, "env": {"A": "é", "B": "x"}, "labels": {"team": "a"}}
+    first = submit(gw, spec, headers={"Idempotency-Key": "same-bytes-1"})
+    assert first.status_code == 202 and first.headers["content-type"] == "application/json"
+    job_id = first.json()["id"]
+    assert first.headers["location"] == f"/v1/jobs/{job_id}"
+    # the bytes FastAPI wrote through JobOut for these values, and the values of the job as stored
+    assert first.content == JSONResponse(JobOut(**first.json()).model_dump(mode="json")).body
+    assert first.content == _model_bytes(gw, job_id)
+    again = submit(gw, spec, headers={"Idempotency-Key": "same-bytes-1"})
+    assert again.status_code == 200 and again.headers["location"] == f"/v1/jobs/{job_id}"
+    assert again.content == _model_bytes(gw, job_id)
 
 
 def test_a_job_tied_to_others_still_shows_them(gw):
