@@ -360,3 +360,22 @@ def test_a_release_without_a_database_is_refused_with_what_to_set(helm):
     assert "database.url" in err and "database.existingSecret" in err, err
     err = refused(helm, f"database.url={DB_URL}", "database.existingSecret=pg-app")
     assert "not both" in err, err
+
+
+def test_host_network_and_placement(helm, tmp_path):
+    tol = [{"key": "isthmus.io/real-node", "operator": "Exists", "effect": "NoSchedule"}]
+    objs = render(helm, values={"database": {"url": DB_URL}, "hostNetwork": True,
+                                "api": {"replicas": 1, "listenAddress": "10.246.0.1", "tolerations": tol},
+                                "worker": {"replicas": 1, "tolerations": tol},
+                                "migration": {"tolerations": tol, "nodeSelector": {"kubernetes.io/hostname": "n1"}}},
+                  tmp_path=tmp_path)
+    for kind, name in (("Deployment", "gw-isthmus-api"), ("Deployment", "gw-isthmus-worker"), ("Job", "gw-isthmus-migrate")):
+        pod = one(objs, kind, name)["spec"]["template"]["spec"]
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert pod["tolerations"] == tol
+    assert one(objs, "Job", "gw-isthmus-migrate")["spec"]["template"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+    cmd = container(one(objs, "Deployment", "gw-isthmus-api"))["command"]
+    assert cmd[cmd.index("--host") + 1] == "10.246.0.1"
+    # Off by default: the pods get the cluster's pod network.
+    objs = render(helm, f"database.url={DB_URL}")
+    assert "hostNetwork" not in one(objs, "Deployment", "gw-isthmus-api")["spec"]["template"]["spec"]
