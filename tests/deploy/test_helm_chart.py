@@ -150,6 +150,11 @@ def test_migration_is_a_pre_install_and_pre_upgrade_hook(helm):
     assert sann["helm.sh/hook"] == ann["helm.sh/hook"]
     assert int(sann["helm.sh/hook-weight"]) < int(ann["helm.sh/hook-weight"])
     assert base64.b64decode(hook_secret["data"][ref["key"]]).decode() == DB_URL
+    # Nor the release's ServiceAccount: the Job runs as the namespace's default one.
+    assert "serviceAccountName" not in job["spec"]["template"]["spec"]
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    own_sa = render(helm, f"database.url={DB_URL}", "serviceAccount.create=false", "serviceAccount.name=ops")
+    assert one(own_sa, "Job", "gw-isthmus-migrate")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
     # No other object is a hook: the Deployments change only after the migration succeeded.
     hooks = {o["metadata"]["name"] for o in objs if "helm.sh/hook" in (o["metadata"].get("annotations") or {})}
     assert hooks == {"gw-isthmus-migrate"}
