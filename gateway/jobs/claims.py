@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, object_session
 from sqlalchemy.orm.attributes import instance_state, set_committed_value
 
 from gateway.domain.states import JobState, check_transition
+from gateway.domain.waiting import same_meaning
 from gateway.jobs import journal
 from gateway.kit import bulk
 from gateway.kit.errors import Conflict
@@ -30,8 +31,6 @@ log = logging.getLogger("isthmus.jobs")
 
 _JOB_T = Job.__table__
 _EVENT_T = journal.TABLE
-
-_WAIT_TAIL = " (fair-share position"
 
 
 def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime,
@@ -157,16 +156,18 @@ class Claims:
             self.session.flush()
 
     def note_waiting(self, job: Job, *, reason: str, actor: str) -> None:
-        """Keep the latest 'why is my job not running' on the job; a ``waiting`` event when it changes.
+        """Keep 'why is my job not running' on the job, with a ``waiting`` event, when it changes in
+        meaning (``domain/waiting.py::same_meaning``); else write nothing.
 
-        The fair-share position alone changing is not a new reason worth an event.
+        Counters, times, an unavailable pool's error words and the order of pools are not a new
+        reason: two dispatch workers each see their own (issue #47, 6), and a round per second
+        over them wrote a reason and an event per job per second while nothing changed.
         """
-        if job.state_reason == reason:
+        if same_meaning(job.state_reason, reason):
             return
         self._ready(job)
-        if job.state_reason.split(_WAIT_TAIL)[0] != reason.split(_WAIT_TAIL)[0]:
-            self._waiting_events.append(dict(job_id=job.id, at=utcnow(), actor=actor, kind="waiting", reason=reason,
-                                             ord=len(self._waiting_events)))
+        self._waiting_events.append(dict(job_id=job.id, at=utcnow(), actor=actor, kind="waiting", reason=reason,
+                                         ord=len(self._waiting_events)))
         set_committed_value(job, "state_reason", reason)
         self._noted[job.id] = job
 

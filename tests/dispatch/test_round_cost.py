@@ -390,7 +390,8 @@ def test_a_rounds_claims_and_their_events_are_written_whole_and_in_fair_share_or
 
 def test_the_jobs_a_round_holds_back_get_their_reason_estimate_and_one_event(url):
     """Waiting notes (jobs.Claims.note_waiting / note_estimate, written with the claims): reason, estimate,
-    one ``waiting`` event when the reason changes, none when only the fair-share position moves."""
+    one ``waiting`` event when the reason changes, no write at all when only the fair-share position moves
+    (a reason written only when it changes in meaning: domain/waiting.py, issue #47)."""
     from gateway.models.jobs import Job, JobEvent
 
     with dispatcher(url, scheduling_policy="reservation", dispatch_batch=12, scheduling_window=20,
@@ -418,7 +419,8 @@ def test_the_jobs_a_round_holds_back_get_their_reason_estimate_and_one_event(url
                 "behind the 8 jobs that hold reservations; no estimate yet")
             assert job.updated_at > job.created_at
         assert sorted(j for j, _ in events) == sorted(held) and all(r == held[j].state_reason for j, r in events)
-        # A round starting only two: the others wait again at a new place: their reason follows, no new event.
+        # A round starting only two: the others wait again at a new place: the same reason in meaning, so
+        # neither their reason nor an event is written (the position is the one of the last change).
         d.settings = d.settings.model_copy(update={"dispatch_batch": 2})
         second = d.dispatch_round()
         assert len(second) == 2 and not set(second) & set(first)
@@ -426,6 +428,7 @@ def test_the_jobs_a_round_holds_back_get_their_reason_estimate_and_one_event(url
         assert events_after[:len(events)] == events
         assert set(again) & set(held)  # some wait in both rounds
         for j in set(again) & set(held):
-            assert again[j].state_reason != held[j].state_reason  # the position moved
+            assert again[j].state_reason == held[j].state_reason  # the position moved; nothing written
+            assert again[j].updated_at == held[j].updated_at
             assert [e for e in events_after if e[0] == j] == [e for e in events if e[0] == j]
         assert ledger_state(d)["problems"] == []
