@@ -38,9 +38,9 @@ def outage_gateway(own_postgres_server, dev_key_path):
         settings = Settings(database_url=url, dev_mode=True, dev_key_path=dev_key_path, dev_accounts="team-a",
                             dispatch_in_serve=False, ui_session_secret=SECRET)
         app = create_app(settings)
-        # Not raising server errors: a dashboard page's session is read in a middleware, whose
-        # error Starlette re-raises after its handler answered (the answer is what is tested).
-        with TestClient(app, raise_server_exceptions=False) as client:
+        # Raising server errors: an outage must be answered by its handler, never reach the
+        # catch-all (which logs a traceback and re-raises).
+        with TestClient(app) as client:
             token = build_dev_issuer(settings).mint(user="alice", groups=["team-a"], admin=False)
             client.headers["Authorization"] = f"Bearer {token}"
             try:
@@ -132,6 +132,6 @@ def test_an_error_that_is_not_an_outage_is_still_a_500(outage_gateway):
         with app.state.sessionmaker() as s:
             s.execute(text("SELECT * FROM no_such_table"))
 
-    r = client.get("/v1/test-broken-statement")
+    r = TestClient(app, raise_server_exceptions=False, headers=client.headers).get("/v1/test-broken-statement")
     assert r.status_code == 500 and "Retry-After" not in r.headers
     assert r.json()["type"].endswith("/internal")
