@@ -7,7 +7,7 @@ and checked for what a user expects of the release: replica counts, the migratio
 pre-install/pre-upgrade hook, probes on routes the gateway really serves, settings the
 gateway really reads, the pools file the gateway really parses, secrets referenced and not
 copied, and the values schema refusing bad values with a message that names them.
-Nothing here needs a cluster: item 4 (an install on the stack's control plane) is other work.
+Nothing here needs a cluster; tests/deploy/test_helm_install.py installs the chart on the stack's.
 """
 
 from __future__ import annotations
