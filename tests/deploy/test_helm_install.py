@@ -3,16 +3,18 @@
 The gateway image (stack/images.sh, podman) is imported into the node's containerd the way
 stack/kube/node.sh imports the worker image, keyed by podman's image id. The chart is
 installed with Helm v4 (stack/kube/helm.sh) into a namespace of its own, against a fresh
-database on the stack's Postgres. That Postgres listens on loopback only, so the release runs
-with hostNetwork and the API binds the node's private address (10.246.0.1, on the loopback
-device: reachable from this machine only). The stack has no kube-proxy, so the test does what
-kube-proxy would do for the Service: it takes a ready endpoint from the Service's
-EndpointSlice, which holds the API pods only once their /readyz passes. No pool is
-configured (the workers are scaled to 0): a submitted job is accepted and waits.
+database on the stack's Postgres, with one API pod, one dispatch worker and the stack's
+Slurm 22.05 as its pool. That Postgres and slurmrestd listen on loopback only, so the release
+runs with hostNetwork and the API binds the node's private address (10.246.0.1, on the
+loopback device: reachable from this machine only). The stack has no kube-proxy, so the test
+does what kube-proxy would do for the Service: it takes a ready endpoint from the Service's
+EndpointSlice, which holds the API pods only once their /readyz passes, and submits there.
+The job must run on Slurm to the end, once, charged once.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -27,7 +29,7 @@ import yaml
 
 from tests.conftest import REPO, missing_system, postgres_database
 
-pytestmark = [pytest.mark.kubernetes, pytest.mark.uses("podman")]
+pytestmark = [pytest.mark.kubernetes, pytest.mark.slurm, pytest.mark.uses("podman")]
 KSTATE = REPO / ".stack" / "kube"
 CERTS = KSTATE / "certs"
 API = f"https://127.0.0.1:{os.environ.get('ISTHMUS_KUBE_API_PORT', '16443')}"
@@ -37,6 +39,7 @@ NODE_IP = os.environ.get("ISTHMUS_KUBE_NODE_IP", "10.246.0.1")
 TAINT_KEY = "isthmus.io/real-node"  # stack/kube/node.sh
 IMAGE = os.environ.get("ISTHMUS_IMAGE", "localhost/isthmus:dev")
 CONTAINER_UID = 10001
+FINAL = ("succeeded", "failed", "cancelled")
 
 
 def run(*argv, timeout=600, check=True, **kw) -> subprocess.CompletedProcess:
@@ -103,8 +106,18 @@ def image() -> str:
     return ref
 
 
+@pytest.fixture(scope="module")
+def slurm() -> dict:
+    from tests.conftest import read_env_file
+
+    path = REPO / ".stack" / "slurm-22.05" / "env"
+    if not path.exists():
+        missing_system("Slurm 22.05 cluster not running (run stack/slurm/up.sh 22.05)")
+    return read_env_file(path)
+
+
 @pytest.fixture
-def release(kube, helm, image, tmp_path):
+def release(kube, helm, image, slurm, tmp_path):
     from gateway.identity.setup import build_dev_issuer
     from gateway.kit.settings import Settings
 
@@ -116,6 +129,9 @@ def release(kube, helm, image, tmp_path):
     kube.post(f"/api/v1/namespaces/{ns}/secrets", json={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "dev-issuer"},
         "stringData": {"dev-issuer.pem": key.read_text()}}).raise_for_status()
+    kube.post(f"/api/v1/namespaces/{ns}/secrets", json={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "slurm-jwt"},
+        "data": {"jwt.key": base64.b64encode(Path(slurm["SLURM_JWT_KEY"]).read_bytes()).decode()}}).raise_for_status()
     port = free_port()
     kubeconfig = KSTATE / "kubeconfig"
     with postgres_database(prefix="isthmus_helm") as db_url:
@@ -129,13 +145,18 @@ def release(kube, helm, image, tmp_path):
             "hostNetwork": True,
             "api": {"replicas": 1, "port": port, "listenAddress": NODE_IP, "resources": small,
                     **on_node},
-            "worker": {"replicas": 0},
+            "worker": {"replicas": 1, "resources": small, **on_node},
+            "pools": [{"name": "slurm", "kind": "slurm", "settings": {
+                "transport": "rest", "rest_url": slurm["SLURMRESTD_URL"], "jwt_key_path": "/etc/isthmus/slurm/jwt.key",
+                "partition": slurm["SLURM_PARTITION"], "work_dir": slurm["SLURM_WORK_DIR"]}}],
             "migration": {**on_node, "resources": small},
             "metrics": {"access": "open"},
             "settings": {"DEV_MODE": True, "DEV_KEY_PATH": "/etc/isthmus/dev/dev-issuer.pem", "DEV_ACCOUNTS": "team-a",
                          "LOG_FORMAT": "text"},
-            "extraVolumes": [{"name": "dev-issuer", "secret": {"secretName": "dev-issuer", "defaultMode": 0o440}}],
-            "extraVolumeMounts": [{"name": "dev-issuer", "mountPath": "/etc/isthmus/dev", "readOnly": True}],
+            "extraVolumes": [{"name": "dev-issuer", "secret": {"secretName": "dev-issuer", "defaultMode": 0o440}},
+                             {"name": "slurm-jwt", "secret": {"secretName": "slurm-jwt", "defaultMode": 0o440}}],
+            "extraVolumeMounts": [{"name": "dev-issuer", "mountPath": "/etc/isthmus/dev", "readOnly": True},
+                                  {"name": "slurm-jwt", "mountPath": "/etc/isthmus/slurm", "readOnly": True}],
         }
         f = tmp_path / "values.yaml"
         f.write_text(yaml.safe_dump(values))
@@ -175,7 +196,7 @@ def _pods(kube, ns) -> str:
     return "\n".join(out)
 
 
-def test_chart_installs_and_a_job_is_accepted_through_the_service(kube, release):
+def test_chart_installs_and_runs_a_slurm_job_submitted_through_the_service(kube, release):
     ns = release["ns"]
     assert release["install"].returncode == 0, release["install"].stderr + _pods(kube, ns)
     # The migration hook ran before the API started: the schema is at head.
@@ -212,16 +233,24 @@ def test_chart_installs_and_a_job_is_accepted_through_the_service(kube, release)
     assert ready.status_code == 200 and ready.json()["database"] == "ok", ready.text
 
     headers = {"Authorization": f"Bearer {release['token']}"}
-    body = {"name": "helm-e2e", "account": "team-a", "workers": 1, "gpus_per_worker": 1, "time_limit": "5m",
-            "command": ["/bin/sh", "-c", "echo hi"]}
+    body = {"name": "helm-e2e", "account": "team-a", "backend": "slurm", "workers": 1, "gpus_per_worker": 8,
+            "time_limit": "5m", "command": ["/bin/sh", "-c", "sleep 2; echo done"]}
     r = httpx.post(f"{url}/v1/jobs", json=body, headers=headers, timeout=30)
-    assert r.status_code in (201, 202), r.text
+    assert r.status_code == 202, r.text
     job = r.json()["id"]
-    got = httpx.get(f"{url}/v1/jobs/{job}", headers=headers, timeout=10)
-    assert got.status_code == 200 and got.json()["state"] in ("pending", "queued"), got.text
+
+    # The release's dispatch worker sends it to the stack's Slurm 22.05, where it runs to the end.
+    def final():
+        j = httpx.get(f"{url}/v1/jobs/{job}", headers=headers, timeout=10).json()
+        return j if j["state"] in FINAL else None
+
+    done = _wait(final, 180, "the job to end on Slurm", lambda: _pods(kube, ns))
+    assert done["state"] == "succeeded" and done["exit_code"] == 0 and done["backend_job_id"], done
     engine = sa.create_engine(release["db_url"])
     try:
         with engine.connect() as conn:
             assert conn.execute(sa.text("select count(*) from job")).scalar() == 1
+            kinds = [k for (k,) in conn.execute(sa.text("select kind from ledger_entry"))]
+        assert kinds.count("reserve") == 1 and kinds.count("start") == 1 and kinds.count("usage") == 1, kinds
     finally:
         engine.dispose()
