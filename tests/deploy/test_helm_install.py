@@ -3,13 +3,14 @@
 The gateway image (stack/images.sh, podman) is imported into the node's containerd the way
 stack/kube/node.sh imports the worker image, keyed by podman's image id. The chart is
 installed with Helm v4 (stack/kube/helm.sh) into a namespace of its own, against a fresh
-database on the stack's Postgres, with one API pod, one dispatch worker and the stack's
-Slurm 22.05 as its pool. That Postgres and slurmrestd listen on loopback only, so the release
+database on the stack's Postgres, with one API pod, one dispatch worker and two pools: the
+stack's Slurm 22.05 and Kueue on the real node (its kubeconfig and certificates from a Secret).
+That Postgres and slurmrestd listen on loopback only, so the release
 runs with hostNetwork and the API binds the node's private address (10.246.0.1, on the
 loopback device: reachable from this machine only). The stack has no kube-proxy, so the test
 does what kube-proxy would do for the Service: it takes a ready endpoint from the Service's
 EndpointSlice, which holds the API pods only once their /readyz passes, and submits there.
-The job must run on Slurm to the end, once, charged once.
+A job per pool must run there to the end, once, charged once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from tests.conftest import REPO, missing_system, postgres_database
+from stack.backends_json import kube_node_settings
+from tests.conftest import REPO, missing_system, postgres_database, read_env_file
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slurm, pytest.mark.uses("podman")]
 KSTATE = REPO / ".stack" / "kube"
@@ -108,8 +110,6 @@ def image() -> str:
 
 @pytest.fixture(scope="module")
 def slurm() -> dict:
-    from tests.conftest import read_env_file
-
     path = REPO / ".stack" / "slurm-22.05" / "env"
     if not path.exists():
         missing_system("Slurm 22.05 cluster not running (run stack/slurm/up.sh 22.05)")
@@ -129,10 +129,20 @@ def release(kube, helm, image, slurm, tmp_path):
     kube.post(f"/api/v1/namespaces/{ns}/secrets", json={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "dev-issuer"},
         "stringData": {"dev-issuer.pem": key.read_text()}}).raise_for_status()
+    # The node pool's kubeconfig names its certificates by path: the same, under the mount.
+    kubeconfig_doc = yaml.safe_load((KSTATE / "kubeconfig").read_text())
+    kubeconfig_doc["clusters"][0]["cluster"]["certificate-authority"] = "/etc/isthmus/kube/ca.crt"
+    kubeconfig_doc["users"][0]["user"] = {"client-certificate": "/etc/isthmus/kube/admin.crt",
+                                          "client-key": "/etc/isthmus/kube/admin.key"}
+    kube.post(f"/api/v1/namespaces/{ns}/secrets", json={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "kube-node"},
+        "stringData": {"kubeconfig": yaml.safe_dump(kubeconfig_doc),
+                       **{f: (CERTS / f).read_text() for f in ("ca.crt", "admin.crt", "admin.key")}}}).raise_for_status()
     kube.post(f"/api/v1/namespaces/{ns}/secrets", json={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "slurm-jwt"},
         "data": {"jwt.key": base64.b64encode(Path(slurm["SLURM_JWT_KEY"]).read_bytes()).decode()}}).raise_for_status()
     port = free_port()
+    node_env = read_env_file(KSTATE / "node.env")
     kubeconfig = KSTATE / "kubeconfig"
     with postgres_database(prefix="isthmus_helm") as db_url:
         on_node = {"nodeSelector": {"kubernetes.io/hostname": NODE},
@@ -148,15 +158,19 @@ def release(kube, helm, image, slurm, tmp_path):
             "worker": {"replicas": 1, "resources": small, **on_node},
             "pools": [{"name": "slurm", "kind": "slurm", "settings": {
                 "transport": "rest", "rest_url": slurm["SLURMRESTD_URL"], "jwt_key_path": "/etc/isthmus/slurm/jwt.key",
-                "partition": slurm["SLURM_PARTITION"], "work_dir": slurm["SLURM_WORK_DIR"]}}],
+                "partition": slurm["SLURM_PARTITION"], "work_dir": slurm["SLURM_WORK_DIR"]}},
+                {"name": "kube-node", "kind": "kubernetes", "gpu_types": [node_env["ISTHMUS_KUBE_NODE_GPU_TYPE"]],
+                 "settings": {**kube_node_settings({"KUBECONFIG": "/etc/isthmus/kube/kubeconfig"}, node_env)}}],
             "migration": {**on_node, "resources": small},
             "metrics": {"access": "open"},
             "settings": {"DEV_MODE": True, "DEV_KEY_PATH": "/etc/isthmus/dev/dev-issuer.pem", "DEV_ACCOUNTS": "team-a",
                          "LOG_FORMAT": "text"},
             "extraVolumes": [{"name": "dev-issuer", "secret": {"secretName": "dev-issuer", "defaultMode": 0o440}},
-                             {"name": "slurm-jwt", "secret": {"secretName": "slurm-jwt", "defaultMode": 0o440}}],
+                             {"name": "slurm-jwt", "secret": {"secretName": "slurm-jwt", "defaultMode": 0o440}},
+                             {"name": "kube-node", "secret": {"secretName": "kube-node", "defaultMode": 0o440}}],
             "extraVolumeMounts": [{"name": "dev-issuer", "mountPath": "/etc/isthmus/dev", "readOnly": True},
-                                  {"name": "slurm-jwt", "mountPath": "/etc/isthmus/slurm", "readOnly": True}],
+                                  {"name": "slurm-jwt", "mountPath": "/etc/isthmus/slurm", "readOnly": True},
+                                  {"name": "kube-node", "mountPath": "/etc/isthmus/kube", "readOnly": True}],
         }
         f = tmp_path / "values.yaml"
         f.write_text(yaml.safe_dump(values))
@@ -196,7 +210,7 @@ def _pods(kube, ns) -> str:
     return "\n".join(out)
 
 
-def test_chart_installs_and_runs_a_slurm_job_submitted_through_the_service(kube, release):
+def test_chart_installs_and_runs_jobs_on_slurm_and_kueue_submitted_through_the_service(kube, release):
     ns = release["ns"]
     assert release["install"].returncode == 0, release["install"].stderr + _pods(kube, ns)
     # The migration hook ran before the API started: the schema is at head.
@@ -233,24 +247,31 @@ def test_chart_installs_and_runs_a_slurm_job_submitted_through_the_service(kube,
     assert ready.status_code == 200 and ready.json()["database"] == "ok", ready.text
 
     headers = {"Authorization": f"Bearer {release['token']}"}
-    body = {"name": "helm-e2e", "account": "team-a", "backend": "slurm", "workers": 1, "gpus_per_worker": 8,
-            "time_limit": "5m", "command": ["/bin/sh", "-c", "sleep 2; echo done"]}
-    r = httpx.post(f"{url}/v1/jobs", json=body, headers=headers, timeout=30)
-    assert r.status_code == 202, r.text
-    job = r.json()["id"]
+    jobs = {}
+    for pool, shape in (("slurm", {"gpus_per_worker": 8}), ("kube-node", {"gpus_per_worker": 1, "memory_per_worker": "256Mi"})):
+        body = {"name": f"helm-{pool}", "account": "team-a", "backend": pool, "workers": 1, **shape,
+                "time_limit": "5m", "command": ["/bin/sh", "-c", "sleep 2; echo done"]}
+        r = httpx.post(f"{url}/v1/jobs", json=body, headers=headers, timeout=30)
+        assert r.status_code == 202, r.text
+        jobs[pool] = r.json()["id"]
 
-    # The release's dispatch worker sends it to the stack's Slurm 22.05, where it runs to the end.
-    def final():
+    # The release's dispatch worker sends each to its pool (the stack's Slurm 22.05; Kueue
+    # on the real node, where it runs in containerd), where it runs to the end.
+    def final(job):
         j = httpx.get(f"{url}/v1/jobs/{job}", headers=headers, timeout=10).json()
         return j if j["state"] in FINAL else None
 
-    done = _wait(final, 180, "the job to end on Slurm", lambda: _pods(kube, ns))
-    assert done["state"] == "succeeded" and done["exit_code"] == 0 and done["backend_job_id"], done
     engine = sa.create_engine(release["db_url"])
     try:
+        for pool, job in jobs.items():
+            done = _wait(lambda job=job: final(job), 180, f"the job on {pool} to end", lambda: _pods(kube, ns))
+            assert done["state"] == "succeeded" and done["exit_code"] == 0 and done["backend_job_id"], (pool, done)
+            with engine.connect() as conn:
+                kinds = [k for (k,) in conn.execute(sa.text("select kind from ledger_entry where job_id = :j"),
+                                                     {"j": job})]
+            assert kinds.count("reserve") == 1 and kinds.count("start") == 1 and kinds.count("usage") == 1, \
+                (pool, kinds)
         with engine.connect() as conn:
-            assert conn.execute(sa.text("select count(*) from job")).scalar() == 1
-            kinds = [k for (k,) in conn.execute(sa.text("select kind from ledger_entry"))]
-        assert kinds.count("reserve") == 1 and kinds.count("start") == 1 and kinds.count("usage") == 1, kinds
+            assert conn.execute(sa.text("select count(*) from job")).scalar() == 2
     finally:
         engine.dispose()
