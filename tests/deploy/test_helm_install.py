@@ -95,7 +95,12 @@ def image() -> str:
     image_id = run("podman", "image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()[:12]
     ref = f"localhost/isthmus:helm-{image_id}"
     ctr = ["ctr", "-a", SOCK, "-n", "k8s.io"]
-    if ref not in run(*ctr, "images", "ls", "-q").stdout.split():
+    refs = run(*ctr, "images", "ls", "-q").stdout.split()
+    if ref not in refs:
+        # Older gateway images imported by earlier runs: about 430 MB each, never used again.
+        stale = [r for r in refs if r.startswith("localhost/isthmus:helm-")]
+        if stale:
+            run(*ctr, "images", "rm", *stale, check=False)
         run("podman", "tag", IMAGE, ref)
         tar = KSTATE / "node" / f"gateway-{image_id}.tar"
         try:
