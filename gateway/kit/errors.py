@@ -211,14 +211,23 @@ def _database_errors() -> tuple[type[Exception], ...]:
 
 
 def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries for the given error codes."""
+    """OpenAPI ``responses=`` entries for the given error codes, and always 503: every route
+    that answers a problem reads the database, and a database outage answers 503 with
+    ``Retry-After`` (``DatabaseUnavailable``; issue #47)."""
+    if 503 not in codes:
+        codes = (*codes, 503)
     descriptions = {
         400: "Bad request", 401: "Missing or invalid bearer token", 403: "Not allowed for this caller",
         404: "Not found (or not visible to this caller)", 409: "Conflict with the current state",
         413: "Request body too large", 422: "Invalid input; `errors` names each bad field",
         429: "A cap is reached (pending jobs, idempotency keys, open streams); `detail` names it",
-        503: "A dependency is unavailable",
+        503: "A dependency is unavailable (the database, a pool, the stream budget): retry, after "
+             "`Retry-After` seconds when it is given",
     }
+    retry_after = {"Retry-After": {"description": "Seconds to wait before retrying (a database outage: "
+                                                  f"{DATABASE_RETRY_AFTER_S})",
+                                   "schema": {"type": "integer", "format": "int64"}}}
     return {c: {"model": Problem, "description": descriptions.get(c, "Error"),
-                "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+                "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+                **({"headers": retry_after} if c == 503 else {})}
             for c in codes}

@@ -29,3 +29,16 @@ def test_every_operation_is_documented():
                     if (code.startswith(("4", "5")) and code != "422") or code in ("401", "403", "404", "409"):
                         assert "application/problem+json" in resp.get("content", {}), f"{where} {code}"
     assert spec["components"]["securitySchemes"]
+
+
+def test_every_operation_documents_the_outage_answer():
+    """A database outage answers 503 with Retry-After on every route (issue #47; tests/recovery/
+    test_database_outage.py): generated clients must know both."""
+    spec = json.loads(openapi_json())
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            if not path.startswith("/v1/"):
+                continue
+            where = f"{method.upper()} {path}"
+            assert "503" in op["responses"], where
+            assert "Retry-After" in op["responses"]["503"].get("headers", {}), where
