@@ -28,7 +28,9 @@ part() {  # part NAME: run it once, log to .stack/parts/NAME.log, record its out
     images) bash stack/images.sh ;;  # podman images for docker-compose.yml (tests/deploy)
     oidc) bash stack/oidc/up.sh ;;
     slurm-*) bash stack/slurm/up.sh "${name#slurm-}" ;;
-    kube) bash stack/kube/up.sh ;;
+    # Helm (tests/deploy) is built in this chain, cached: cold, it runs while the Slurm
+    # builds (the longer chain) still do, instead of inside the test run.
+    kube) bash stack/kube/up.sh && bash stack/kube/helm.sh ;;
     kube-node) bash stack/kube/node.sh ;;
   esac >"$log" 2>&1 </dev/null || rc=$?
   if [ "$rc" = 0 ]; then
