@@ -14,12 +14,13 @@ import os
 from pathlib import Path
 from typing import ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ISTHMUS_", env_file=None, extra="ignore")
+    # A bad value is named, never echoed: settings hold secrets (the database URL's password).
+    model_config = SettingsConfigDict(env_prefix="ISTHMUS_", env_file=None, extra="ignore", hide_input_in_errors=True)
 
     # Embedded default: a SQLite file next to where the gateway runs. Production: Postgres,
     # e.g. postgresql+psycopg://isthmus:secret@db:5432/isthmus
@@ -218,6 +219,22 @@ class Settings(BaseSettings):
     webhook_allowlist: str = ""
     # Extra CA certificates (PEM file) trusted for receivers, besides the system's roots.
     webhook_ca_file: str = ""
+
+    @field_validator("database_url")
+    @classmethod
+    def _driver(cls, url: str) -> str:
+        """A plain ``postgresql://`` or ``postgres://`` URI (what database operators and managed
+        services hand out) means the driver the gateway ships, psycopg 3; another driver named
+        in the scheme is refused with what to write instead (docs/deploy.md)."""
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            return url
+        if scheme in ("postgresql", "postgres"):
+            return f"postgresql+psycopg://{rest}"
+        if scheme.startswith(("postgresql+", "postgres+")) and scheme != "postgresql+psycopg":
+            raise ValueError(f"database driver {scheme.partition('+')[2]!r} is not installed: write "
+                             "postgresql+psycopg:// (or postgresql://)")
+        return url
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -355,9 +355,19 @@ def test_schema_refuses_a_setting_the_chart_owns(helm):
     assert "invalid propertyName 'log_level'" in err and "^[A-Z][A-Z0-9_]*$" in err, err
 
 
-def test_schema_refuses_a_url_without_the_driver(helm):
-    err = refused(helm, "database.url=postgres://isthmus:pw@db:5432/isthmus")
-    assert "database" in err and "url" in err, err
+def test_schema_refuses_a_url_of_another_database_or_driver(helm):
+    for url in ("mysql://isthmus:pw@db:3306/isthmus", "postgresql+psycopg2://isthmus:pw@db:5432/isthmus"):
+        err = refused(helm, f"database.url={url}")
+        assert "database" in err and "url" in err, err
+
+
+def test_an_operators_plain_uri_is_taken_as_it_is(helm):
+    """What CloudNativePG and managed services hand out: the gateway reads it as psycopg's
+    (gateway/kit/settings.py; tests/ops/test_database_url.py)."""
+    for url in ("postgresql://isthmus:pw@db:5432/isthmus", "postgres://isthmus:pw@db:5432/isthmus"):
+        objs = render(helm, f"database.url={url}")
+        secret = one(objs, "Secret", f"{RELEASE}-isthmus")
+        assert base64.b64decode(secret["data"]["database-url"]).decode() == url
 
 
 def test_a_release_without_a_database_is_refused_with_what_to_set(helm):
