@@ -142,7 +142,12 @@ def _pools_at_startup(settings) -> tuple[dict, Any]:
 
 @main.command()
 @click.option("--once", is_flag=True, help="run one recover/dispatch/reconcile round and exit")
-def worker(once: bool) -> None:
+@click.option("--health-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              envvar="ISTHMUS_WORKER_HEALTH_PORT",
+              help="serve GET /healthz for a liveness probe on this port (0: none)")
+@click.option("--health-host", default="0.0.0.0", show_default=True, envvar="ISTHMUS_WORKER_HEALTH_HOST",
+              help="address the health port binds (a pod's probe reaches the pod's address)")
+def worker(once: bool, health_port: int, health_host: str) -> None:
     """Run the dispatcher/reconciler without the HTTP API (any number may run at once)."""
     import signal
 
@@ -175,6 +180,13 @@ def worker(once: bool) -> None:
         dispatcher.run_once()
         webhooks.run_once()
         return
+    if health_port:
+        from gateway.dispatch.health import serve as serve_health
+
+        # A loop that began no pass for this long is hung (a round's calls time out well before).
+        stale_s = max(120.0, 30 * settings.dispatch_interval_s)
+        serve_health(dispatcher.beats, host=health_host, port=health_port, stale_s=stale_s)
+        click.echo(f"worker: GET /healthz on {health_host}:{health_port} (stuck after {stale_s:g} s)", err=True)
     signal.signal(signal.SIGTERM, lambda *_: dispatcher.request_stop())
     click.echo(f"worker: dispatching to {', '.join(sorted(backends))}", err=True)
     webhooks.start()

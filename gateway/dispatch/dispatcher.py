@@ -23,6 +23,7 @@ from gateway.dispatch.claim import Claimer
 from gateway.dispatch.common import Launch, log
 from gateway.dispatch.faults import NONE, Faults
 from gateway.dispatch.feeds import Deferred, OpenFeeds, Watcher
+from gateway.dispatch.health import Beats
 from gateway.dispatch.holds import NativeReservations
 from gateway.dispatch.preempt import Preemptor
 from gateway.dispatch.reconcile import Reconciler
@@ -43,6 +44,7 @@ class Dispatcher:
         self._settings = settings
         self.clock = clock
         self._stop = threading.Event()
+        self.beats = Beats("dispatch", "reconcile")  # each loop's last pass (health.py)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         # Gangs this process saw end lately, (pool, workers, GPUs held, monotonic time): a
@@ -64,7 +66,7 @@ class Dispatcher:
         self.launch = Launch(storage=storage, preempt_grace_s=settings.preempt_grace_s,
                              job_api_url=settings.job_api_url, credentials=self.credentials)
         self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,
-                                     recent_ends=self.recent_ends)
+                                     recent_ends=self.recent_ends, beat=lambda: self.beats.beat("reconcile"))
         self.watcher = Watcher(**common, stop=self._stop, open_feeds=open_feeds, deferred=deferred,
                                reconciler=self.reconciler)
         self.submitter = Submitter(**common, settings=settings, clock=clock, capacity=self.capacity,
@@ -142,6 +144,7 @@ class Dispatcher:
     def _dispatch_loop(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            self.beats.beat("dispatch")
             try:
                 self.recover_round()
                 if self.native_reservations.due():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy import func, select
@@ -44,8 +45,9 @@ class Reconciler:
     LIST_THRESHOLD = 5
 
     def __init__(self, *, sessions, backends: dict, settings, clock, stop: threading.Event, open_feeds,
-                 recent_ends) -> None:
+                 recent_ends, beat: Callable[[], None] = lambda: None) -> None:
         self.sessions = sessions
+        self._beat = beat  # notes each pass of loop() (dispatch/health.py)
         self.backends = backends
         self._settings = settings
         self.clock = clock
@@ -84,6 +86,7 @@ class Reconciler:
         """Poll every ``dispatch_interval_s``; when woken sooner, only cancelling jobs."""
         while not self._stop.is_set():
             self._wake.clear()
+            self._beat()
             try:
                 if time.monotonic() >= self._poll_due:
                     self._poll_due = time.monotonic() + self.settings.dispatch_interval_s

@@ -186,6 +186,24 @@ def test_probe_paths_are_real_routes_of_the_gateway(helm, tmp_path):
     assert "get" in paths.get(sm["spec"]["endpoints"][0]["path"], {})
 
 
+def test_the_workers_liveness_probe_is_the_workers_own_health_port(helm):
+    """`isthmus worker --health-port` (gateway/dispatch/health.py, tests/dispatch/test_worker_health.py)."""
+    from click.testing import CliRunner
+
+    from gateway.cli import main
+
+    objs = render(helm, f"database.url={DB_URL}")
+    c = container(one(objs, "Deployment", "gw-isthmus-worker"))
+    assert c["command"] == ["isthmus", "worker"] and c["args"] == ["--health-port", "8461"], c
+    assert c["ports"] == [{"name": "health", "containerPort": 8461}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "--health-port" in CliRunner().invoke(main, ["worker", "--help"]).output
+    off = container(one(render(helm, f"database.url={DB_URL}", "worker.healthPort=0"), "Deployment", "gw-isthmus-worker"))
+    assert "livenessProbe" not in off and "args" not in off
+    err = refused(helm, f"database.url={DB_URL}", "worker.healthPort=70000")
+    assert "healthPort" in err, err
+
+
 def test_every_setting_the_chart_sets_is_one_the_gateway_reads(helm, tmp_path):
     from gateway.kit.settings import Settings
 
