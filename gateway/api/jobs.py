@@ -276,17 +276,15 @@ class JobListQuery(QueryModel):
     openapi_extra={"parameters": openapi_parameters(JobListQuery)},
 )
 async def list_jobs(principal: CurrentPrincipal, request: Request) -> Response:
-    query = read_query(request, JobListQuery)
-    state, account, pool, backend = query.state, query.account, query.pool, query.backend
-    cursor, limit, job_set = query.cursor, query.limit, query.job_set
-    after = _decode_cursor(cursor) if cursor else None
+    q = read_query(request, JobListQuery)
+    after = _decode_cursor(q.cursor) if q.cursor else None
 
     def page(session: Session) -> Response:
-        jobs = reads.list_readable(session, principal, states=[s.value for s in state or []],
-                                   account=account, pool=pool or backend, after_id=after, limit=limit + 1,
-                                   job_set=job_set, columns="shown")
-        more = len(jobs) > limit
-        jobs = jobs[:limit]
+        jobs = reads.list_readable(session, principal, states=[s.value for s in q.state or []],
+                                   account=q.account, pool=q.pool or q.backend, after_id=after, limit=q.limit + 1,
+                                   job_set=q.job_set, columns="shown")
+        more = len(jobs) > q.limit
+        jobs = jobs[:q.limit]
         return page_response(session, jobs, _encode_cursor(jobs[-1].id) if more else None)
 
     # Read without a transaction, in one thread-pool hop (kit/db.py in_read), sent as built: the

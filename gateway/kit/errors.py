@@ -154,8 +154,7 @@ def _clean_msg(msg: str) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError):
-        return problem_response(exc.status, exc.title, slug=exc.slug, detail=exc.detail,
-                                instance=request.url.path, errors=exc.errors, headers=exc.headers)
+        return _problem_of(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -190,11 +189,14 @@ def install_error_handlers(app: FastAPI) -> None:
                                 instance=request.url.path)
 
 
+def _problem_of(request: Request, exc: GatewayError) -> JSONResponse:
+    return problem_response(exc.status, exc.title, slug=exc.slug, detail=exc.detail,
+                            instance=request.url.path, errors=exc.errors, headers=exc.headers)
+
+
 def _outage(request: Request, exc: Exception) -> JSONResponse:
     logging.getLogger("isthmus").warning("database unavailable on %s: %s", request.url.path, type(exc).__name__)
-    error = DatabaseUnavailable()
-    return problem_response(error.status, error.title, slug=error.slug, detail=error.detail,
-                            instance=request.url.path, headers=error.headers)
+    return _problem_of(request, DatabaseUnavailable())
 
 
 def _database_errors() -> tuple[type[Exception], ...]:
