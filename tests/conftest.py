@@ -16,6 +16,7 @@ import dataclasses
 import os
 import shutil
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,18 @@ def stack_postgres_url() -> str:
 
 PG_ADMIN_URL = stack_postgres_url()
 REQUIRE_STACK = os.environ.get("ISTHMUS_REQUIRE_STACK") == "1"
+
+
+def wait_for(predicate, timeout_s: float, what: str, diag=lambda: ""):
+    """``predicate()``'s first truthy value, asked every second for at most ``timeout_s``; else
+    fail naming ``what``, with ``diag()`` (logs, pods) to tell why."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}\n{diag()}")
 
 
 def missing_system(reason: str) -> None:

@@ -17,14 +17,13 @@ import secrets
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import REPO, missing_system, read_env_file
+from tests.conftest import REPO, missing_system, read_env_file, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.uses("podman")]
 CACHE = Path(os.environ.get("ISTHMUS_CACHE", "/var/cache/isthmus"))
@@ -71,16 +70,6 @@ class Compose:
                         "--format", "{{.Names}}", check=False).stdout.split():
             out.append(f"--- {name}\n" + run("podman", "logs", "--tail", "40", name, check=False).stdout[-4000:])
         return "\n".join(out)
-
-
-def wait_for(predicate, timeout_s: float, what: str, compose: Compose):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}\n{compose.logs()}")
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +134,7 @@ def test_compose_runs_a_slurm_job_through_its_gateway_and_survives_a_worker_rest
     try:
         # podman-compose ignores depends_on conditions: the three documented steps (docs/deploy.md).
         compose("up", "-d", "db")
-        wait_for(lambda: _connects(engine), 90, "the compose Postgres", compose)
+        wait_for(lambda: _connects(engine), 90, "the compose Postgres", compose.logs)
         compose("up", "-d", "--no-deps", "migrate")
         code = run("podman", "wait", compose.container("migrate"), timeout=180).stdout.strip()
         assert code == "0", compose.logs()
@@ -153,7 +142,7 @@ def test_compose_runs_a_slurm_job_through_its_gateway_and_survives_a_worker_rest
             assert conn.execute(sa.text("select version_num from alembic_version")).scalar()
 
         compose("up", "-d", "--no-deps", "gateway", "worker-1", "worker-2")
-        wait_for(lambda: _ready(compose.url), 120, "the compose gateway's /readyz", compose)
+        wait_for(lambda: _ready(compose.url), 120, "the compose gateway's /readyz", compose.logs)
 
         # the image: non-root user, healthcheck declared
         gateway = compose.container("gateway")
@@ -175,14 +164,14 @@ def test_compose_runs_a_slurm_job_through_its_gateway_and_survives_a_worker_rest
             j = httpx.get(f"{compose.url}/v1/jobs/{job}", headers=headers, timeout=10).json()
             return j if j["state"] in wanted else None
 
-        wait_for(lambda: state("running", *FINAL), 90, "the job to run on Slurm", compose)
+        wait_for(lambda: state("running", *FINAL), 90, "the job to run on Slurm", compose.logs)
         # Restart worker-1 by re-creating it: `podman restart` refuses, because podman-compose
         # turns depends_on into --requires on the (exited) migrate container.
         worker = compose.container("worker-1")
         run("podman", "stop", "-t", "10", worker, timeout=60)
         run("podman", "rm", worker, timeout=60)
         compose("up", "-d", "--no-deps", "worker-1")
-        final = wait_for(lambda: state(*FINAL), 150, "the job to end", compose)
+        final = wait_for(lambda: state(*FINAL), 150, "the job to end", compose.logs)
         assert final["state"] == "succeeded", (final, compose.logs())
         assert final["exit_code"] == 0 and final["backend_job_id"]
 

@@ -19,7 +19,6 @@ import base64
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -29,7 +28,13 @@ import sqlalchemy as sa
 import yaml
 
 from stack.backends_json import kube_node_settings
-from tests.conftest import REPO, missing_system, postgres_database, read_env_file
+from tests.conftest import (
+    REPO,
+    missing_system,
+    postgres_database,
+    read_env_file,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slurm, pytest.mark.uses("podman")]
 KSTATE = REPO / ".stack" / "kube"
@@ -190,17 +195,7 @@ def release(kube, helm, image, slurm, tmp_path):
             run(helm, "uninstall", "gw", "--kubeconfig", kubeconfig, "--namespace", ns, "--wait", "--timeout", "2m",
                 timeout=180, check=False)
             kube.delete(f"/api/v1/namespaces/{ns}")
-            _wait(lambda: kube.get(f"/api/v1/namespaces/{ns}").status_code == 404, 120, "the namespace to go")
-
-
-def _wait(predicate, timeout_s: float, what: str, diag=lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}\n{diag()}")
+            wait_for(lambda: kube.get(f"/api/v1/namespaces/{ns}").status_code == 404, 120, "the namespace to go")
 
 
 def _pods(kube, ns) -> str:
@@ -246,7 +241,7 @@ def test_chart_installs_and_runs_jobs_on_slurm_and_kueue_submitted_through_the_s
                     return f"http://{e['addresses'][0]}:{port}"
         return None
 
-    url = _wait(endpoint, 60, "a ready endpoint of Service gw-isthmus", lambda: _pods(kube, ns))
+    url = wait_for(endpoint, 60, "a ready endpoint of Service gw-isthmus", lambda: _pods(kube, ns))
     assert url == f"http://{NODE_IP}:{release['port']}"
     ready = httpx.get(f"{url}/readyz", timeout=10)
     assert ready.status_code == 200 and ready.json()["database"] == "ok", ready.text
@@ -269,7 +264,7 @@ def test_chart_installs_and_runs_jobs_on_slurm_and_kueue_submitted_through_the_s
     engine = sa.create_engine(release["db_url"])
     try:
         for pool, job in jobs.items():
-            done = _wait(lambda job=job: final(job), 180, f"the job on {pool} to end", lambda: _pods(kube, ns))
+            done = wait_for(lambda job=job: final(job), 180, f"the job on {pool} to end", lambda: _pods(kube, ns))
             assert done["state"] == "succeeded" and done["exit_code"] == 0 and done["backend_job_id"], (pool, done)
             with engine.connect() as conn:
                 kinds = [k for (k,) in conn.execute(sa.text("select kind from ledger_entry where job_id = :j"),

@@ -46,18 +46,21 @@ def kube_backend_options(env: dict[str, str]) -> dict:
 
 
 @contextlib.contextmanager
-def wired_gateway(database_url: str, dev_key_path, backends: dict, **overrides):
+def wired_gateway(database_url: str, dev_key_path, backends: dict, *, fresh: bool = True, **overrides):
+    """A gateway app on ``database_url`` whose dispatcher the test drives. ``fresh``: start on a
+    fresh copy of the migrated schema (False: a second replica on the same database)."""
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
     from gateway.identity.setup import build_dev_issuer
     from gateway.kit.settings import Settings
 
-    settings = Settings(database_url=database_url, dev_mode=True, dev_key_path=dev_key_path,
-                        dev_accounts="team-a,team-b", backends=json.dumps(backends), dispatch_in_serve=False,
-                        retry_backoff_base_s=0.2, retry_backoff_max_s=1.0, capacity_ttl_s=0,
-                        **overrides)
-    fresh_database(database_url)  # each wired gateway starts on a fresh copy of the migrated schema
+    settings = Settings(**{"database_url": database_url, "dev_mode": True, "dev_key_path": dev_key_path,
+                           "dev_accounts": "team-a,team-b", "backends": json.dumps(backends),
+                           "dispatch_in_serve": False, "retry_backoff_base_s": 0.2, "retry_backoff_max_s": 1.0,
+                           "capacity_ttl_s": 0, **overrides})
+    if fresh:
+        fresh_database(database_url)
     app = create_app(settings)
     with TestClient(app) as client:
         try:

@@ -18,18 +18,17 @@ Skips without the stack; fails with ISTHMUS_REQUIRE_STACK=1.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, Gateway, missing_system, postgres_database
+from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import (
     KWOK_RUN_FOR,
-    _cancel_leftovers,
     drive_until,
     job_state,
+    wired_gateway,
 )
 
 pytestmark = [pytest.mark.slurm("22.05", "24.11"), pytest.mark.postgres]
@@ -51,34 +50,14 @@ def pools_file(tmp_path_factory):
     return path
 
 
-@contextlib.contextmanager
-def replica(database_url: str, dev_key_path, pools_file, **overrides):
-    """One gateway process's app on ``database_url`` (not reset: replicas share it)."""
-    from fastapi.testclient import TestClient
-
-    from gateway.app import create_app
-    from gateway.identity.setup import build_dev_issuer
-    from gateway.kit.settings import Settings
-
-    settings = Settings(database_url=database_url, dev_mode=True, dev_key_path=dev_key_path,
-                        dev_accounts="team-a,team-b", backends=json.dumps({}), dispatch_in_serve=False,
-                        pools_file=str(pools_file), **overrides)
-    app = create_app(settings)
-    with TestClient(app) as client:
-        try:
-            yield Gateway(client=client, app=app, settings=settings, issuer=build_dev_issuer(settings))
-        finally:
-            _cancel_leftovers(app)
-
-
 def pool_states(gw) -> dict[str, str]:
     return {p["name"]: p["state"] for p in gw.client.get("/v1/pools", headers=gw.headers()).json()["items"]}
 
 
 def test_a_pool_drained_through_one_replica_is_honoured_by_the_other(pools_file, dev_key_path):
     with postgres_database(migrated=True) as url, \
-            replica(url, dev_key_path, pools_file, capacity_ttl_s=600) as a, \
-            replica(url, dev_key_path, pools_file, capacity_ttl_s=TTL_S) as b:
+            wired_gateway(url, dev_key_path, {}, pools_file=str(pools_file), capacity_ttl_s=600) as a, \
+            wired_gateway(url, dev_key_path, {}, fresh=False, pools_file=str(pools_file), capacity_ttl_s=TTL_S) as b:
         admin = a.headers("root", admin=True)
         assert pool_states(a) == pool_states(b) == {"slurm-22": "active", "slurm-24": "active"}
         try:
