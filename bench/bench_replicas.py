@@ -25,40 +25,34 @@ not slower (issue #47: at least 0.9 of one). Writes the section "replicas" of do
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_api import HEY, SPEC, start
+from bench.bench_api import start
 from bench.bench_dispatch_round import _pools, _seed
-from bench.bench_submit_growth import dev_tokens
+from bench.bench_submit_growth import dev_tokens, hey
 from bench.common import BIN, free_port, fresh_database, machine, write_section
 
 
 def _hey_all(urls: list[str], token: str, seconds: float, concurrency: int) -> float:
-    """Submissions/s summed over ``urls``, ``concurrency`` clients split between them, all at once."""
-    shares = [concurrency // len(urls) + (1 if i < concurrency % len(urls) else 0) for i in range(len(urls))]
-    procs = [subprocess.Popen([HEY, "-z", f"{seconds:g}s", "-c", str(c), "-H", f"Authorization: Bearer {token}",
-                               "-m", "POST", "-T", "application/json", "-d", json.dumps(SPEC), u + "/v1/jobs"],
-                              stdout=subprocess.PIPE, text=True) for u, c in zip(urls, shares, strict=True)]
-    total = 0.0
-    for p in procs:
-        out, _ = p.communicate()
-        import re
+    """Submissions/s summed over ``urls``, ``concurrency`` clients split between them, all at once
+    (bench_submit_growth.py's ``hey`` per replica, each in its own thread)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-        total += float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-        codes = {int(c): int(n) for c, n in re.findall(r"\[(\d{3})\]\s+(\d+) responses", out)}
-        bad = sum(n for c, n in codes.items() if not 200 <= c < 300)
-        if bad:
-            raise SystemExit(f"{bad} submissions failed: {codes}")
-    return total
+    shares = [concurrency // len(urls) + (1 if i < concurrency % len(urls) else 0) for i in range(len(urls))]
+    with ThreadPoolExecutor(len(urls)) as pool:
+        runs = list(pool.map(lambda uc: hey(uc[0] + "/v1/jobs", token, seconds=seconds, concurrency=uc[1], post=True),
+                             zip(urls, shares, strict=True)))
+    bad = sum(r["errors"] for r in runs)
+    if bad:
+        raise SystemExit(f"{bad} submissions failed")
+    return sum(r["rps"] for r in runs)
 
 
 def api(args) -> dict[str, list[float]]:
