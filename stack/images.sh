@@ -9,6 +9,9 @@
 #      (`images.sh base` stops here: the real Kubernetes node's worker image, stack/kube/node.sh.)
 #   3. localhost/isthmus-postgres:15: Debian's postgresql-15 on that base (stack/images/postgres).
 #   4. localhost/isthmus:dev: the Dockerfile (multi-stage), tagged with a hash of its inputs.
+#   `images.sh gateway-at <commit>`: instead of 3-4, the gateway image of that commit (its own
+#      Dockerfile and source, from `git archive`), tagged localhost/isthmus:<7-hex commit>, built
+#      once per commit (label isthmus.commit); the Helm upgrade test's previous release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
@@ -69,13 +72,34 @@ if [ "${1:-}" = base ]; then echo "== images: $BASE ready in $((SECONDS - t0)) s
 
 # The gateway's Python dependencies as wheels, fetched on the host (whose pip is configured
 # for this network) and mounted into the build, which then needs no index. Keyed on pyproject.
-WHEELS=$CACHE/wheels-$(sha256sum pyproject.toml | cut -c1-12)
-if [ ! -f "$WHEELS/.complete" ]; then
-  pip=.venv/bin/pip; [ -x "$pip" ] || pip="python3 -m pip"
-  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-  $pip wheel -q -w "$WHEELS" 'setuptools>=68' wheel . >/dev/null
-  rm -f "$WHEELS"/isthmus-*.whl && touch "$WHEELS/.complete"
+wheels() {  # wheels SOURCE-DIR: sets WHEELS to that source's wheel directory, filled once
+  WHEELS=$CACHE/wheels-$(sha256sum "$1/pyproject.toml" | cut -c1-12)
+  if [ ! -f "$WHEELS/.complete" ]; then
+    local pip=.venv/bin/pip; [ -x "$pip" ] || pip="python3 -m pip"
+    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+    $pip wheel -q -w "$WHEELS" 'setuptools>=68' wheel "$1" >/dev/null
+    rm -f "$WHEELS"/isthmus-*.whl && touch "$WHEELS/.complete"
+  fi
+}
+
+# `images.sh gateway-at <commit>`: that commit's gateway image. A commit missing from this clone
+# (a shallow one) is an error naming the fix, never a silent fallback to the working tree.
+if [ "${1:-}" = gateway-at ]; then
+  commit=$(git rev-parse -q --verify "${2:?usage: images.sh gateway-at <commit>}^{commit}") \
+    || { echo "commit $2 is not in this clone (shallow? run: git fetch --unshallow)" >&2; exit 2; }
+  image=localhost/isthmus:${commit:0:7}
+  if [ "$(podman image inspect --format '{{ index .Labels "isthmus.commit" }}' "$image" 2>/dev/null)" = "$commit" ]; then
+    echo "== images: $image up to date"; exit 0
+  fi
+  src=$(mktemp -d "$CACHE/src-${commit:0:7}.XXXXXX")
+  trap 'rm -rf "$src"' EXIT
+  git archive "$commit" | tar -x -C "$src"
+  wheels "$src"
+  podman build -q --format docker --network host --volume "$WHEELS:/wheels:ro" --label "isthmus.commit=$commit" \
+    -f "$src/Dockerfile" -t "$image" "$src" >/dev/null
+  echo "== images: built $image from $commit in $((SECONDS - t0)) s"; exit 0
 fi
+wheels .
 
 build() {  # build IMAGE CONTEXT [DOCKERFILE]: rebuilt only when its inputs changed
   local image=$1 context=$2 file=${3:-$2/Dockerfile} hash
