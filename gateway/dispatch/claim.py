@@ -33,6 +33,7 @@ from gateway.dispatch.common import (
     submit_request,
 )
 from gateway.dispatch.faults import NONE, Faults
+from gateway.dispatch.liveness import Liveness
 from gateway.domain.decide import Params, RoundResult, Snapshot, decide
 from gateway.domain.routing import PoolView
 from gateway.domain.states import JobState
@@ -160,8 +161,9 @@ class Claimer:
     apply the result in bulk, in one transaction; then hand what it claimed to the submitter."""
 
     def __init__(self, *, sessions, backends: dict, settings, clock, capacity, submitter, recent_ends, weights,
-                 launch: Launch = NO_LAUNCH, faults: Faults = NONE) -> None:
+                 liveness: Liveness, launch: Launch = NO_LAUNCH, faults: Faults = NONE) -> None:
         self.faults = faults
+        self.liveness = liveness  # whose claims these are (its key on each; dispatch/liveness.py)
         self.launch = launch
         self.sessions = sessions
         self.backends = backends
@@ -277,7 +279,8 @@ class Claimer:
             if c.hold:
                 data.update(advance_reservation=c.hold, backend_reservation=native)
             writes.claim(c.job, pool=c.pool, held_gpus=c.held_gpus, reason=c.reason, lease_until=lease_until,
-                         actor=ACTOR, data=data, borrowed=c.borrowed, backend_reservation=native)
+                         actor=ACTOR, data=data, borrowed=c.borrowed, backend_reservation=native,
+                         owner=self.liveness.key)
         writes.flush()
         rl.write(result.reservations, actor=ACTOR)
         if result.reclaims:

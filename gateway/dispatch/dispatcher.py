@@ -25,6 +25,7 @@ from gateway.dispatch.faults import NONE, Faults
 from gateway.dispatch.feeds import Deferred, OpenFeeds, Watcher
 from gateway.dispatch.health import Beats
 from gateway.dispatch.holds import NativeReservations
+from gateway.dispatch.liveness import Liveness
 from gateway.dispatch.preempt import Preemptor
 from gateway.dispatch.reconcile import Reconciler
 from gateway.dispatch.recovery import Recovery
@@ -53,6 +54,8 @@ class Dispatcher:
         # Backends with a change feed are followed by one watch thread each (docs/dispatch.md).
         self.watched = [name for name, b in backends.items() if features_of(b).has(Feature.WATCH)]
         common = {"sessions": sessions, "backends": backends}
+        # This worker's key and lock, and which other workers are gone (Postgres; liveness.py).
+        self.liveness = Liveness(sessions.kw.get("bind"), grace_s=settings.dispatch_owner_grace_s)
         self.open_feeds = open_feeds = OpenFeeds()
         deferred = Deferred()
         self.capacity = Capacity(**common, settings=settings, storage=storage)
@@ -66,7 +69,8 @@ class Dispatcher:
         self.launch = Launch(storage=storage, preempt_grace_s=settings.preempt_grace_s,
                              job_api_url=settings.job_api_url, credentials=self.credentials)
         self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,
-                                     recent_ends=self.recent_ends, beat=lambda: self.beats.beat("reconcile"))
+                                     recent_ends=self.recent_ends, beat=lambda: self.beats.beat("reconcile"),
+                                     liveness=self.liveness)
         self.watcher = Watcher(**common, stop=self._stop, open_feeds=open_feeds, deferred=deferred,
                                reconciler=self.reconciler)
         self.submitter = Submitter(**common, settings=settings, clock=clock, capacity=self.capacity,
@@ -74,9 +78,11 @@ class Dispatcher:
                                    faults=faults)
         self.claimer = Claimer(**common, settings=settings, clock=clock, capacity=self.capacity,
                                submitter=self.submitter, recent_ends=self.recent_ends,
-                               weights=parse_weights(settings.routing_weights), launch=self.launch, faults=faults)
+                               weights=parse_weights(settings.routing_weights), launch=self.launch, faults=faults,
+                               liveness=self.liveness)
         self.preemptor = Preemptor(**common, settings=settings, clock=clock)
-        self.recovery = Recovery(sessions=sessions, settings=settings, clock=clock, submitter=self.submitter)
+        self.recovery = Recovery(sessions=sessions, settings=settings, clock=clock, submitter=self.submitter,
+                                 liveness=self.liveness)
         self.native_reservations = NativeReservations(**common, views=self.capacity.views, clock=clock)
 
     @property
@@ -89,6 +95,7 @@ class Dispatcher:
         self._settings = value
         for part in (self.capacity, self.reconciler, self.submitter, self.claimer, self.recovery):
             part.settings = value
+        self.liveness.grace_s = value.dispatch_owner_grace_s
 
     # --- the rounds (tests and `isthmus worker --once` drive them one at a time) ---------
 
@@ -165,6 +172,7 @@ class Dispatcher:
         Separate threads keep a new job's dispatch from waiting behind the status calls of
         every running job, and a slow backend's feed from delaying another's.
         """
+        self.liveness.start()  # its claims carry its key from the first round on
         threads = [threading.Thread(target=self.reconciler.loop, name="isthmus-reconciler", daemon=True)]
         threads += [threading.Thread(target=self.watcher.watch_backend, args=(pool,), name=f"isthmus-watch-{pool}",
                                      daemon=True) for pool in self.watched]
@@ -177,6 +185,7 @@ class Dispatcher:
             self.watcher.stop_watches()
             for t in threads:
                 t.join(10)
+            self.liveness.stop()
 
     def request_stop(self) -> None:
         """Ask the threads to end (a signal handler: no waiting here)."""

@@ -82,7 +82,8 @@ class Outcomes:
                 return self._finish(s, job, JobState.FAILED, f"job disappeared from {job.pool}", None, now,
                                     job.started_at)
             seen = meaning(state=JobState(job.state), started_at=as_utc(job.started_at),
-                           backend_job_id=job.backend_job_id, status=status, now=now)
+                           backend_job_id=job.backend_job_id, status=status, now=now,
+                           cancel_requested_at=as_utc(job.cancel_requested_at))
             if seen.foreign:
                 # Not the submission the registry recorded (e.g. a job someone else submitted
                 # with this gateway id in its comment): it says nothing about this job.

@@ -26,6 +26,7 @@ from adapters.base import (
 from gateway.dispatch import orphans as orphan_listing
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
 from gateway.dispatch.keeper import OutputKeeper
+from gateway.dispatch.liveness import Liveness, dead_owners
 from gateway.dispatch.outcomes import Outcomes
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
@@ -45,8 +46,9 @@ class Reconciler:
     LIST_THRESHOLD = 5
 
     def __init__(self, *, sessions, backends: dict, settings, clock, stop: threading.Event, open_feeds,
-                 recent_ends, beat: Callable[[], None] = lambda: None) -> None:
+                 recent_ends, liveness: Liveness, beat: Callable[[], None] = lambda: None) -> None:
         self.sessions = sessions
+        self.liveness = liveness  # whose claims are dead (a cancel behind them is carried out now)
         self._beat = beat  # notes each pass of loop() (dispatch/health.py)
         self.backends = backends
         self._settings = settings
@@ -116,8 +118,11 @@ class Reconciler:
         """
         states = [JobState.CANCELLING.value] if only_cancelling else [st.value for st in FOLLOWED]
         with transaction(self.sessions) as s:
-            rows = s.execute(select(Job.id, Job.pool, Job.backend_job_id, Job.state, Job.next_attempt_at).where(
-                Job.state.in_(states))).all()
+            rows = s.execute(select(Job.id, Job.pool, Job.backend_job_id, Job.state, Job.next_attempt_at,
+                                    Job.claim_owner).where(Job.state.in_(states))).all()
+            # A cancel accepted while its claim's worker is dead is carried out now, not when
+            # the lease ends (issue #47, item 6): that worker will never submit or cancel it.
+            dead = dead_owners(s, self.liveness, (JobState.CANCELLING,))
         now = self.clock()
         mono = time.monotonic()
         resync = {pool for pool in self.backends
@@ -128,8 +133,9 @@ class Reconciler:
                 self._resynced_at[pool] = mono
         by_pool: dict[str, list] = {}
         for row in rows:
-            if row.backend_job_id is None and row.next_attempt_at is not None and as_utc(row.next_attempt_at) > now:
-                continue  # a dispatcher holds the claim and its submission may be in flight
+            if (row.backend_job_id is None and row.next_attempt_at is not None and as_utc(row.next_attempt_at) > now
+                    and row.claim_owner not in dead):
+                continue  # a live dispatcher holds the claim and its submission may be in flight
             if (row.pool not in resync and row.state != JobState.CANCELLING.value
                     and row.backend_job_id is not None and not self.outcomes.missing(row.id)):
                 continue  # its backend's watch follows it; the next resync double-checks
@@ -140,7 +146,7 @@ class Reconciler:
             if backend is None:
                 continue
             listed = self._list_statuses(backend) if len(jobs_here) > self.LIST_THRESHOLD else {}
-            for job_id, _pool, backend_job_id, state, _lease in jobs_here:
+            for job_id, _pool, backend_job_id, state, _lease, _owner in jobs_here:
                 try:
                     if state == JobState.CANCELLING.value:
                         status = self._cancel_on_backend(backend, job_id, backend_job_id)

@@ -60,11 +60,12 @@ class Meaning:
 
 
 def meaning(*, state: JobState, started_at: datetime | None, backend_job_id: str | None, status: JobStatus,
-            now: datetime) -> Meaning:
+            now: datetime, cancel_requested_at: datetime | None = None) -> Meaning:
     """What ``status`` (from the backend) means for a job the registry has in ``state``.
 
     ``started_at`` is the start of the run the registry recorded and ``backend_job_id`` the
-    backend job it recorded (None before the submission is recorded).
+    backend job it recorded (None before the submission is recorded); ``cancel_requested_at``
+    when a cancel was accepted.
     """
     target = BACKEND_TO_JOB[status.state]
     reason = status.reason or status.raw_state or target.value
@@ -72,12 +73,33 @@ def meaning(*, state: JobState, started_at: datetime | None, backend_job_id: str
         return Meaning(target, reason, foreign=True)
     if state is JobState.CANCELLING and not target.final:
         return Meaning(target, reason, awaiting_cancel=True)
+    if state is JobState.CANCELLING and target is not JobState.CANCELLED:
+        return _cancelled_first(target, reason, status, cancel_requested_at)
     at = requeued_at(state=state, started_at=started_at, status=status, now=now)
     if at is None:
         return Meaning(target, reason)
     again = target not in (JobState.QUEUED, JobState.REQUEUED)
     seen = f"requeued at {at.isoformat()} and {target.value} again before the gateway looked" if again else reason
     return Meaning(target, reason, requeued_at=at, requeue_reason=seen, after_requeue=again)
+
+
+def _cancelled_first(target: JobState, reason: str, status: JobStatus,
+                     cancel_requested_at: datetime | None) -> Meaning:
+    """A cancelling job the backend reports ended on its own (succeeded, or failed).
+
+    A cancel the gateway accepted could not reach the backend at once (its pool cut off, the
+    claim's worker dead): the job may have run on and ended meanwhile. Ended after the cancel
+    was accepted (or at a time the backend does not say): it is ``cancelled``, as its owner
+    asked, with the backend's ending in the reason (issue #47, item 6). Ended before: the
+    cancel came too late, and the job's own ending stands.
+    """
+    ended = as_utc(status.ended_at)
+    asked = as_utc(cancel_requested_at)
+    if ended is not None and asked is not None and ended < asked:
+        return Meaning(target, reason)
+    exit_words = f", exit code {status.exit_code}" if status.exit_code is not None else ""
+    return Meaning(JobState.CANCELLED, f"cancelled; the backend ended it first ({target.value}{exit_words}: "
+                                       f"{reason}) before the cancel could reach it")
 
 
 Step = Literal["finish", "note", "move"]

@@ -35,18 +35,19 @@ _EVENT_T = journal.TABLE
 
 def claim(session: Session, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime,
           actor: str, data: dict[str, Any] | None = None, borrowed: bool | None = None,
-          backend_reservation: str | None = None) -> None:
+          backend_reservation: str | None = None, owner: int | None = None) -> None:
     """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``.
 
     A batch of one of :class:`Claims` (the dispatch round's writer): one implementation.
     """
     writes = Claims(session)
     writes.claim(job, pool=pool, held_gpus=held_gpus, reason=reason, lease_until=lease_until, actor=actor, data=data,
-                 borrowed=borrowed, backend_reservation=backend_reservation)
+                 borrowed=borrowed, backend_reservation=backend_reservation, owner=owner)
     writes.flush()
 
 
-_CLAIM_COLS = ("pool", "held_gpus", "borrowed", "backend_reservation", "routing_reason", "next_attempt_at", "dispatch_attempts",
+_CLAIM_COLS = ("pool", "held_gpus", "borrowed", "backend_reservation", "routing_reason", "next_attempt_at", "claim_owner",
+               "dispatch_attempts",
                "estimated_start", "estimated_pool", "estimate_reason", "state", "state_reason", "updated_at")
 # Guarded by the state the round read (the row is locked by the pick): a claim never lands twice.
 _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.c.state == bindparam("c_from"))
@@ -59,7 +60,8 @@ _CLAIM_UPDATE = (_JOB_T.update().where(_JOB_T.c.id == bindparam("c_id"), _JOB_T.
 _CLAIM_RECORD = (("id", _JOB_T, "id"), ("from_state", _JOB_T, "state"), ("pool", _JOB_T, "pool"),
                  ("held_gpus", _JOB_T, "held_gpus"), ("borrowed", _JOB_T, "borrowed"),
                  ("backend_reservation", _JOB_T, "backend_reservation"), ("reason", _JOB_T, "state_reason"),
-                 ("next_attempt_at", _JOB_T, "next_attempt_at"), ("dispatch_attempts", _JOB_T, "dispatch_attempts"),
+                 ("next_attempt_at", _JOB_T, "next_attempt_at"), ("claim_owner", _JOB_T, "claim_owner"),
+                 ("dispatch_attempts", _JOB_T, "dispatch_attempts"),
                  ("at", _EVENT_T, "at"), ("actor", _EVENT_T, "actor"), ("data", _EVENT_T, "data"))
 
 
@@ -72,7 +74,8 @@ r AS (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r({record}, ord in
 claimed AS (
     UPDATE job SET pool = r.pool, held_gpus = r.held_gpus, borrowed = r.borrowed,
         backend_reservation = r.backend_reservation, routing_reason = r.reason,
-        next_attempt_at = r.next_attempt_at, dispatch_attempts = r.dispatch_attempts, estimated_start = NULL,
+        next_attempt_at = r.next_attempt_at, claim_owner = r.claim_owner, dispatch_attempts = r.dispatch_attempts,
+        estimated_start = NULL,
         estimated_pool = NULL, estimate_reason = NULL, state = '{to}', state_reason = r.reason, updated_at = r.at
     FROM r WHERE job.id = r.id AND job.state = r.from_state
     RETURNING job.id),
@@ -185,21 +188,23 @@ class Claims:
 
     def claim(self, job: Job, *, pool: str, held_gpus: int, reason: str, lease_until: datetime, actor: str,
               data: dict[str, Any] | None = None, borrowed: bool | None = None,
-              backend_reservation: str | None = None) -> None:
+              backend_reservation: str | None = None, owner: int | None = None) -> None:
         """``pending`` -> ``dispatching`` on ``pool``, holding ``held_gpus``, leased until ``lease_until``;
         ``borrowed``: whether the attempt runs beyond every guarantee (None: none is set anywhere);
-        ``backend_reservation``: the backend's own reservation it runs in (None: open capacity)."""
+        ``backend_reservation``: the backend's own reservation it runs in (None: open capacity);
+        ``owner``: the claiming worker's liveness key (None: unknown; dispatch/liveness.py)."""
         self._ready(job)
         current = job.state
         now = self._at = self._at or utcnow()
         values = dict(pool=pool, held_gpus=held_gpus, borrowed=borrowed, backend_reservation=backend_reservation,
                       routing_reason=reason,
-                      next_attempt_at=lease_until,
+                      next_attempt_at=lease_until, claim_owner=owner,
                       dispatch_attempts=job.dispatch_attempts + 1, estimated_start=None, estimated_pool=None,
                       estimate_reason=None, state=JobState.DISPATCHING.value, state_reason=reason, updated_at=now)
         self._claims.append(dict(id=job.id, from_state=current, pool=pool, held_gpus=held_gpus, borrowed=borrowed,
                                  backend_reservation=backend_reservation, reason=reason,
-                                 next_attempt_at=lease_until, dispatch_attempts=values["dispatch_attempts"], at=now,
+                                 next_attempt_at=lease_until, claim_owner=owner,
+                                 dispatch_attempts=values["dispatch_attempts"], at=now,
                                  actor=actor, data=data, ord=len(self._claims)))
         _show(job, values)
         log.info("%s -> %s: %s", current, JobState.DISPATCHING.value, reason,
@@ -257,6 +262,7 @@ class Claims:
             {"c_id": c["id"], "c_from": c["from_state"], "c_pool": c["pool"], "c_held_gpus": c["held_gpus"],
              "c_borrowed": c["borrowed"], "c_backend_reservation": c["backend_reservation"],
              "c_routing_reason": c["reason"], "c_next_attempt_at": c["next_attempt_at"],
+             "c_claim_owner": c["claim_owner"],
              "c_dispatch_attempts": c["dispatch_attempts"], "c_estimated_start": None, "c_estimated_pool": None,
              "c_estimate_reason": None, "c_state": JobState.DISPATCHING.value, "c_state_reason": c["reason"],
              "c_updated_at": c["at"]} for c in claims]).rowcount

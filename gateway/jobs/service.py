@@ -120,9 +120,12 @@ def record_submission(session: Session, *, job_id: str, backend_job_id: str, act
 # fields move together with the state, so no caller sets half of them.
 
 
-def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str) -> None:
-    """A dispatcher re-drives an expired claim: it holds the claim until ``until``."""
+def renew_lease(session: Session, job: Job, *, until: datetime, actor: str, reason: str,
+                owner: int | None = None) -> None:
+    """A dispatcher re-drives a claim whose lease ended or whose worker died: it holds the
+    claim until ``until``, as ``owner`` (its liveness key; dispatch/liveness.py)."""
     job.next_attempt_at = until
+    job.claim_owner = owner
     record_event(session, job, actor=actor, kind="recovery", reason=reason)
 
 

@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     # Claimed jobs of one round are submitted by this many threads (backend calls are I/O).
     dispatch_concurrency: int = Field(default=8, ge=1, le=64)
     dispatch_lease_s: int = Field(default=120, ge=1, le=3600)  # a DISPATCHING claim expires after this
+    # ... or once its worker's liveness lock has been gone this long (Postgres; dispatch/liveness.py)
+    dispatch_owner_grace_s: float = Field(default=10.0, ge=0, le=3600)
     retry_backoff_base_s: float = Field(default=2.0, gt=0, le=600)
     retry_backoff_max_s: float = Field(default=300.0, gt=0, le=3600)
     capacity_ttl_s: float = Field(default=2.0, ge=0, le=600)
@@ -350,6 +352,7 @@ class DispatchSettings(_Group):
     dispatch_batch: int
     dispatch_concurrency: int
     dispatch_lease_s: int
+    dispatch_owner_grace_s: float
     retry_backoff_base_s: float
     retry_backoff_max_s: float
     capacity_ttl_s: float

@@ -72,6 +72,9 @@ class Job(Base):
     job_set_id: Mapped[str | None] = mapped_column(String(36), ForeignKey("job_set.id", ondelete="RESTRICT"))
     array_index: Mapped[int | None] = mapped_column(Integer)
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The dispatch worker holding the claim while ``dispatching`` (its liveness lock's key,
+    # gateway/dispatch/liveness.py); NULL: unknown (SQLite, an older gateway): the lease decides.
+    claim_owner: Mapped[int | None] = mapped_column(Integer)
     # A pending job's planned start from the last dispatch round (docs/dispatch.md,
     # "Reservations and backfill"); NULL start with a reason when there is none.
     estimated_start: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -14,9 +14,10 @@ NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 STARTED = NOW - timedelta(minutes=10)
 
 
-def status(state: BackendState, *, job_id: str = "42", reason: str = "", raw: str = "", requeued_at=None):
+def status(state: BackendState, *, job_id: str = "42", reason: str = "", raw: str = "", requeued_at=None,
+           ended_at=None, exit_code=None):
     return JobStatus(backend_job_id=job_id, gateway_job_id="j-1", state=state, reason=reason, raw_state=raw,
-                     requeued_at=requeued_at)
+                     requeued_at=requeued_at, ended_at=ended_at, exit_code=exit_code)
 
 
 def test_every_backend_state_has_a_registry_state():
@@ -54,6 +55,25 @@ def test_a_cancelling_job_the_backend_ended_is_finished():
     m = meaning(state=JobState.CANCELLING, started_at=STARTED, backend_job_id="42",
                 status=status(BackendState.CANCELLED), now=NOW)
     assert not m.awaiting_cancel and step(JobState.CANCELLING, m.target) == "finish"
+
+
+@pytest.mark.parametrize("backend", [BackendState.SUCCEEDED, BackendState.FAILED])
+@pytest.mark.parametrize("ended", [NOW - timedelta(seconds=30), None])
+def test_a_job_that_ended_on_its_own_after_a_cancel_was_accepted_is_cancelled(backend, ended):
+    """The cancel could not reach the backend at once (pool cut off, claim's worker dead)."""
+    m = meaning(state=JobState.CANCELLING, started_at=STARTED, backend_job_id="42",
+                status=status(backend, reason="Completed", ended_at=ended, exit_code=0), now=NOW,
+                cancel_requested_at=NOW - timedelta(minutes=1))
+    assert m.target is JobState.CANCELLED and step(JobState.CANCELLING, m.target) == "finish"
+    assert m.reason == (f"cancelled; the backend ended it first ({BACKEND_TO_JOB[backend].value}, exit code 0: "
+                        "Completed) before the cancel could reach it")
+
+
+def test_a_job_that_ended_before_the_cancel_was_asked_keeps_its_ending():
+    m = meaning(state=JobState.CANCELLING, started_at=STARTED, backend_job_id="42",
+                status=status(BackendState.SUCCEEDED, ended_at=NOW - timedelta(minutes=2)), now=NOW,
+                cancel_requested_at=NOW - timedelta(minutes=1))
+    assert m.target is JobState.SUCCEEDED
 
 
 def test_a_running_job_reported_queued_was_requeued_now():
