@@ -43,6 +43,7 @@ from gateway.kit.errors import PROBLEM_JSON, install_error_handlers
 from gateway.kit.logs import RequestIdMiddleware
 from gateway.kit.logs import configure as configure_logging
 from gateway.kit.settings import Settings, get_settings
+from gateway.kit.signals import POOL, RESERVATIONS, Listener
 from gateway.kit.streams import StreamLimiter
 from gateway.kit.unicode import JSONResponse
 from gateway.pools import service as pools
@@ -202,6 +203,9 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
                                           settings=settings.dispatch, storage=app.state.storage)
         if app.state.backends and settings.dispatch_in_serve:
             app.state.dispatcher.start()
+        # Pool and reservation changes made through any replica (docs/architecture.md "Replicas").
+        app.state.signals = follow_signals(settings.database_url, app.state.dispatcher,
+                                           dispatching=bool(app.state.backends and settings.dispatch_in_serve))
         app.state.webhooks = None
         if settings.webhooks_in_serve:
             from gateway.webhooks.worker import WebhookWorker
@@ -217,6 +221,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
             hub = getattr(app.state, "event_hub", None)
             if hub is not None:
                 await hub.stop()
+            if app.state.signals is not None:
+                app.state.signals.stop()
             app.state.dispatcher.stop()
             if app.state.webhooks is not None:
                 app.state.webhooks.stop()
@@ -313,6 +319,34 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
         return JSONResponse(body, status_code=200 if body["status"] != "unavailable" else 503)
 
     return app
+
+
+def follow_signals(database_url: str, dispatcher: Dispatcher, *, dispatching: bool) -> Listener | None:
+    """Start listening for pool and reservation changes signalled by any process
+    (gateway/kit/signals.py), or None when this process has no pool. Every process: the capacity
+    snapshot its GET /v1/pools, dashboard and submit checks read is taken again. A process whose
+    dispatcher runs (``dispatching``: ``serve`` with dispatch on, ``isthmus worker``) also makes
+    the pool's backend reservations match the registry and starts a round. A name of None (after
+    every (re)connect: signals sent meanwhile are lost) means every pool."""
+    if not dispatcher.backends:
+        return None
+
+    def on_pool(_pool: str | None) -> None:
+        dispatcher.capacity.invalidate()
+        if dispatching:
+            dispatcher.wake()
+
+    def on_reservations(pool: str | None) -> None:
+        dispatcher.capacity.invalidate()
+        if not dispatching:
+            return
+        if pool is None:
+            dispatcher.native_reservations.sync()
+        elif pool in dispatcher.backends:
+            dispatcher.native_reservations.sync(pools={pool: dispatcher.backends[pool]})
+        dispatcher.wake()
+
+    return Listener(database_url).on(POOL, on_pool).on(RESERVATIONS, on_reservations).start()
 
 
 def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:

@@ -189,12 +189,18 @@ def worker(once: bool, health_port: int, health_host: str) -> None:
         click.echo(f"worker: GET /healthz on {health_host}:{health_port} (stuck after {stale_s:g} s)", err=True)
     signal.signal(signal.SIGTERM, lambda *_: dispatcher.request_stop())
     click.echo(f"worker: dispatching to {', '.join(sorted(backends))}", err=True)
+    from gateway.app import follow_signals
+
+    # Pools drained and reservations made through any API replica: acted on at once (docs/architecture.md).
+    signals = follow_signals(settings.database_url, dispatcher, dispatching=True)
     webhooks.start()
     try:
         dispatcher.run_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        if signals is not None:
+            signals.stop()
         webhooks.stop()
         engine.dispose()
 

@@ -1,68 +1,114 @@
-"""Two gateways on one database agree on a pool's state (issue #47, item 2).
+"""Two gateways on one database agree (issue #47, item 2).
 
 Two replicas of the gateway (two apps, each with its own dispatcher, pool catalogue and caches)
 on one fresh Postgres database, configured with two of the stack's Slurm clusters (``slurm-22``
-and ``slurm-24`` of ``.stack/pools.yaml``). An admin drains ``slurm-24`` through replica A; the
-other replica must honour it without being told:
+and ``slurm-24`` of ``.stack/pools.yaml``). A change made through one replica is honoured by the
+other without a call between them:
 
-- B's dispatch round sends nothing new there from its very next round (a round reads each
-  pool's row fresh from the database: gateway/dispatch/claim.py ``views(fresh=True)``);
-- B's ``GET /v1/pools`` and its never-fits check at submit read its capacity snapshot, which
-  is at most ``capacity_ttl_s`` old (docs/architecture.md "Replicas"): B answers ``draining`` once
-  that has passed, with no call between the replicas.
+- a drained pool gets nothing new from the other's dispatcher from its very next round (a round
+  reads each pool's row fresh from the database: gateway/dispatch/claim.py ``views(fresh=True)``);
+- the other's ``GET /v1/pools`` (its capacity snapshot, kept for ``capacity_ttl_s``: 300 s here)
+  shows the change within ``BOUND_S``: the change is signalled through the database
+  (gateway/kit/signals.py, Postgres LISTEN/NOTIFY), not waited out;
+- an advance reservation made or deleted through an API replica is made or deleted in Slurm
+  (22.05, ``scontrol``) by the other replica's dispatcher within ``BOUND_S``;
+- a listener whose connection is cut (``pg_terminate_backend``) connects again and re-reads
+  what it may have missed, within ``BOUND_S``.
 
-A piece of process-local state that a decision depends on would make B disagree here.
-Skips without the stack; fails with ISTHMUS_REQUIRE_STACK=1.
+docs/architecture.md "Replicas". A piece of process-local state that a decision depends on
+would make the replicas disagree here. Skips without the stack; fails with ISTHMUS_REQUIRE_STACK=1.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
+from sqlalchemy import text
 
+from adapters.base import GATEWAY_RESERVATION_PREFIX
+from adapters.slurm import parse
+from tests.backends.slurm.test_reservations import scontrol
 from tests.conftest import REPO, missing_system, postgres_database
 from tests.dispatch.conftest import (
     KWOK_RUN_FOR,
     drive_until,
     job_state,
+    slurm_env,
     wired_gateway,
 )
+from tests.dispatch.test_holds_real import slurm_record
 
 pytestmark = [pytest.mark.slurm("22.05", "24.11"), pytest.mark.postgres]
 
 POOLS_FILE = REPO / ".stack" / "pools.yaml"
 TWO = ("slurm-22", "slurm-24")
-TTL_S = 0.5  # replica B's capacity snapshot age bound
+TTL_S = 300  # the capacity snapshots' age bound: far longer than any wait here
+BOUND_S = 2.0  # a change through one replica is honoured by the other within this
 
 
-@pytest.fixture(scope="module")
-def pools_file(tmp_path_factory):
+def two_pools(tmp_path_factory, **slurm_22) -> str:
+    """The stack's two pools as a pools file; ``slurm_22``: settings added to slurm-22's."""
     if not POOLS_FILE.is_file():
         missing_system(f"{POOLS_FILE} missing: the test stack is not up (stack/up.sh writes it)")
     pools = [p for p in yaml.safe_load(POOLS_FILE.read_text())["pools"] if p["name"] in TWO]
     if tuple(p["name"] for p in pools) != TWO:
         missing_system(f"{POOLS_FILE} does not list {TWO}")
+    pools[0]["settings"].update(slurm_22)
     path = tmp_path_factory.mktemp("replicas") / "pools.yaml"
     path.write_text(yaml.safe_dump({"pools": pools}))
-    return path
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def pools_file(tmp_path_factory):
+    return two_pools(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pools_file_with_accounts(tmp_path_factory):
+    """slurm-22 submits with the gateway account as the Slurm account: it can hold a Slurm reservation."""
+    return two_pools(tmp_path_factory, account_map="same")
 
 
 def pool_states(gw) -> dict[str, str]:
     return {p["name"]: p["state"] for p in gw.client.get("/v1/pools", headers=gw.headers()).json()["items"]}
 
 
+def listening(*gws) -> None:
+    for gw in gws:
+        assert gw.app.state.signals.connected.wait(10), "the replica's listener did not connect"
+
+
+def within(bound_s: float, predicate, what: str) -> float:
+    """Seconds until ``predicate()`` holds, polled every 50 ms; fails after ``bound_s``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > bound_s:
+            raise AssertionError(f"{what}: not within {bound_s} s")
+        time.sleep(0.05)
+    took = time.monotonic() - start
+    print(f"{what}: {took:.3f} s")  # the figures docs/architecture.md quotes (pytest -s)
+    return took
+
+
 def test_a_pool_drained_through_one_replica_is_honoured_by_the_other(pools_file, dev_key_path):
     with postgres_database(migrated=True) as url, \
-            wired_gateway(url, dev_key_path, {}, pools_file=str(pools_file), capacity_ttl_s=600) as a, \
-            wired_gateway(url, dev_key_path, {}, fresh=False, pools_file=str(pools_file), capacity_ttl_s=TTL_S) as b:
+            wired_gateway(url, dev_key_path, {}, pools_file=pools_file, capacity_ttl_s=TTL_S) as a, \
+            wired_gateway(url, dev_key_path, {}, fresh=False, pools_file=pools_file, capacity_ttl_s=TTL_S) as b:
         admin = a.headers("root", admin=True)
+        listening(a, b)
         assert pool_states(a) == pool_states(b) == {"slurm-22": "active", "slurm-24": "active"}
         try:
             r = a.client.patch("/v1/admin/pools/slurm-24", json={"state": "draining"}, headers=admin)
             assert r.status_code == 200 and r.json()["state"] == "draining", r.text
+            # A's snapshot was refreshed by the change it served (same process) ...
+            assert pool_states(a)["slurm-24"] == "draining"
+            # ... and B's own listing (its snapshot, 300 s fresh) by the signal, before any round of B's.
+            within(BOUND_S, lambda: pool_states(b)["slurm-24"] == "draining", "drain through A seen by B")
 
             # B's next round: nothing new goes to slurm-24, and a job pinned there waits with the reason.
             anywhere = b.client.post("/v1/jobs", json={
@@ -79,15 +125,11 @@ def test_a_pool_drained_through_one_replica_is_honoured_by_the_other(pools_file,
             held = job_state(b, pinned.json()["id"], "pending")
             assert held and held["assigned_pool"] is None and "draining" in held["state_reason"], held
 
-            # B's own pool listing (its capacity snapshot) shows the state within its bound.
-            time.sleep(TTL_S + 0.1)
-            assert pool_states(b)["slurm-24"] == "draining"
-            # A's snapshot was refreshed by the change it served (same process).
-            assert pool_states(a)["slurm-24"] == "draining"
-
-            # Back in service through B: A's next round may send the pinned job there.
+            # Back in service through B: A's listing says so within the bound, and A's next round
+            # may send the pinned job there.
             r = b.client.patch("/v1/admin/pools/slurm-24", json={"state": "active"}, headers=admin)
             assert r.status_code == 200, r.text
+            within(BOUND_S, lambda: pool_states(a)["slurm-24"] == "active", "enable through B seen by A")
             moved = drive_until(a, lambda: job_state(a, pinned.json()["id"], "queued", "running", "succeeded",
                                                      "failed"), timeout_s=60)
             assert moved["assigned_pool"] == "slurm-24", moved
@@ -96,3 +138,87 @@ def test_a_pool_drained_through_one_replica_is_honoured_by_the_other(pools_file,
             for gw, job in ((b, anywhere), (a, pinned)):
                 with contextlib.suppress(Exception):
                     gw.client.post(f"/v1/jobs/{job.json()['id']}/cancel", headers=gw.headers())
+
+
+def slurm_reservations(env) -> set[str]:
+    proc = scontrol(env, "--oneliner", "show", "reservation")
+    return {x["name"] for x in parse.reservation_text(proc.stdout)}
+
+
+def test_a_reservation_made_through_an_api_replica_is_made_in_slurm_by_the_dispatching_one(
+        pools_file_with_accounts, dev_key_path, monkeypatch):
+    """A serves the API only: its own sync in the request is switched off, so only the signal
+    can reach a dispatcher. B runs its dispatcher (``dispatch_in_serve``) and syncs native
+    reservations every hour on its own: within the bound, only the signal can have done it."""
+    env = slurm_env("22.05")
+    files = {"pools_file": pools_file_with_accounts, "capacity_ttl_s": TTL_S}
+    with postgres_database(migrated=True) as url, \
+            wired_gateway(url, dev_key_path, {}, **files) as a, \
+            wired_gateway(url, dev_key_path, {}, fresh=False, dispatch_in_serve=True, **files) as b:
+        monkeypatch.setattr(a.app.state.dispatcher.native_reservations, "sync", lambda **_: 0)
+        native = b.app.state.dispatcher.native_reservations
+        monkeypatch.setattr(native, "INTERVAL_S", 3600.0)
+        synced: list[tuple[tuple[str, ...] | None, int]] = []  # (pools asked, backend changes) per sync
+        real_sync = native.sync
+
+        def spy(*, pools=None):
+            changed = real_sync(pools=pools)
+            synced.append((tuple(sorted(pools)) if pools is not None else None, changed))
+            return changed
+
+        monkeypatch.setattr(native, "sync", spy)
+        listening(a, b)
+        admin = a.headers("root", admin=True)
+        now = datetime.now(UTC)
+        r = a.client.post("/v1/admin/reservations", headers=admin, json={
+            "account": "team-a", "pool": "slurm-22", "nodes": 1, "start": (now - timedelta(minutes=1)).isoformat(),
+            "end": (now + timedelta(minutes=20)).isoformat(), "reason": "replicas agree"})
+        assert r.status_code == 201, r.text
+        held = r.json()
+        name = f"{GATEWAY_RESERVATION_PREFIX}{held['id']}"
+        assert held["native"] is None  # A made nothing in Slurm
+        try:
+            within(BOUND_S, lambda: name in slurm_reservations(env), "reservation through A made in Slurm by B")
+            assert (("slurm-22",), 1) in synced, synced  # by the signal's sync of that pool
+            rec = slurm_record(env, "reservation", name)
+            assert rec["Accounts"] == "team-a" and rec["NodeCnt"] == "1", rec
+            within(BOUND_S, lambda: [h["native"] for h in a.client.get("/v1/admin/reservations", headers=admin)
+                                     .json() if h["id"] == held["id"]] == [name], "B's note on the row")
+        finally:
+            gone = a.client.delete(f"/v1/admin/reservations/{held['id']}", headers=admin)
+        assert gone.status_code == 204, gone.text
+        within(BOUND_S, lambda: name not in slurm_reservations(env), "deletion through A done in Slurm by B")
+
+
+def test_a_listener_that_lost_its_connection_connects_again_and_re_reads(pools_file, dev_key_path):
+    """A change nobody signalled (as one made while the listener was away) is seen once the
+    listener has connected again: after every connect it re-reads everything."""
+    from gateway.kit.db import transaction
+    from gateway.pools import service
+
+    with postgres_database(migrated=True) as url, \
+            wired_gateway(url, dev_key_path, {}, pools_file=pools_file, capacity_ttl_s=TTL_S) as a, \
+            wired_gateway(url, dev_key_path, {}, fresh=False, pools_file=pools_file, capacity_ttl_s=TTL_S) as b:
+        admin = a.headers("root", admin=True)
+        listener = b.app.state.signals
+        listening(a, b)
+        try:
+            assert pool_states(b)["slurm-24"] == "active"
+            with transaction(a.app.state.sessionmaker) as s:  # written, not signalled
+                service.update(s, name="slurm-24", state="disabled", weight=None, by="root",
+                               now=datetime.now(UTC))
+            time.sleep(0.5)
+            assert pool_states(b)["slurm-24"] == "active"  # B's snapshot: nothing told it
+
+            pid, connects = listener.backend_pid, listener.connects
+            with a.app.state.engine.connect() as conn:
+                assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar() is True
+            within(BOUND_S, lambda: pool_states(b)["slurm-24"] == "disabled", "re-read after the listener's loss")
+            assert listener.connects == connects + 1 and listener.backend_pid not in (None, pid)
+
+            # And it listens again: a signalled change arrives as before.
+            r = a.client.patch("/v1/admin/pools/slurm-24", json={"state": "active"}, headers=admin)
+            assert r.status_code == 200, r.text
+            within(BOUND_S, lambda: pool_states(b)["slurm-24"] == "active", "signal after the reconnect")
+        finally:
+            a.client.patch("/v1/admin/pools/slurm-24", json={"state": "active"}, headers=admin)
