@@ -11,7 +11,8 @@ other without a call between them:
   shows the change within ``BOUND_S``: the change is signalled through the database
   (gateway/kit/signals.py, Postgres LISTEN/NOTIFY), not waited out;
 - an advance reservation made or deleted through an API replica is made or deleted in Slurm
-  (22.05, ``scontrol``) by the other replica's dispatcher within ``BOUND_S``;
+  (22.05, ``scontrol``) within ``BOUND_S`` by the other replica's dispatcher, and by an
+  ``isthmus worker`` process;
 - a listener whose connection is cut (``pg_terminate_backend``) connects again and re-reads
   what it may have missed, within ``BOUND_S``.
 
@@ -222,3 +223,60 @@ def test_a_listener_that_lost_its_connection_connects_again_and_re_reads(pools_f
             within(BOUND_S, lambda: pool_states(b)["slurm-24"] == "active", "signal after the reconnect")
         finally:
             a.client.patch("/v1/admin/pools/slurm-24", json={"state": "active"}, headers=admin)
+
+
+def test_a_reservation_made_through_an_api_replica_is_made_in_slurm_by_an_isthmus_worker(
+        pools_file_with_accounts, dev_key_path, monkeypatch, tmp_path):
+    """The same through a real ``isthmus worker`` process (gateway/cli.py). It syncs native
+    reservations when it starts and then every 15 s on its own: made more than 2 s after its
+    start and seen in Slurm within the bound, the reservation was made on the signal."""
+    import json
+    import os
+    import subprocess
+
+    from tests.e2e.conftest import ISTHMUS
+
+    env = slurm_env("22.05")
+    with postgres_database(migrated=True) as url, \
+            wired_gateway(url, dev_key_path, {}, pools_file=pools_file_with_accounts, capacity_ttl_s=TTL_S) as a:
+        monkeypatch.setattr(a.app.state.dispatcher.native_reservations, "sync", lambda **_: 0)
+        listening(a)
+        log = (tmp_path / "worker.log").open("w")
+        worker = subprocess.Popen([ISTHMUS, "worker"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={
+            **os.environ, "ISTHMUS_DATABASE_URL": url, "ISTHMUS_POOLS_FILE": pools_file_with_accounts,
+            "ISTHMUS_BACKENDS": json.dumps({}), "ISTHMUS_DISPATCH_INTERVAL_S": "0.5", "ISTHMUS_LOG_LEVEL": "info"})
+        admin = a.headers("root", admin=True)
+        held = None
+        try:
+            def worker_listens() -> bool:
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+                with a.app.state.engine.connect() as conn:
+                    return bool(conn.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND "
+                        "application_name = 'isthmus-signals' AND pid <> :mine"),
+                        {"mine": a.app.state.signals.backend_pid}).scalar())
+            within(60, worker_listens, "isthmus worker listening")
+            time.sleep(2.5)  # its start-up syncs are over; its next own one is 15 s away
+            now = datetime.now(UTC)
+            r = a.client.post("/v1/admin/reservations", headers=admin, json={
+                "account": "team-a", "pool": "slurm-22", "nodes": 1,
+                "start": (now - timedelta(minutes=1)).isoformat(), "end": (now + timedelta(minutes=20)).isoformat(),
+                "reason": "replicas agree: worker"})
+            assert r.status_code == 201, r.text
+            held = r.json()
+            name = f"{GATEWAY_RESERVATION_PREFIX}{held['id']}"
+            within(BOUND_S, lambda: name in slurm_reservations(env), "reservation through A made by the worker")
+            gone = a.client.delete(f"/v1/admin/reservations/{held['id']}", headers=admin)
+            assert gone.status_code == 204, gone.text
+            held = None
+            within(BOUND_S, lambda: name not in slurm_reservations(env), "deletion through A done by the worker")
+        finally:
+            if held is not None:
+                a.client.delete(f"/v1/admin/reservations/{held['id']}", headers=admin)
+            worker.terminate()
+            try:
+                assert worker.wait(15) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                log.close()
