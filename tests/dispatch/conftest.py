@@ -177,15 +177,14 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
                                 for i, line in enumerate(lines(worker))))
         custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", ns, "logs", _logs_object(ns, pod, path))
         CREATED.append((ns, pod, path))
-    # Why a read can miss a Logs object that exists (kwok v0.8.0, still so upstream): kwok
-    # answers pods/log from a list it caches under its informer's last resourceVersion
-    # (pkg/config/resources/cache.go), and the reflector moves that version when an event is
-    # queued, before the informer's store holds the object. A read that lands in between
-    # caches the list without it, under the new version, until the next Logs event: on a
-    # loaded machine (and with other lanes reading logs) that happened, and a stand-in then
-    # stayed unserved for the test's whole wait (CI 877d2df: three tests, 40 s of NotFound).
-    # So each unserved stand-in is touched (an annotation: an event that moves the version)
-    # and read only after kwok has had a moment to store it; any read after that recomputes.
+    # kwok learns of a Logs object through its watch, and answers pods/log from a list it caches
+    # under its informer's last resourceVersion (kwok v0.8.0 pkg/config/resources/cache.go),
+    # which moves when an event is queued, a moment before the informer's store holds it: a
+    # read in that moment caches the list without the object until the next Logs event. So an
+    # unserved stand-in is touched (an annotation: an event) and read again a second later.
+    # (CI 877d2df's three failures here had another cause: a fake node whose address kwok had
+    # overwritten at start-up, so the apiserver asked elsewhere; stack/kube/up.sh, "readiness".
+    # The diagnosis below names the node's address.)
     for worker, pod in pods.items():
         want, seen = "".join(f"{line}\n" for line in lines(worker)), None
         started, touches = time.monotonic(), 0
@@ -193,7 +192,7 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
             try:
                 seen = core.read_namespaced_pod_log(pod, ns, container="worker")
             except Exception as exc:  # noqa: BLE001  (kwok's cached list lacks the object)
-                seen = repr(exc)[:200]
+                seen = f"{exc!r} {getattr(exc, 'status', '')} {str(getattr(exc, 'body', ''))[:300]}"
             if seen == want:
                 break
             assert time.monotonic() - started < 40, (
@@ -208,12 +207,15 @@ def fake_container_output(kube, k8s, backend_job_id: str, workers: int, lines) -
 def _kwok_diagnosis(kube, core, ns: str, pod: str) -> str:
     """What a failed stand-in log read needs to be understood: the pod's node (a fake one?),
     which process answers on kwok's port (the kwok this stack started?), kwok's last words.
-    (CI once failed three tests here with 404s for 40 s on a fresh stack; the same tests pass
-    on the same machine otherwise, and that run left nothing to tell why.)"""
+    (CI 877d2df failed three tests here with 404s for 40 s: a fake node's InternalIP was kwok's
+    10.243.0.1, not the 127.0.0.1 its server listens on.)"""
     words = []
     with contextlib.suppress(Exception):
         p = core.read_namespaced_pod(pod, ns)
         words.append(f"pod on node {p.spec.node_name!r}, phase {p.status.phase}")
+        node = core.read_node(p.spec.node_name)
+        words.append(f"the node's addresses {[(a.type, a.address) for a in node.status.addresses]} "
+                     f"port {node.status.daemon_endpoints.kubelet_endpoint.port} (kwok's server: 127.0.0.1)")
     state = Path(kube["ISTHMUS_KUBE_STATE_DIR"])
     with contextlib.suppress(Exception):
         pid = (state / "pids" / "kwok.pid").read_text().strip()

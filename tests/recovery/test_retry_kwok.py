@@ -50,10 +50,18 @@ def remade(core, saved) -> None:
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
         name=meta.name, labels=meta.labels, annotations=meta.annotations)))
     st = saved.status
-    core.patch_node_status(meta.name, {"status": {
+    status = {"status": {
         "capacity": st.capacity, "allocatable": st.allocatable,
         "addresses": [{"type": a.type, "address": a.address} for a in st.addresses],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": st.daemon_endpoints.kubelet_endpoint.port}}}})
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": st.daemon_endpoints.kubelet_endpoint.port}}}}
+    core.patch_node_status(meta.name, status)
+    # kwok initialises the new node and may write its own --node-ip over the address meanwhile
+    # (stack/kube/up.sh, "readiness"): once it is Ready kwok leaves it alone; set it again then.
+    deadline = time.monotonic() + 60
+    while not any(c.type == "Ready" and c.status == "True" for c in core.read_node(meta.name).status.conditions or []):
+        assert time.monotonic() < deadline, f"the remade node {meta.name} never became Ready"
+        time.sleep(0.5)
+    core.patch_node_status(meta.name, status)
 
 
 def test_a_worker_whose_node_is_deleted_runs_again_on_another_node(gw, k8s):
