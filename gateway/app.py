@@ -30,7 +30,9 @@ from gateway.dispatch import Dispatcher
 from gateway.identity.bodylimit import BodyLimitMiddleware
 from gateway.identity.seen import MembershipSeenRecorder
 from gateway.identity.setup import build_authenticator
+from gateway.jobs.admission import Admission
 from gateway.jobs.checkpoints import JobCredentials
+from gateway.jobs.events import Hubs
 from gateway.kit.db import (
     make_async_engine,
     make_async_sessionmaker,
@@ -179,6 +181,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
                                         if app.state.async_engine is not None else None)
         # Reads (lists, one job, the dashboard's pages) without BEGIN / COMMIT (kit/db.py, issue #46).
         app.state.read_sessionmaker = make_read_sessionmaker(engine)
+        # Event streams: one hub per process (and event loop) polls the events for all of them.
+        app.state.event_hubs = Hubs(app.state.sessionmaker, heartbeat_s=settings.events_heartbeat_s)
         if settings.dev_mode:
             log.warning("DEV MODE: the local development issuer is trusted; do not use in production")
             _seed_dev_accounts(app, settings)
@@ -201,6 +205,9 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
             raise
         app.state.dispatcher = Dispatcher(sessions=app.state.sessionmaker, backends=app.state.backends,
                                           settings=settings.dispatch, storage=app.state.storage)
+        # What admission at submit reads besides the request (jobs/admission.py), built once.
+        app.state.admission = Admission(settings=settings, storage=app.state.storage, backends=app.state.backends,
+                                        latest_views=app.state.dispatcher.latest_views)
         if app.state.backends and settings.dispatch_in_serve:
             app.state.dispatcher.start()
         # Pool and reservation changes made through any replica (docs/architecture.md "Replicas").
@@ -218,9 +225,7 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
         try:
             yield
         finally:
-            hub = getattr(app.state, "event_hub", None)
-            if hub is not None:
-                await hub.stop()
+            await app.state.event_hubs.stop()
             if app.state.signals is not None:
                 app.state.signals.stop()
             app.state.dispatcher.stop()

@@ -50,7 +50,7 @@ def to_set_out(session, job_set: JobSet) -> JobSetOut:
 def submit_job_set(principal: CurrentPrincipal, session: DbSession, request: Request, response: Response,
                    background: BackgroundTasks,
                    spec: Annotated[JobSetSpec, Body(openapi_examples=EXAMPLES)]) -> JobSetOut:
-    job_set = service.record_set(session, request.app.state, principal, spec)
+    job_set = service.record_set(session, request.app.state.admission, principal, spec)
     response.headers["Location"] = f"/v1/job-sets/{job_set.id}"
     _wake_dispatcher(request, background)
     return to_set_out(session, job_set)

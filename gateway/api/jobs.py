@@ -191,7 +191,8 @@ def _submissions(state) -> GroupCommit:
     if held is None or held[0] is not loop:
         async def run(items: list[intake.Submission]) -> list:
             try:
-                return await in_transaction(state, lambda session: admission.record_jobs(session, state, items))
+                return await in_transaction(state, lambda session: admission.record_jobs(session, state.admission,
+                                                                                       items))
             except intake.RefusedWhileWriting as exc:
                 if len(items) == 1:
                     return [exc.refusal]  # rolled back: nothing of it is kept
@@ -489,7 +490,7 @@ async def stream_job_events(
         after = int(last_event_id)
     settings = request.app.state.settings
     permit = request.app.state.streams.acquire(principal.subject)  # 429 / 503 (docs/logs.md)
-    body = events.sse(events.get_hub(request.app), principal, after_id=after,
+    body = events.sse(request.app.state.event_hubs.current(), principal, after_id=after,
                       max_stream_s=settings.events_max_stream_s)
     return HeldStreamingResponse(body, permit=permit, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

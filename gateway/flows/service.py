@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -47,6 +47,9 @@ from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.timeutil import new_id, new_ids, utcnow
 from gateway.models.flows import JobSet
 from gateway.models.jobs import Job
+
+if TYPE_CHECKING:
+    from gateway.jobs.admission import Admission
 
 log = logging.getLogger("isthmus.flows")
 
@@ -101,18 +104,18 @@ def _check_rendered(command: list[str], env: dict[str, str], index: int) -> None
             raise Invalid(f"body.env.{key}", f"task {index} after substitution: value is longer than 4096 characters")
 
 
-def record_set(session: Session, app_state: Any, principal: Principal, spec: JobSetSpec) -> JobSet:
+def record_set(session: Session, context: Admission, principal: Principal, spec: JobSetSpec) -> JobSet:
     """``POST /v1/job-sets``: admit and record a set with all its tasks in the caller's
     transaction, by the same checks, in the same order, as a single job
     (gateway/jobs/admission.py ``record_jobs``)."""
     from gateway.jobs import admission
 
-    settings = app_state.settings
-    admission.refuse_early(session, app_state, principal, spec)
+    settings = context.settings
+    admission.refuse_early(session, context, principal, spec)
     return create_set(session, principal=principal, spec=spec, max_tasks=settings.max_array_tasks,
                       max_points=settings.max_sweep_points, default_time_limit_s=settings.default_time_limit_s,
                       max_time_limit_s=settings.max_time_limit_s, caps=admission.caps(settings),
-                      waiting_reason=admission.waiting_reason(app_state),
+                      waiting_reason=admission.waiting_reason(context),
                       hold=admission.budget_hold(session, spec, settings))
 
 

@@ -9,27 +9,60 @@ drift: a set whose tasks exceed the account's ``max_gpus`` was once accepted whi
 single job got a 422 (issue #28), and a set was once judged on its budget before its caps
 (issue #46).
 
-``app_state`` is the FastAPI app's state: its dispatcher (capacity snapshot) and backends.
+What admission reads besides the request is one typed :class:`Admission`, built once per
+process where the app is built (gateway/app.py) and handed to every entry point: never the
+app's state object (issue #47, item 1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from gateway.identity import system_users
 from gateway.jobs import caps as job_caps
 from gateway.jobs import intake
 from gateway.jobs.schemas import JobSpec
 from gateway.kit.errors import Forbidden, Invalid
+from gateway.kit.settings import Settings
 
 
-def refuse_early(session, app_state, principal, spec: JobSpec) -> None:
+def _no_views() -> Mapping[str, Any]:
+    return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """What admission at submit reads besides the request, built once per process.
+
+    ``settings``: the caps, time limits, system-user rules; ``storage``: the storage catalog
+    (gateway/domain/storage.py ``Catalog``); ``backends``: the pools' adapters by name (empty:
+    no pool configured, jobs wait for one); ``latest_views``: this process's capacity
+    snapshot, as it is (``Capacity.latest_views``; none without a dispatcher): per process,
+    a cache of what the pools said, never a decision of another replica's.
+    """
+
+    settings: Settings
+    storage: Any = None
+    backends: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    latest_views: Callable[[], Mapping[str, Any]] = _no_views
+
+    @property
+    def catalog(self):
+        from gateway.domain.storage import NO_STORAGE
+
+        return self.storage or NO_STORAGE
+
+
+def refuse_early(session, context: Admission, principal, spec: JobSpec) -> None:
     """403/422 before anything is recorded: a system user, an unknown pool, storage the job may
     not have (or not where it asks), a pool it never fits."""
-    refuse_system_user(principal, app_state.settings)
+    refuse_system_user(principal, context.settings)
     refuse_unknown_pool(session, spec)
-    refuse_bad_storage(session, app_state, principal, spec)
-    refuse_if_never_fits(session, app_state, spec)
+    refuse_bad_storage(session, context, principal, spec)
+    refuse_if_never_fits(session, context, spec)
 
 
 async def look_up_user(principal) -> None:
@@ -41,13 +74,7 @@ async def look_up_user(principal) -> None:
         await run_in_threadpool(system_users.look_up, principal.username)
 
 
-def _catalog(app_state):
-    from gateway.domain.storage import NO_STORAGE
-
-    return getattr(app_state, "storage", None) or NO_STORAGE
-
-
-def refuse_bad_storage(session, app_state, principal, spec: JobSpec) -> None:
+def refuse_bad_storage(session, context: Admission, principal, spec: JobSpec) -> None:
     """422 naming ``body.mounts[i]`` or ``body.checkpoint``: a storage that does not exist, that
     the account may not use, a writable mount of a read-only storage, overlapping mounts, a
     pinned pool without the storage (docs/storage.md). Only for a member of the account:
@@ -56,7 +83,7 @@ def refuse_bad_storage(session, app_state, principal, spec: JobSpec) -> None:
         return
     from gateway.domain.storage import MountError, check_spec, pinned_refusal
 
-    catalog = _catalog(app_state)
+    catalog = context.catalog
     data = spec.model_dump(mode="json", include={"mounts", "checkpoint"})
     chain: list[str] = []
     if any(s.accounts is not None for s in catalog.storages.values()):
@@ -70,7 +97,7 @@ def refuse_bad_storage(session, app_state, principal, spec: JobSpec) -> None:
     if spec.pool != "auto":
         from adapters.base import Feature, features_of
 
-        backend = (getattr(app_state, "backends", None) or {}).get(spec.pool)
+        backend = context.backends.get(spec.pool)
         remount = features_of(backend).why_not(Feature.MOUNT_PATHS) if backend is not None else ""
         refusal = pinned_refusal(data, catalog, spec.pool, remount)
         if refusal:
@@ -99,20 +126,20 @@ def checkpoint_lineage(session, principal, spec: JobSpec) -> str | None:
     return earlier.checkpoint_lineage
 
 
-def record_jobs(session, app_state, submissions: list[intake.Submission]) -> list:
+def record_jobs(session, context: Admission, submissions: list[intake.Submission]) -> list:
     """``POST /v1/jobs``: admit and record ``submissions`` in one transaction (a group
     commit's batch, gateway/kit/groupcommit.py; one request is a batch of one), judged in
     order as if each were alone. One result each: ``(job, created)`` or its refusal."""
-    settings = app_state.settings
+    settings = context.settings
 
     def prepare(session, sub: intake.Submission) -> None:
-        refuse_early(session, app_state, sub.principal, sub.spec)
+        refuse_early(session, context, sub.principal, sub.spec)
         sub.lineage = checkpoint_lineage(session, sub.principal, sub.spec)
         sub.hold = budget_hold(session, sub.spec, settings)
 
     return intake.create_many(session, submissions, default_time_limit_s=settings.default_time_limit_s,
                                max_time_limit_s=settings.max_time_limit_s, caps=caps(settings),
-                               waiting_reason=waiting_reason(app_state), prepare=prepare)
+                               waiting_reason=waiting_reason(context), prepare=prepare)
 
 
 def caps(settings) -> job_caps.SubmitCaps:
@@ -147,7 +174,7 @@ def refuse_unknown_pool(session, spec: JobSpec) -> None:
                   or_auto=True)
 
 
-def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
+def refuse_if_never_fits(session, context: Admission, spec: JobSpec) -> None:
     """A job that can never fit the pool it names (or, with ``auto``, any pool) is refused now,
     not left pending forever.
 
@@ -159,10 +186,9 @@ def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
     """
     from gateway.domain.routing import JobShape, check_pinned
 
-    if not getattr(app_state, "backends", None):
+    if not context.backends:
         return  # no pool configured: the job waits for one (waiting_reason)
-    dispatcher = getattr(app_state, "dispatcher", None)
-    views = dispatcher.latest_views() if dispatcher is not None else {}
+    views = context.latest_views()
     if not views:
         from gateway.kit.timeutil import utcnow
         from gateway.pools.service import stored_views
@@ -171,7 +197,7 @@ def refuse_if_never_fits(session, app_state, spec: JobSpec) -> None:
         stored = session.info.get("isthmus.stored_views")
         if stored is None:
             stored = session.info["isthmus.stored_views"] = stored_views(session, now=utcnow(),
-                                                                         storage=_catalog(app_state))
+                                                                         storage=context.catalog)
         views, configured = stored
         if not views or (spec.pool == "auto" and set(views) != configured) or \
                 (spec.pool != "auto" and spec.pool not in views):
@@ -250,9 +276,9 @@ def held_reason(verdict) -> str | None:
     return verdict[1]
 
 
-def waiting_reason(app_state) -> str:
+def waiting_reason(context: Admission) -> str:
     """What a newly recorded job waits for: a pool to be configured, or the dispatcher."""
-    if not getattr(app_state, "backends", None):
+    if not context.backends:
         from gateway.pools.service import NO_POOL
 
         return NO_POOL

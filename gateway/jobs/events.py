@@ -236,13 +236,25 @@ class EventHub:
             self._subscribers.discard(sub)
 
 
-def get_hub(app) -> EventHub:
-    """The app's hub in the running event loop (one per process and loop)."""
-    hub = getattr(app.state, "event_hub", None)
-    if hub is None or (hub.loop is not None and hub.loop is not asyncio.get_running_loop()):
-        hub = app.state.event_hub = EventHub(app.state.sessionmaker,
-                                             heartbeat_s=app.state.settings.events_heartbeat_s)
-    return hub
+class Hubs:
+    """The process's event hub, one per running event loop (tests serve one app in two loops):
+    built once where the app is built (gateway/app.py) and asked by the streams' routes."""
+
+    def __init__(self, sessions: Callable[[], Session], *, heartbeat_s: float) -> None:
+        self._sessions = sessions
+        self._heartbeat_s = heartbeat_s
+        self._hub: EventHub | None = None
+
+    def current(self) -> EventHub:
+        """The hub of the running event loop (made at the first stream of each loop)."""
+        hub = self._hub
+        if hub is None or (hub.loop is not None and hub.loop is not asyncio.get_running_loop()):
+            hub = self._hub = EventHub(self._sessions, heartbeat_s=self._heartbeat_s)
+        return hub
+
+    async def stop(self) -> None:
+        if self._hub is not None:
+            await self._hub.stop()
 
 
 async def sse(hub: EventHub, principal: Principal, *, after_id: int | None,

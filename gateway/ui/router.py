@@ -158,7 +158,7 @@ async def events_stream(request: Request, after: Annotated[int | None, Query(ge=
             raise Invalid("header.Last-Event-ID", "must be an event id sent by this stream")
         after = int(last)
     permit = request.app.state.streams.acquire(principal.subject)  # counts with the API's streams
-    body = events.sse(events.get_hub(request.app), principal, after_id=after,
+    body = events.sse(request.app.state.event_hubs.current(), principal, after_id=after,
                       max_stream_s=request.app.state.settings.events_max_stream_s)
     return HeldStreamingResponse(body, permit=permit, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

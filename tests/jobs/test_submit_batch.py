@@ -38,7 +38,7 @@ def sub(user="alice", key=None, **body) -> jobs.Submission:
 def record(gw, submissions):
     """One batch, as the group commit runs it: admission and all, one transaction."""
     with transaction(gw.app.state.sessionmaker) as session:
-        return admission.record_jobs(session, gw.app.state, submissions)
+        return admission.record_jobs(session, gw.app.state.admission, submissions)
 
 
 def rows(gw, model=Job) -> int:
