@@ -7,13 +7,15 @@ endpoint of the Service's EndpointSlice (``Release.endpoints``) on every attempt
 
 The stack's Postgres and slurmrestd listen on loopback only, so the workers and the migration
 run with hostNetwork. API pods in the pod network (``api.hostNetwork: false``, several per
-node) reach Postgres through ``Forwarder``, a TCP relay on the node's address run by the test.
+node) reach Postgres through ``Forwarder``, a TCP relay run by the test on the node's side of
+its pod network (the pods have no route beyond it); the host-network pods use the same URL.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import ipaddress
 import os
 import random
 import shutil
@@ -49,6 +51,9 @@ SOCK = "/run/isthmus-containerd/containerd.sock"
 CTR = ["ctr", "-a", SOCK, "-n", "k8s.io"]
 NODE = os.environ.get("ISTHMUS_KUBE_NODE_NAME", "isthmus-node-1")
 NODE_IP = os.environ.get("ISTHMUS_KUBE_NODE_IP", "10.246.0.1")
+# The node's side of its pod network (stack/kube/node.sh: a CNI bridge, gateway = the subnet's
+# first address, no default route in the pods): the one host address a pod can reach.
+POD_GATEWAY = str(next(ipaddress.ip_network(os.environ.get("ISTHMUS_KUBE_NODE_POD_SUBNET", "10.245.0.0/24")).hosts()))
 TAINT_KEY = "isthmus.io/real-node"  # stack/kube/node.sh
 IMAGE = os.environ.get("ISTHMUS_IMAGE", "localhost/isthmus:dev")
 CHART = REPO / "deploy/helm/isthmus"
@@ -171,12 +176,35 @@ def slurm() -> dict:
     return read_env_file(path)
 
 
+def ensure_pod_network(kube: httpx.Client, ns: str) -> None:
+    """The node's bridge (and so POD_GATEWAY) exists once a pod ran in the pod network: run one
+    if none has yet (a fresh stack), so that host-network pods reach POD_GATEWAY too."""
+    def bridge_up() -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind((POD_GATEWAY, 0))
+                return True
+            except OSError:
+                return False
+
+    if bridge_up():
+        return
+    kube.post(f"/api/v1/namespaces/{ns}/pods", json={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pod-network"},
+        "spec": {"restartPolicy": "Never", **ON_NODE, "automountServiceAccountToken": False, "containers": [{
+            "name": "true", "image": "localhost/isthmus-debian:bookworm", "imagePullPolicy": "Never",
+            "command": ["true"]}]}}).raise_for_status()
+    wait_for(bridge_up, 120, f"the node's pod network bridge ({POD_GATEWAY})")
+    kube.delete(f"/api/v1/namespaces/{ns}/pods/pod-network")
+
+
 class Forwarder:
-    """A TCP relay from the node's address to a loopback port, for pods in the pod network."""
+    """A TCP relay from the node's pod-network gateway to a loopback port, for pods in the pod
+    network (no route beyond the node's bridge) and on the node's network alike."""
 
     def __init__(self, target_port: int):
         self.target = ("127.0.0.1", target_port)
-        self.server = socket.create_server((NODE_IP, 0))
+        self.server = socket.create_server((POD_GATEWAY, 0))
         self.port = self.server.getsockname()[1]
         self.open: set[socket.socket] = set()
         self.closed = False
@@ -337,9 +365,10 @@ def release_namespace(kube, helm, slurm, tmp_path: Path, *, forward_db: bool = F
                 db_url = db_url.replace("postgresql://", "postgresql+psycopg://", 1)
             pods_db_url = db_url
             if forward_db:
+                ensure_pod_network(kube, ns)
                 u = sa.engine.make_url(db_url)
                 forwarder = Forwarder(u.port)
-                pods_db_url = u.set(host=NODE_IP, port=forwarder.port).render_as_string(hide_password=False)
+                pods_db_url = u.set(host=POD_GATEWAY, port=forwarder.port).render_as_string(hide_password=False)
             rel = Release(kube=kube, helm=helm, ns=ns, db_url=db_url, pods_db_url=pods_db_url, port=free_port(),
                           token=issuer.mint(user="alice", groups=["team-a"], admin=False), slurm=slurm,
                           workdir=tmp_path)
@@ -441,7 +470,7 @@ def check_jobs_once_and_balanced(release: Release, sub: Submitter, timeout_s: fl
     assert len(ids) == len(sub.accepted), "two keys answered with one job"
 
     def ended():
-        rows = release.query("select id, state, backend from job")
+        rows = release.query("select id, state, pool from job")
         return rows if all(r.state in FINAL for r in rows) else None
 
     rows = wait_for(ended, timeout_s, "every job to end", lambda: str(release.query(
@@ -461,7 +490,7 @@ def check_jobs_once_and_balanced(release: Release, sub: Submitter, timeout_s: fl
         on_slurm = [s.gateway_job_id for s in slurm.list_gateway_jobs()]
     finally:
         slurm.close()
-    pools = {r.id: r.backend for r in rows}
+    pools = {r.id: r.pool for r in rows}
     for job, pool in pools.items():
         if pool == "slurm":
             assert on_slurm.count(job) == 1, (job, on_slurm.count(job))
