@@ -48,6 +48,7 @@ from gateway.kit.settings import Settings, get_settings
 from gateway.kit.signals import POOL, RESERVATIONS, Listener
 from gateway.kit.streams import StreamLimiter
 from gateway.kit.unicode import JSONResponse
+from gateway.ledger.decayed import Ledger
 from gateway.pools import service as pools
 from gateway.pools.config import build as build_pools
 from gateway.pools.config import load as load_pools
@@ -241,6 +242,7 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
                   servers=SERVERS, lifespan=lifespan, docs_url=None, redoc_url=None,
                   default_response_class=JSONResponse)
     app.state.settings = settings
+    app.state.ledger = Ledger.of(settings)  # fair share and usage at the one half-life (ledger/decayed.py)
     app.state.authenticator = build_authenticator(settings)  # refuses to start without an issuer
     check_metrics_access(settings)  # refuses to start with /metrics open outside dev mode
     check_webhook_allowlist(settings)  # a typo fails at start, not at the first delivery

@@ -23,7 +23,7 @@ from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.params import AccountName
 from gateway.kit.timeutil import as_utc
-from gateway.ledger import reading as ledger_reading
+from gateway.ledger.decayed import Ledger
 
 router = APIRouter(prefix="/v1/accounts", tags=["accounts"])
 
@@ -70,8 +70,8 @@ def quota_out(eff: dict) -> QuotaOut:
                     max_queued_jobs=lim("max_queued_jobs"), max_queued_jobs_per_user=lim("max_queued_jobs_per_user"))
 
 
-def usage_out(session: Session, name: AccountName, half_life_s: float) -> AccountUsageOut:
-    u = ledger_reading.account_usage(session, account=name, half_life_s=half_life_s)
+def usage_out(session: Session, name: AccountName, ledger: Ledger) -> AccountUsageOut:
+    u = ledger.account_usage(session, account=name)
     b = u["balance"]
     def hours(v):
         return (None if v is None else round(v / 3600, 3))
@@ -94,7 +94,7 @@ def list_accounts(request: Request, principal: Principal = Depends(get_principal
     names = service.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                      is_admin=principal.is_admin)
     tree = service.load_tree(session)
-    fs = ledger_reading.fairshare(session, half_life_s=request.app.state.settings.fairshare_half_life_s)
+    fs = request.app.state.ledger.fairshare(session)
     return AccountPage(items=[AccountOut(name=n, parent=tree[n].parent_name, shares=tree[n].shares,
                                          description=tree[n].description or "",
                                          fairshare_factor=fs[n].factor if n in fs else None,
@@ -114,4 +114,4 @@ def account_usage(name: AccountName, request: Request, principal: Principal = De
                                        is_admin=principal.is_admin)
     if name not in visible:
         raise NotFound(f"no account {name!r} visible to you")
-    return usage_out(session, name, request.app.state.settings.fairshare_half_life_s)
+    return usage_out(session, name, request.app.state.ledger)

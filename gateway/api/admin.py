@@ -47,8 +47,8 @@ from gateway.kit.names import ACCOUNT_NAME_RE
 from gateway.kit.params import AccountName, UserName
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.ledger import breakdown, repository
-from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
+from gateway.ledger.decayed import Ledger
 from gateway.models.accounts import AccountMember
 from gateway.pools.service import require_known
 
@@ -61,8 +61,8 @@ USAGE_COLUMNS = ["account", "pool", "period", "jobs", "usage_gpu_seconds", "adju
                  "net_gpu_seconds", "net_gpu_hours"]
 
 
-def _half_life(request: Request) -> int:
-    return request.app.state.settings.fairshare_half_life_s
+def _ledger(request: Request) -> Ledger:
+    return request.app.state.ledger
 
 
 def _quota_values(q: QuotaIn) -> dict:
@@ -82,9 +82,9 @@ def _quota_values(q: QuotaIn) -> dict:
     return values
 
 
-def _admin_account(session: Session, name: str, half_life_s: int) -> AdminAccountOut:
+def _admin_account(session: Session, name: str, ledger: Ledger) -> AdminAccountOut:
     acc = accounts.get_or_raise(session, name=name)
-    base = usage_out(session, name, half_life_s)
+    base = usage_out(session, name, ledger)
     return AdminAccountOut(**base.model_dump(), parent=acc.parent_name, shares=acc.shares,
                            description=acc.description or "", priority_class=acc.priority_class,
                            members=[_member_out(m) for m in accounts.members(session, name)])
@@ -109,19 +109,19 @@ def create_account(request: Request, response: Response, body: AccountCreate,
     if body.quota is not None:
         accounts.set_quota(session, name=body.name, values=_quota_values(body.quota), actor=principal.subject)
     response.headers["Location"] = f"/v1/admin/accounts/{body.name}"
-    return _admin_account(session, body.name, _half_life(request))
+    return _admin_account(session, body.name, _ledger(request))
 
 
 @router.get("/accounts", response_model=list[AdminAccountOut], operation_id="listAllAccounts",
             summary="List all accounts with quotas, usage and fair share", responses=problem_responses(401, 403))
 def list_all_accounts(request: Request, session: Session = Depends(get_session, scope="function")) -> list[AdminAccountOut]:
-    return [_admin_account(session, n, _half_life(request)) for n in sorted(accounts.load_tree(session))]
+    return [_admin_account(session, n, _ledger(request)) for n in sorted(accounts.load_tree(session))]
 
 
 @router.get("/accounts/{name}", response_model=AdminAccountOut, operation_id="getAccount", summary="Get an account",
             responses=problem_responses(401, 403, 404, 422))
 def get_account(name: AccountName, request: Request, session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
-    return _admin_account(session, name, _half_life(request))
+    return _admin_account(session, name, _ledger(request))
 
 
 @router.patch("/accounts/{name}", response_model=AdminAccountOut, operation_id="updateAccount",
@@ -134,7 +134,7 @@ def update_account(name: AccountName, request: Request, body: AccountUpdate,
                    session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     lifecycle.update(session, name=name, changes=body.model_dump(include=body.model_fields_set),
                     actor=principal.subject)
-    return _admin_account(session, name, _half_life(request))
+    return _admin_account(session, name, _ledger(request))
 
 
 @router.delete("/accounts/{name}", status_code=204, operation_id="deleteAccount", summary="Delete an account",
@@ -154,7 +154,7 @@ def delete_account(name: AccountName, session: Session = Depends(get_session, sc
 def set_quota(name: AccountName, request: Request, body: QuotaIn, principal: Principal = Depends(require_admin),
               session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     accounts.set_quota(session, name=name, values=_quota_values(body), actor=principal.subject)
-    return _admin_account(session, name, _half_life(request))
+    return _admin_account(session, name, _ledger(request))
 
 
 @router.get("/accounts/{name}/members", response_model=list[MemberOut], operation_id="listAccountMembers",
@@ -335,7 +335,7 @@ def usage_report_csv(
                         "tree order. Fair share is one factor per account across every pool.", responses=problem_responses(401, 403))
 def fairshare_table(request: Request, session: Session = Depends(get_session, scope="function")) -> FairShareTable:
     now = utcnow()
-    fs = ledger_reading.fairshare(session, now=now, half_life_s=_half_life(request))
+    fs = _ledger(request).fairshare(session, now=now)
     tree = accounts.load_tree(session)
     kids = accounts.children_map(tree)
     order: list[str] = []
@@ -349,13 +349,13 @@ def fairshare_table(request: Request, session: Session = Depends(get_session, sc
     own = {n: fs[n].raw_usage - sum(fs[k].raw_usage for k in kids.get(n, [])) for n in order}
     parts = breakdown.raw_usage_by_pool(
         {n: (a.parent_name if a.parent_name in tree else None) for n, a in tree.items()}, own,
-        breakdown.own_pool_weights(session, now=now, half_life_s=_half_life(request)))
+        _ledger(request).own_pool_weights(session, now=now))
     items = []
     for n in order:
         out = fairshare_out(fs[n])
         out.raw_usage_gpu_hours_per_pool = {p: v / 3600 for p, v in sorted(parts.get(n, {}).items())}
         items.append(out)
-    return FairShareTable(at=now, half_life_s=_half_life(request), items=items)
+    return FairShareTable(at=now, half_life_s=_ledger(request).half_life_s, items=items)
 
 
 @router.get("/billing-weights", response_model=list[BillingWeightOut], operation_id="listBillingWeights",

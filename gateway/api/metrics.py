@@ -39,7 +39,7 @@ def build_registry(app) -> CollectorRegistry:
     dispatcher = app.state.dispatcher
     pools = (lambda: dispatcher.views()) if app.state.backends else None
     registry.register(RegistryCollector(app.state.sessionmaker, pools=pools,
-                                        half_life_s=app.state.settings.fairshare_half_life_s,
+                                        ledger=app.state.ledger,
                                         ttl_s=app.state.settings.metrics_ttl_s))
     return registry
 

@@ -44,7 +44,7 @@ from gateway.jobs import service as jobs
 from gateway.kit.db import transaction
 from gateway.ledger import chains as ledger_chains
 from gateway.ledger import guarantees
-from gateway.ledger import reading as ledger_reading
+from gateway.ledger.decayed import Ledger
 from gateway.ledger.round import RoundLedger
 from gateway.models.jobs import Job
 from gateway.models.specs import shape_of
@@ -227,8 +227,7 @@ class Claimer:
         pools' views, the planner's inputs, and the ledger read once for the picked accounts;
         and the backends' own reservations of the advance reservations (id -> name)."""
         views = {name: v.for_round() for name, v in fresh_views.items()}
-        shares, overall, with_pool = ledger_reading.fairshare_and_guarantees(
-            s, now=now, half_life_s=self.settings.fairshare_half_life_s)
+        shares, overall, with_pool = Ledger.of(self.settings).fairshare_and_guarantees(s, now=now)
         factors = {name: fs.factor for name, fs in shares.items()}
         # Windows and advance reservations (docs/planning.md) need time, which only the planner
         # sees: with any that has not ended, the round is planned whatever the policy.

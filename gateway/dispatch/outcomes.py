@@ -34,9 +34,9 @@ from gateway.kit.db import transaction
 from gateway.kit.logs import with_job_id
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import reading as ledger_reading
-from gateway.ledger import requeues as ledger_requeues
 from gateway.ledger import rules as ledger_rules
 from gateway.ledger import service as ledger
+from gateway.ledger.decayed import Ledger
 from gateway.models.jobs import Job, JobEvent
 from gateway.models.specs import spec_of
 
@@ -189,8 +189,8 @@ class Outcomes:
         longer fits is cancelled (on the backend too) with the budget's words as the reason.
         """
         started = as_utc(job.started_at) or at
-        outcome = ledger_requeues.requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER, now=now,
-                                 half_life_s=self.settings.fairshare_half_life_s)
+        outcome = Ledger.of(self.settings).requeue(s, job=job, started_at=started, requeued_at=at, actor=RECONCILER,
+                                                   now=now)
         ran_s = int((at - started).total_seconds())
         # The run that ended is an attempt of its own, under the job's retry policy (docs/recovery.md,
         # "Backend preemption"): the backend runs the same backend job again, the gateway counts it.
@@ -250,8 +250,8 @@ class Outcomes:
             # A short run can start and end between two rounds: record its start too.
             ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
         before = sum(a.charged_gpu_seconds for a in jobs.attempts_of(s, job.id))
-        ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
-                             half_life_s=self.settings.fairshare_half_life_s, retried=True)
+        Ledger.of(self.settings).record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
+                                               retried=True)
         charged = ledger_rules.charged_gpu_seconds(s, job_id=job.id) - before
         policy = retry.policy_of(spec_of(job), self.settings.retry_max_attempts)
         number, pool = job.attempt, job.pool
@@ -298,13 +298,11 @@ class Outcomes:
         if started is not None:
             # A short job can start and end between two rounds: record its start too.
             ledger.record_start(s, job=job, started_at=started, actor=RECONCILER)
-            ledger.record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER,
-                                 half_life_s=self.settings.fairshare_half_life_s)
+            Ledger.of(self.settings).record_finish(s, job=job, started_at=started, ended_at=ended, actor=RECONCILER)
         elif ledger_reading.last_requeue_at(s, job_id=job.id) is not None:
             # Ended while requeued: its earlier runs were charged; close the reservation as
             # finished (not released) so that usage stays on record and refundable.
-            ledger.record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER,
-                                 half_life_s=self.settings.fairshare_half_life_s)
+            Ledger.of(self.settings).record_finish(s, job=job, started_at=None, ended_at=ended, actor=RECONCILER)
         else:
             ledger.release(s, job=job, actor=RECONCILER, reason=f"ended without starting: {reason}")
         data = {"exit_code": exit_code, "via": via}

@@ -32,7 +32,7 @@ from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import as_utc
 from gateway.ledger import chains as ledger_chains
-from gateway.ledger import service as ledger
+from gateway.ledger.decayed import Ledger
 from gateway.models.jobs import Job
 from gateway.models.ledger import Reservation
 
@@ -186,8 +186,7 @@ class Reconciler:
                     job = s.get(Job, job_id, with_for_update=True)
                     if job is None or job.state != JobState.RUNNING.value:
                         continue
-                    charged += bool(ledger.accrue_usage(s, job=job, now=now, actor=RECONCILER,
-                                                        half_life_s=self.settings.fairshare_half_life_s))
+                    charged += bool(Ledger.of(self.settings).accrue_usage(s, job=job, now=now, actor=RECONCILER))
             except ledger_chains.ChainChanged:
                 continue  # the account tree moved meanwhile: the next round charges it
         return charged

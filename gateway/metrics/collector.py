@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
 from gateway.kit.timeutil import utcnow
-from gateway.ledger import reading as ledger_reading
+from gateway.ledger.decayed import Ledger
 from gateway.models.jobs import Job
 from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
 
@@ -59,9 +59,9 @@ class RegistryCollector(Collector):
     """Yields every Isthmus metric family from one consistent read of the database."""
 
     def __init__(self, sessions: sessionmaker[Session], *, pools: Callable[[], dict] | None = None,
-                 half_life_s: float, ttl_s: float = 5.0, clock: Callable[[], datetime] = utcnow):
+                 ledger: Ledger, ttl_s: float = 5.0, clock: Callable[[], datetime] = utcnow):
         self.sessions = sessions
-        self.half_life_s = half_life_s  # the fair-share half-life of the settings the app was built with
+        self.ledger = ledger  # at the fair-share half-life of the settings the app was built with
         self.pools = pools  # () -> {name: PoolView-like}, the capacity the dispatcher sees
         self.ttl_s = ttl_s
         self.clock = clock
@@ -139,7 +139,7 @@ class RegistryCollector(Collector):
         factor = GaugeMetricFamily("isthmus_account_fairshare_factor",
                                    "Fair-share factor (1 = no recent usage, towards 0 = over its share).",
                                    labels=["account"])
-        for name, fs in sorted(ledger_reading.fairshare(s, now=now, half_life_s=self.half_life_s).items()):
+        for name, fs in sorted(self.ledger.fairshare(s, now=now).items()):
             factor.add_metric([name], fs.factor)
         in_use = GaugeMetricFamily("isthmus_account_gpus_reserved",
                                    "GPUs held by an account's gangs (reserved or running), per pool.",

@@ -183,7 +183,7 @@ async def accounts_page(request: Request):
 
 def _accounts_page(request: Request):
     principal = principal_of(request)
-    half_life = request.app.state.settings.fairshare_half_life_s
+    ledger = request.app.state.ledger
     with reading(request.app.state) as session:
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
@@ -191,11 +191,10 @@ def _accounts_page(request: Request):
         since = today.replace(day=1)
         # The statements built once first: they are sent as text only while the session has
         # not begun a transaction, which its first ORM statement (the fair share's) does.
-        usage = [(name, ledger_reading.account_usage(session, account=name, half_life_s=half_life, shares={},
-                                                     pools=False),
+        usage = [(name, ledger.account_usage(session, account=name, shares={}, pools=False),
                   ledger_reading.usage(session, since=since, until=today + timedelta(days=1), period="day",
                                        account=name)) for name in names]
-        fs = ledger_reading.fairshare(session, half_life_s=half_life)
+        fs = ledger.fairshare(session)
         ranked = sorted(fs.values(), key=lambda f: -f.factor)
         position = {f.account: i + 1 for i, f in enumerate(ranked)}
         items = []
