@@ -34,6 +34,7 @@ from gateway.jobs.admission import Admission
 from gateway.jobs.checkpoints import JobCredentials
 from gateway.jobs.events import Hubs
 from gateway.kit.db import (
+    Databases,
     make_async_engine,
     make_async_sessionmaker,
     make_engine,
@@ -178,10 +179,10 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
         app.state.sessionmaker = make_sessionmaker(engine)
         # POST /v1/jobs runs its transaction on the event loop where the driver allows (kit/db.py).
         app.state.async_engine = make_async_engine(settings.database_url, pool_size=settings.database_pool_size)
-        app.state.async_sessionmaker = (make_async_sessionmaker(app.state.async_engine)
-                                        if app.state.async_engine is not None else None)
         # Reads (lists, one job, the dashboard's pages) without BEGIN / COMMIT (kit/db.py, issue #46).
-        app.state.read_sessionmaker = make_read_sessionmaker(engine)
+        app.state.db = Databases(sessions=app.state.sessionmaker, read_sessions=make_read_sessionmaker(engine),
+                                 async_sessions=(make_async_sessionmaker(app.state.async_engine)
+                                                 if app.state.async_engine is not None else None))
         # Event streams: one hub per process (and event loop) polls the events for all of them.
         app.state.event_hubs = Hubs(app.state.sessionmaker, heartbeat_s=settings.events_heartbeat_s)
         if settings.dev_mode:

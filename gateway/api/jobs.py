@@ -191,7 +191,7 @@ def _submissions(state) -> GroupCommit:
     if held is None or held[0] is not loop:
         async def run(items: list[intake.Submission]) -> list:
             try:
-                return await in_transaction(state, lambda session: admission.record_jobs(session, state.admission,
+                return await in_transaction(state.db, lambda session: admission.record_jobs(session, state.admission,
                                                                                        items))
             except intake.RefusedWhileWriting as exc:
                 if len(items) == 1:
@@ -290,7 +290,7 @@ async def list_jobs(principal: CurrentPrincipal, request: Request) -> Response:
 
     # Read without a transaction, in one thread-pool hop (kit/db.py in_read), sent as built: the
     # page is JobPage's JSON already (issue #46).
-    return await in_read(request.app.state, page)
+    return await in_read(request.app.state.db, page)
 
 
 JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
@@ -302,7 +302,7 @@ JobId = Annotated[str, Path(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
             responses=problem_responses(401, 404, 422))
 async def get_job(principal: CurrentPrincipal, job_id: JobId, request: Request) -> JobOut:
     # Read without a transaction, in one thread-pool hop (kit/db.py in_read; issue #46).
-    return await in_read(request.app.state, lambda session: _one_job(session, principal, job_id, request))
+    return await in_read(request.app.state.db, lambda session: _one_job(session, principal, job_id, request))
 
 
 def _one_job(session: Session, principal, job_id: str, request: Request) -> JobOut | Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import select
 import weakref
 from collections.abc import Callable, Iterator
@@ -170,19 +171,30 @@ def make_async_sessionmaker(engine):
     return async_sessionmaker(engine, expire_on_commit=False, autoflush=True)
 
 
-async def in_transaction(state: Any, work: Callable[[Session], T]) -> T:
+@dataclasses.dataclass(frozen=True)
+class Databases:
+    """A process's sessions, made once from its engines where the app is built (gateway/app.py)
+    and handed to the request helpers below: writes, reads (``make_read_sessionmaker``), and
+    async writes where the driver has them (``make_async_sessionmaker``; None on SQLite)."""
+
+    sessions: sessionmaker[Session]
+    read_sessions: sessionmaker[Session]
+    async_sessions: Any = None
+
+
+async def in_transaction(db: Databases, work: Callable[[Session], T]) -> T:
     """``work(session)`` in one transaction, committed before this returns, rolled back on any
     exception; the same synchronous code as ``transaction``.
 
-    With an async engine (``state.async_sessionmaker``) the work runs on the event loop in a
+    With an async engine (``db.async_sessions``) the work runs on the event loop in a
     greenlet and every statement is awaited: no thread-pool hop, and a slow query holds no
     thread. Without one (SQLite) it runs in the thread pool. ``work`` must not block on
     anything but the session: look-ups that may block (NSS) happen before, in the pool."""
-    factory = getattr(state, "async_sessionmaker", None)
+    factory = db.async_sessions
     if factory is None:
         from starlette.concurrency import run_in_threadpool
 
-        return await run_in_threadpool(_in_sync_transaction, state.sessionmaker, work)
+        return await run_in_threadpool(_in_sync_transaction, db.sessions, work)
     async with factory() as session:
         try:
             result = await session.run_sync(work)
@@ -209,19 +221,18 @@ def make_read_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextlib.contextmanager
-def reading(state: Any) -> Iterator[Session]:
+def reading(db: Databases) -> Iterator[Session]:
     """A session for work that only reads, where the caller holds it (the dashboard's pages):
-    the app's read sessions (``make_read_sessionmaker``), else a transaction."""
-    with transaction(getattr(state, "read_sessionmaker", None) or state.sessionmaker) as session:
+    the read sessions (``make_read_sessionmaker``)."""
+    with transaction(db.read_sessions) as session:
         yield session
 
 
-async def in_read(state: Any, work: Callable[[Session], T]) -> T:
+async def in_read(db: Databases, work: Callable[[Session], T]) -> T:
     """``work(session)``, which only reads, in a read session (``make_read_sessionmaker``), run
     in the thread pool in one hop (``in_read_thread``): a sync route with the session dependency
     took four (the dependency's enter and exit, the route, the check of its answer; issue #46)."""
-    return await in_read_thread(_in_sync_transaction, getattr(state, "read_sessionmaker", None)
-                                or state.sessionmaker, work)
+    return await in_read_thread(_in_sync_transaction, db.read_sessions, work)
 
 
 # Threads that run reads at once, per event loop (a worker process). A read is mostly Python

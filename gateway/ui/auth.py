@@ -57,7 +57,7 @@ def principal_of(request: Request) -> Principal:
     if not sid:
         raise LoginRequired
     principal = None
-    with reading(request.app.state) as session:  # a read on every page: no BEGIN / COMMIT (issue #46)
+    with reading(request.app.state.db) as session:  # a read on every page: no BEGIN / COMMIT (issue #46)
         row = ui_sessions.live(session, sid=sid)
     if row is not None:
         try:

@@ -67,7 +67,7 @@ async def jobs_page(request: Request, state: str = "", account: str = "", pool: 
 
 def _jobs_page(request: Request, state: str = "", account: str = "", pool: str = ""):
     principal = principal_of(request)
-    with reading(request.app.state) as session:
+    with reading(request.app.state.db) as session:
         rows = job_reads.list_readable(session, principal, states=[state] if state else (), account=account or None,
                                        pool=pool or None, limit=200, columns="table", as_tuples=True)
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
@@ -86,7 +86,7 @@ async def job_page(request: Request, job_id: str, partial: str = ""):
 
 def _job_page(request: Request, job_id: str, partial: str = ""):
     principal = principal_of(request)
-    with reading(request.app.state) as session:
+    with reading(request.app.state.db) as session:
         row = job_reads.one(session, principal, job_id)  # a statement built once (issue #46)
         if row is None:
             raise NotFound(f"no job {job_id!r} visible to you")
@@ -184,7 +184,7 @@ async def accounts_page(request: Request):
 def _accounts_page(request: Request):
     principal = principal_of(request)
     ledger = request.app.state.ledger
-    with reading(request.app.state) as session:
+    with reading(request.app.state.db) as session:
         names = accounts.visible_accounts(session, accounts=principal.accounts, username=principal.username,
                                           is_admin=principal.is_admin)
         today = utcnow().date()
@@ -251,7 +251,7 @@ def _admin_page(request: Request, days: int = 30):
     today = utcnow().date()
     since = today - timedelta(days=days - 1)
     health = pools.current(getattr(request.app.state, "dispatcher", None))  # before the transaction (SQLite)
-    with reading(request.app.state) as session:
+    with reading(request.app.state.db) as session:
         # The statements built once first (sent as text until an ORM statement begins a transaction).
         rows = ledger_reading.usage(session, since=since, until=today + timedelta(days=1), period="month")
         effective = accounts.effective_quotas(session)
