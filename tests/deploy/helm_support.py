@@ -19,7 +19,6 @@ import ipaddress
 import os
 import random
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -377,11 +376,26 @@ def release_namespace(kube, helm, slurm, tmp_path: Path, *, forward_db: bool = F
             finally:
                 run(helm, "uninstall", "gw", "--kubeconfig", KSTATE / "kubeconfig", "--namespace", ns, "--wait",
                     "--timeout", "2m", timeout=180, check=False)
+                delete_kueue_jobs(rel)
     finally:
         if forwarder:
             forwarder.close()
         kube.delete(f"/api/v1/namespaces/{ns}")
         wait_for(lambda: kube.get(f"/api/v1/namespaces/{ns}").status_code == 404, 120, "the namespace to go")
+
+
+def delete_kueue_jobs(release: Release) -> None:
+    """The release's batch Jobs on the node pool (in the account's namespace, which other tests
+    share): the pool keeps finished ones a day."""
+    from adapters.kubernetes.render import LABEL_GATEWAY_ID, label_value
+
+    with contextlib.suppress(Exception):  # cleanup only: the database may be gone already
+        for (job,) in release.query("select id from job where pool = 'kube-node'"):
+            found = release.kube.get("/apis/batch/v1/jobs",
+                                     params={"labelSelector": f"{LABEL_GATEWAY_ID}={label_value(job)}"}).json()
+            for j in found.get("items", []):
+                release.kube.delete(f"/apis/batch/v1/namespaces/{j['metadata']['namespace']}/jobs/"
+                                    f"{j['metadata']['name']}", params={"propagationPolicy": "Background"})
 
 
 def job_body(pool: str, name: str) -> dict:
@@ -446,19 +460,6 @@ class Submitter(threading.Thread):
                 and not (a.endswith("Error") or a.endswith("Timeout"))]
 
 
-def kill_9(release: Release, pod: dict) -> int:
-    """kill -9 of the pod's container process on this machine (the real node); its PID."""
-    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
-    tasks = run(*CTR, "tasks", "ls").stdout.splitlines()
-    pid = next(int(line.split()[1]) for line in tasks if line.split() and line.split()[0] == cid)
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
-def restarts(pod: dict) -> int:
-    return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
-
-
 def check_jobs_once_and_balanced(release: Release, sub: Submitter, timeout_s: float = 150) -> dict:
     """Every accepted key is one job, which ends succeeded, reached its pool once, is charged
     once; no other job exists; ``ledger.verify()`` is empty. Returns {job id: pool}."""
@@ -506,14 +507,3 @@ def check_jobs_once_and_balanced(release: Release, sub: Submitter, timeout_s: fl
     finally:
         engine.dispose()
     return pools
-
-
-def migration_runs(release: Release) -> dict[str, int]:
-    """The hook Jobs gw-isthmus-migrate that ran: {Job uid: pods it made}. The Jobs are deleted
-    on success; the job controller's SuccessfulCreate events stay (an hour)."""
-    events = release.kube.get(f"/api/v1/namespaces/{release.ns}/events", params={
-        "fieldSelector": "involvedObject.kind=Job,involvedObject.name=gw-isthmus-migrate,reason=SuccessfulCreate"})
-    runs: dict[str, int] = {}
-    for e in events.json()["items"]:
-        runs[e["involvedObject"]["uid"]] = runs.get(e["involvedObject"]["uid"], 0) + (e.get("count") or 1)
-    return runs

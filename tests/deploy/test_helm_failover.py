@@ -18,6 +18,8 @@ the client saw no answer but success and retriable ones.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -25,14 +27,15 @@ import pytest
 from tests.conftest import wait_for
 from tests.deploy.helm_support import (  # noqa: F401 (fixtures)
     CHART,
+    CTR,
+    Release,
     Submitter,
     check_jobs_once_and_balanced,
     helm,
     image,
-    kill_9,
     kube,
     release_namespace,
-    restarts,
+    run,
     slurm,
 )
 
@@ -47,6 +50,19 @@ def release(kube, helm, image, slurm, tmp_path):
         rel.helm_run("install", CHART, rel.values(image, api_replicas=2, worker_replicas=2, api_pod_network=True,
                                                   settings=SETTINGS, worker={"healthPort": 0}))
         yield rel
+
+
+def kill_9(release: Release, pod: dict) -> int:
+    """kill -9 of the pod's container process on this machine (the real node); its PID."""
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    tasks = run(*CTR, "tasks", "ls").stdout.splitlines()
+    pid = next(int(line.split()[1]) for line in tasks if line.split() and line.split()[0] == cid)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def restarts(pod: dict) -> int:
+    return sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
 
 
 def killed_by_sigkill(pod: dict) -> bool:

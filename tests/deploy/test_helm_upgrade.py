@@ -30,12 +30,12 @@ from tests.conftest import REPO, wait_for
 from tests.deploy.helm_support import (  # noqa: F401 (fixtures)
     CHART,
     KSTATE,
+    Release,
     Submitter,
     check_jobs_once_and_balanced,
     helm,
     image,
     kube,
-    migration_runs,
     previous_commit,
     previous_image,
     previous_source,
@@ -46,6 +46,17 @@ from tests.deploy.helm_support import (  # noqa: F401 (fixtures)
 
 SETTINGS = {"DISPATCH_LEASE_S": 20}
 WORKER = {"healthPort": 0}  # two workers on the one node's network: no port each
+
+
+def migration_runs(release: Release) -> dict[str, int]:
+    """The hook Jobs gw-isthmus-migrate that ran: {Job uid: pods it made}. The Jobs are deleted
+    on success; the job controller's SuccessfulCreate events stay (an hour)."""
+    events = release.kube.get(f"/api/v1/namespaces/{release.ns}/events", params={
+        "fieldSelector": "involvedObject.kind=Job,involvedObject.name=gw-isthmus-migrate,reason=SuccessfulCreate"})
+    runs: dict[str, int] = {}
+    for e in events.json()["items"]:
+        runs[e["involvedObject"]["uid"]] = runs.get(e["involvedObject"]["uid"], 0) + (e.get("count") or 1)
+    return runs
 
 
 def alembic_head(source: Path) -> str:
