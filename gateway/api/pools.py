@@ -19,7 +19,6 @@ from gateway.domain.windows import (
 )
 from gateway.identity.dependency import CurrentPrincipal, require_admin
 from gateway.identity.principal import Principal
-from gateway.kit import signals
 from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import utcnow
@@ -128,7 +127,6 @@ def update_pool(name: PoolName, body: PoolPatch, request: Request, principal: Pr
                 session: Session = Depends(get_session, scope="function")) -> AdminPoolOut:
     p = service.update(session, name=name, state=body.state.value if body.state is not None else None,
                        weight=body.weight, by=principal.subject, now=utcnow())
-    signals.notify(session, signals.POOL, name)  # every process's snapshot and dispatcher, at the commit
     dispatcher = getattr(request.app.state, "dispatcher", None)
     if dispatcher is not None:
         dispatcher.capacity.invalidate()  # the next round reads the new state
@@ -171,7 +169,6 @@ def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends
     now = utcnow()
     row = windows.create(session, name, starts_at=body.start, ends_at=body.end, reason=body.reason,
                          nodes=body.nodes, by=principal.subject, now=now)
-    signals.notify(session, signals.POOL, name)
     return _window_out(windows.planned_of(row.id, row.pool, row.starts_at, row.ends_at, row.nodes, row.reason), now)
 
 
@@ -183,7 +180,6 @@ def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends
 def delete_window(name: PoolName, window_id: WindowId,
                   session: Session = Depends(get_session, scope="function")) -> Response:
     windows.remove(session, name, window_id)
-    signals.notify(session, signals.POOL, name)
     return Response(status_code=204)
 
 
@@ -218,7 +214,7 @@ def create_reservation(body: ReservationIn, request: Request, principal: Princip
     views = _views(request)
     now = utcnow()
     # Commits before the answer: the backend's own reservation is made from the committed row.
-    row = reservations.create_synced(session, views, sync=_signalled(session, _native_sync(request)),
+    row = reservations.create_synced(session, views, sync=_native_sync(request),
                                      account=body.account,
                                      pool=body.pool, gpu_type=body.gpu_type, gpus=body.gpus, nodes=body.nodes,
                                      starts_at=body.start, ends_at=body.end, reason=body.reason,
@@ -241,17 +237,6 @@ def _native_sync(request: Request) -> Callable[[str], None] | None:
     return sync
 
 
-def _signalled(session: Session, sync: Callable[[str], None] | None) -> Callable[[str], None]:
-    """``sync``, after signalling the pool's reservations to every process's dispatcher
-    (delivered when the request's transaction commits, after this process's own sync)."""
-    def signal_and_sync(pool: str) -> None:
-        signals.notify(session, signals.RESERVATIONS, pool)
-        if sync is not None:
-            sync(pool)
-
-    return signal_and_sync
-
-
 @reservations_router.delete("/{reservation_id}", status_code=204, operation_id="deleteReservation",
                             summary="Delete an advance reservation",
                             description="Its capacity is open to everyone from the next dispatch round; jobs "
@@ -259,5 +244,5 @@ def _signalled(session: Session, sync: Callable[[str], None] | None) -> Callable
 def delete_reservation(reservation_id: WindowId, request: Request,
                        session: Session = Depends(get_session, scope="function")) -> Response:
     reservations.remove_synced(session, reservation_id,  # its backend one goes too
-                               sync=_signalled(session, _native_sync(request)))
+                               sync=_native_sync(request))
     return Response(status_code=204)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from gateway.domain.routing import PoolView
 from gateway.domain.windows import PlannedHold, hold_need
+from gateway.kit import signals
 from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.timeutil import as_utc, new_id
 from gateway.models.accounts import Account
@@ -73,6 +74,8 @@ def create(session: Session, views: Mapping[str, PoolView], *, account: str, poo
                              ends_at=ends_at, reason=reason, created_by=by, created_at=now)
     session.add(row)
     session.flush()
+    # Every process's dispatcher makes the backend's own at the commit (kit/signals.py).
+    signals.notify(session, signals.RESERVATIONS, pool)
     return row
 
 
@@ -82,13 +85,16 @@ def remove(session: Session, reservation_id: str) -> str:
                           .returning(AdvanceReservation.pool))
     if pool is None:
         raise NotFound(f"no advance reservation {reservation_id!r}")
+    signals.notify(session, signals.RESERVATIONS, pool)
     return pool
 
 
 def remove_for_account(session: Session, account: str) -> None:
     """Delete every advance reservation of an account being deleted (gateway/admin/lifecycle.py)."""
-    session.execute(delete(AdvanceReservation).where(AdvanceReservation.account == account)
-                    .execution_options(synchronize_session="fetch"))
+    pools = set(session.scalars(delete(AdvanceReservation).where(AdvanceReservation.account == account)
+                                .returning(AdvanceReservation.pool).execution_options(synchronize_session="fetch")))
+    for pool in sorted(pools):
+        signals.notify(session, signals.RESERVATIONS, pool)
 
 
 # The one commit in the middle of a request, and why: an admin's new or deleted reservation
@@ -97,7 +103,8 @@ def remove_for_account(session: Session, account: str) -> None:
 # writes the row's ``native`` note in a transaction of its own, so it must see the change
 # committed, and on SQLite (one writer) the request's open write would hold it off. So these
 # two commit, call ``sync(pool)``, and only then is the answer shaped. ``sync`` is None where
-# this process runs no dispatcher: a worker's next pass (within 15 s) does it instead.
+# this process runs no dispatcher: the change's signal (create/remove above) has every
+# running dispatcher do it at the commit, and their 15 s pass is the fallback.
 
 
 def create_synced(session: Session, views: Mapping[str, PoolView], *, sync: Callable[[str], None] | None,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from adapters.base import Backend, BackendError, features_of
 from gateway.domain.routing import PoolView
+from gateway.kit import signals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +240,7 @@ def update(session, *, name: str, state: str | None, weight: float | None, by: s
         row.weight, row.weight_by = weight, by
     row.updated_at = now
     session.flush()
+    signals.notify(session, signals.POOL, name)  # every process's snapshot and dispatcher, at the commit
     return row
 
 

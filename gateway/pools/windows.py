@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from gateway.domain.routing import PoolView
 from gateway.domain.windows import FAR, PlannedHold, PlannedWindow, from_backend
+from gateway.kit import signals
 from gateway.kit.errors import Invalid, NotFound
 from gateway.kit.names import NODE_NAME
 from gateway.kit.timeutil import as_utc, new_id
@@ -68,6 +69,7 @@ def create(session: Session, pool: str, *, starts_at: datetime, ends_at: datetim
                      nodes=nodes, created_by=by, created_at=now)
     session.add(row)
     session.flush()
+    signals.notify(session, signals.POOL, pool)  # every process's snapshot and dispatcher, at the commit
     return row
 
 
@@ -77,6 +79,7 @@ def remove(session: Session, pool: str, window_id: str) -> None:
     if not done.rowcount:
         raise NotFound(f"pool {pool!r} has no window {window_id!r} made through the gateway "
                        "(a backend's own reservation is deleted in the backend)")
+    signals.notify(session, signals.POOL, pool)
 
 
 def planned_of(window_id: str, pool: str, starts_at: datetime, ends_at: datetime, nodes: Iterable[str],
