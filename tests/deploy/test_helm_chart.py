@@ -412,3 +412,20 @@ def test_host_network_and_placement(helm, tmp_path):
     # Off by default: the pods get the cluster's pod network.
     objs = render(helm, f"database.url={DB_URL}")
     assert "hostNetwork" not in one(objs, "Deployment", "gw-isthmus-api")["spec"]["template"]["spec"]
+
+
+def test_pods_on_the_nodes_network_roll_old_first(helm, tmp_path):
+    """A pod that takes a port of its node cannot start beside the one it replaces on that node:
+    with hostNetwork the API (and a worker with a health port) roll old-first, else new-first
+    (an upgrade with maxSurge 1 on the node's network stalled: tests/deploy/test_helm_upgrade.py)."""
+    def strategies(values: dict) -> tuple[dict, dict]:
+        objs = render(helm, values={"database": {"url": DB_URL}, **values}, tmp_path=tmp_path)
+        return tuple(one(objs, "Deployment", f"gw-isthmus-{part}")["spec"]["strategy"]["rollingUpdate"]
+                     for part in ("api", "worker"))
+
+    old_first, new_first = {"maxUnavailable": 1, "maxSurge": 0}, {"maxUnavailable": 0, "maxSurge": 1}
+    assert strategies({"hostNetwork": True}) == (old_first, old_first)
+    assert strategies({"hostNetwork": False}) == (new_first, new_first)
+    # The API in the pod network while the workers stay on the node's (the failover test's layout).
+    assert strategies({"hostNetwork": True, "api": {"hostNetwork": False}}) == (new_first, old_first)
+    assert strategies({"hostNetwork": True, "worker": {"healthPort": 0}}) == (old_first, new_first)
