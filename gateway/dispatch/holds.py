@@ -20,12 +20,13 @@ that was down, a reservation deleted by hand in the backend).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from adapters.base import (
@@ -45,6 +46,8 @@ from gateway.kit.timeutil import as_utc
 from gateway.models.pools import AdvanceReservation
 
 NOTE_MAX = 500
+# pg_advisory_lock(POOL_SYNC_LOCK_SPACE, hashtext(pool)): one process syncs a pool at a time.
+POOL_SYNC_LOCK_SPACE = 0x15715
 
 
 def native_name(reservation_id: str) -> str:
@@ -83,56 +86,83 @@ class NativeReservations:
             views = self.views()
             changed = 0
             for pool, backend in (pools if pools is not None else self.backends).items():
-                mine = [r for r in rows if r[1] == pool]
-                features = features_of(backend)
-                if not features.has(Feature.RESERVATIONS):  # the gateway's planner holds them alone
-                    for r in mine:
-                        self._note(r, native=None,
-                                   note=f"held by the gateway's planner ({features.why_not(Feature.RESERVATIONS)})")
-                    continue
-                try:
-                    made = backend.gateway_reservations()
-                except BackendError as exc:
-                    log.warning("pool %s: the gateway's reservations there could not be read: %s", pool, exc.message)
-                    continue
-                wanted = {native_name(r[0]) for r in mine}
-                for name in sorted(set(made) - wanted):  # deleted or ended in the registry
-                    try:
-                        backend.unreserve(name)
-                        changed += 1
-                        log.info("pool %s: deleted the backend reservation %s (not in the registry)", pool, name)
-                    except BackendError as exc:
-                        log.warning("pool %s: deleting the backend reservation %s failed: %s", pool, name,
-                                    exc.message)
-                view = views.get(pool)
-                for r in mine:
-                    name = native_name(r[0])
-                    if r[7] == name and name in made:
-                        continue
-                    if view is None or view.capacity is None:
-                        continue  # its size needs the pool's capacity; next pass
-                    nodes = hold_need(r[3], r[4], view) if view.node_exclusive else 0
-                    if nodes <= 0:
-                        self._note(r, native=None, note="held by the gateway's planner (the backend reserves whole "
-                                                        "nodes; this pool shares them)")
-                        continue
-                    try:
-                        # One under way starts now in the backend (none takes a start in the past).
-                        words = backend.reserve(ReservationRequest(name=name, account=r[2], nodes=nodes,
-                                                                   start=max(r[5], now), end=r[6]))
-                    except Unsupported as exc:
-                        self._note(r, native=None, note=f"held by the gateway's planner: {exc.message}")
-                        continue
-                    except BackendError as exc:
-                        log.warning("pool %s: making the backend reservation %s failed: %s", pool, name, exc.message)
-                        self._note(r, native=None, note=f"held by the gateway's planner; the backend refused its "
-                                                        f"own reservation ({exc.message}); tried again every "
-                                                        f"{self.INTERVAL_S:.0f} s")
-                        continue
-                    changed += 1
-                    log.info("pool %s: made the backend reservation %s", pool, name)
-                    self._note(r, native=name, note=words)
+                with self._pool_lock(pool):
+                    changed += self._sync_pool(pool, backend, [r for r in rows if r[1] == pool], views.get(pool),
+                                               now)
             return changed
+
+    @contextlib.contextmanager
+    def _pool_lock(self, pool: str) -> Iterator[None]:
+        """On Postgres, one process at a time syncs a pool: every dispatcher syncs a pool whose
+        reservations were signalled (kit/signals.py), and two that made the same backend
+        reservation at one instant got a refusal from the backend ("duplicate"), noted on the
+        row until the next pass. The second waits for the first and then finds it made."""
+        engine = self.sessions.kw.get("bind")
+        if engine is None or engine.dialect.name != "postgresql":
+            yield
+            return
+        with engine.connect() as conn:
+            key = {"space": POOL_SYNC_LOCK_SPACE, "pool": pool}
+            conn.execute(text("SELECT pg_advisory_lock(:space, hashtext(:pool))"), key)
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:space, hashtext(:pool))"), key)
+                conn.commit()
+
+    def _sync_pool(self, pool: str, backend: Backend, mine: list[tuple], view: PoolView | None,
+                   now: datetime) -> int:
+        """One pool's pass (see :meth:`sync`); returns the backend calls that changed something."""
+        changed = 0
+        features = features_of(backend)
+        if not features.has(Feature.RESERVATIONS):  # the gateway's planner holds them alone
+            for r in mine:
+                self._note(r, native=None,
+                           note=f"held by the gateway's planner ({features.why_not(Feature.RESERVATIONS)})")
+            return changed
+        try:
+            made = backend.gateway_reservations()
+        except BackendError as exc:
+            log.warning("pool %s: the gateway's reservations there could not be read: %s", pool, exc.message)
+            return changed
+        wanted = {native_name(r[0]) for r in mine}
+        for name in sorted(set(made) - wanted):  # deleted or ended in the registry
+            try:
+                backend.unreserve(name)
+                changed += 1
+                log.info("pool %s: deleted the backend reservation %s (not in the registry)", pool, name)
+            except BackendError as exc:
+                log.warning("pool %s: deleting the backend reservation %s failed: %s", pool, name,
+                            exc.message)
+        for r in mine:
+            name = native_name(r[0])
+            if r[7] == name and name in made:
+                continue
+            if view is None or view.capacity is None:
+                continue  # its size needs the pool's capacity; next pass
+            nodes = hold_need(r[3], r[4], view) if view.node_exclusive else 0
+            if nodes <= 0:
+                self._note(r, native=None, note="held by the gateway's planner (the backend reserves whole "
+                                                "nodes; this pool shares them)")
+                continue
+            try:
+                # One under way starts now in the backend (none takes a start in the past).
+                words = backend.reserve(ReservationRequest(name=name, account=r[2], nodes=nodes,
+                                                           start=max(r[5], now), end=r[6]))
+            except Unsupported as exc:
+                self._note(r, native=None, note=f"held by the gateway's planner: {exc.message}")
+                continue
+            except BackendError as exc:
+                log.warning("pool %s: making the backend reservation %s failed: %s", pool, name, exc.message)
+                self._note(r, native=None, note=f"held by the gateway's planner; the backend refused its "
+                                                f"own reservation ({exc.message}); tried again every "
+                                                f"{self.INTERVAL_S:.0f} s")
+                continue
+            changed += 1
+            log.info("pool %s: made the backend reservation %s", pool, name)
+            self._note(r, native=name, note=words)
+        return changed
 
     def _note(self, row: tuple, *, native: str | None, note: str) -> None:
         note = note[:NOTE_MAX]

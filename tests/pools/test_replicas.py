@@ -278,3 +278,81 @@ def test_a_reservation_made_through_an_api_replica_is_made_in_slurm_by_an_isthmu
                 if worker.poll() is None:
                     worker.kill()
                 log.close()
+
+
+def test_two_dispatchers_syncing_one_pool_at_once_make_its_reservation_once_without_a_refusal(
+        pools_file_with_accounts, dev_key_path):
+    """Every dispatcher syncs a pool whose reservations were signalled, so two may sync it at
+    the same instant: they take turns (a Postgres lock per pool, dispatch/holds.py), and the
+    second finds Slurm's reservation made instead of being refused a duplicate. The interleaving
+    that made the duplicate is forced: each sync, having listed the pool's reservations, waits
+    (up to 2 s) for the other to have listed too; with the lock the other cannot list until the
+    first is done, so the wait runs out and the two never call Slurm at once."""
+    import threading
+
+    from adapters.base import BackendError
+    from gateway.kit.db import transaction
+    from gateway.pools import reservations
+
+    env = slurm_env("22.05")
+    files = {"pools_file": pools_file_with_accounts, "capacity_ttl_s": TTL_S}
+    with postgres_database(migrated=True) as url, \
+            wired_gateway(url, dev_key_path, {}, **files) as a, \
+            wired_gateway(url, dev_key_path, {}, fresh=False, **files) as b:
+        views = a.app.state.dispatcher.views(fresh=True)
+        now = datetime.now(UTC)
+        with transaction(a.app.state.sessionmaker) as s:  # the registry's row, made in no backend yet
+            held = reservations.create(s, views, account="team-a", pool="slurm-22", gpu_type=None, gpus=None,
+                                       nodes=1, starts_at=now - timedelta(minutes=1),
+                                       ends_at=now + timedelta(minutes=20), reason="two syncs", by="root", now=now)
+            held_id = held.id
+        name = f"{GATEWAY_RESERVATION_PREFIX}{held_id}"
+        refusals: list[str] = []
+        calls: list[tuple[float, float]] = []  # each reserve call's (start, end), monotonic
+        start = threading.Barrier(2)
+        listed = threading.Barrier(2, timeout=2)
+
+        def sync(gw) -> None:
+            native = gw.app.state.dispatcher.native_reservations
+            backend = native.backends["slurm-22"]
+            real = backend.reserve
+
+            def reserve(request):
+                began = time.monotonic()
+                try:
+                    return real(request)
+                except BackendError as exc:
+                    refusals.append(exc.message)
+                    raise
+                finally:
+                    calls.append((began, time.monotonic()))
+
+            backend.reserve = reserve
+            real_list = backend.gateway_reservations
+
+            def gateway_reservations():
+                made = real_list()
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    listed.wait()
+                return made
+
+            backend.gateway_reservations = gateway_reservations
+            start.wait(10)
+            native.sync(pools={"slurm-22": backend})
+
+        threads = [threading.Thread(target=sync, args=(gw,)) for gw in (a, b)]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert refusals == []
+            (first, second) = sorted(calls)
+            assert first[1] <= second[0], f"the two syncs called Slurm at once: {calls}"
+            assert name in slurm_reservations(env)
+            [row] = [h for h in a.client.get("/v1/admin/reservations", headers=a.headers("root", admin=True)).json()
+                     if h["id"] == held_id]
+            assert row["native"] == name and "refused" not in row["native_note"], row
+        finally:
+            with contextlib.suppress(Exception):
+                scontrol(env, "delete", f"ReservationName={name}")
