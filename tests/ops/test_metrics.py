@@ -11,13 +11,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO, missing_system, postgres_database
+from tests.conftest import REPO, missing_system, postgres_database, wait_for
 from tests.dispatch.conftest import slurm_backend_options, slurm_env
 from tests.e2e.conftest import ISTHMUS, free_port
 
@@ -161,17 +160,6 @@ def query(base: str, promql: str) -> list[dict]:
     return r.json()["data"]["result"]
 
 
-def wait_for(fn, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last}")
-
-
 @pytest.mark.slurm
 @pytest.mark.uses("prometheus")
 @pytest.mark.postgres
@@ -214,11 +202,14 @@ def test_prometheus_scrapes_what_an_operator_charts(tmp_path, dev_key_path):
                 assert r.status_code == 202, r.text
                 ids.append(r.json()["id"])
 
+            def states():
+                return [httpx.get(f"http://127.0.0.1:{port}/v1/jobs/{i}", headers=h, timeout=10).json()["state"]
+                        for i in ids]
+
             def done():
-                states = [httpx.get(f"http://127.0.0.1:{port}/v1/jobs/{i}", headers=h, timeout=10).json()["state"]
-                          for i in ids]
-                return all(s == "succeeded" for s in states) and states
-            wait_for(done, 120, "both jobs to succeed on Slurm")
+                now = states()
+                return all(s == "succeeded" for s in now) and now
+            wait_for(done, 120, "both jobs to succeed on Slurm", diag=lambda: f"states: {states()}")
             finished = wait_for(lambda: query(base, 'isthmus_jobs_finished_total{state="succeeded",pool="slurm"}'),
                                 60, "Prometheus to scrape the finished jobs")
             assert float(finished[0]["value"][1]) == 2
