@@ -26,7 +26,7 @@ from adapters.base import (
 from gateway.dispatch import orphans as orphan_listing
 from gateway.dispatch.common import FOLLOWED, RECONCILER, log, submit_request
 from gateway.dispatch.keeper import OutputKeeper
-from gateway.dispatch.liveness import Liveness, dead_owners
+from gateway.dispatch.liveness import Liveness
 from gateway.dispatch.outcomes import Outcomes
 from gateway.domain.states import JobState
 from gateway.kit.db import transaction
@@ -122,7 +122,10 @@ class Reconciler:
                                     Job.claim_owner).where(Job.state.in_(states))).all()
             # A cancel accepted while its claim's worker is dead is carried out now, not when
             # the lease ends (issue #47, item 6): that worker will never submit or cancel it.
-            dead = dead_owners(s, self.liveness, (JobState.CANCELLING,))
+            # Their owners are in the rows just read (no owner, no look at pg_locks).
+            dead = self.liveness.dead(s.connection(), {
+                row.claim_owner for row in rows
+                if row.state == JobState.CANCELLING.value and row.backend_job_id is None})
         now = self.clock()
         mono = time.monotonic()
         resync = {pool for pool in self.backends
