@@ -23,6 +23,12 @@ class JobOutcome:
     evictions: int = 0
     lost_gpu_s: float = 0.0  # work lost to evictions (since the last checkpoint), in GPU-seconds
     refused: str = ""  # why it was refused at submit
+    # With a failure model (sim_failures.py): attempts ended by a node failure, those a flaky
+    # node caused, the work they lost (since the last checkpoint), and whether the retry rule gave up.
+    failures: int = 0
+    flaky_failures: int = 0
+    failed_gpu_s: float = 0.0
+    gave_up: bool = False
 
 
 @dataclasses.dataclass
@@ -49,6 +55,12 @@ class SimResult:
     hold_used_gpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
     # starts of gangs that require a domain with no domain of room for them (placed spread out)
     topology_violations: int = 0
+    # With a failure model (sim_failures.py): every attempt on named nodes (job id, pool, nodes,
+    # start, end, "node_failure" or "ended"), every quarantine (pool, node, from, to: the
+    # horizon when still in it, flaky then or not), and the flaky nodes at the start.
+    attempt_log: list[tuple[str, str, tuple[str, ...], float, float, str]] = dataclasses.field(default_factory=list)
+    quarantine_log: list[tuple[str, str, float, float, bool]] = dataclasses.field(default_factory=list)
+    flaky_nodes: tuple[tuple[str, str], ...] = ()
 
     @property
     def utilisation(self) -> float:
@@ -75,6 +87,15 @@ class SimResult:
     @property
     def lost_gpu_hours(self) -> float:
         return sum(o.lost_gpu_s for o in self.outcomes) / 3600
+
+    @property
+    def failed_gpu_hours(self) -> float:
+        """Work lost to node failures (each failed attempt's since its last checkpoint)."""
+        return sum(o.failed_gpu_s for o in self.outcomes) / 3600
+
+    @property
+    def failed_attempts(self) -> int:
+        return sum(o.failures for o in self.outcomes)
 
     def waits(self, lo: int, hi: int) -> list[float]:
         return [o.start - o.job.arrival for o in self.outcomes

@@ -45,6 +45,10 @@ counted (``SimResult.topology_violations``: the planner's rule says it never hap
 ``domain_futures`` each running gang's release names the blocks its nodes free, so the
 planner knows which block frees when; without, releases are the pool's alone (the fallback).
 
+Node failures (issue #48): ``sim_failures.py`` replays a trace with flaky nodes through a
+subclass of this replay, which names each gang's nodes, fails attempts and keeps retries off
+nodes through the two hooks below (``_placeable``, ``_event``); without it nothing fails.
+
 The replay is this module's; what it is given (pools, trace jobs, policies, ``Reclaim``) is in
 ``sim_inputs.py``, what it reports (``JobOutcome``, ``SimResult``) in ``sim_result.py``, and
 its books (charges, decayed usage, fair-share factors) in ``sim_ledger.py``.
@@ -395,6 +399,14 @@ class _Replay:
         self._push(start_at, "reclaim", j.id)  # after its victims' stops: pushed after them
         self.evictions += len(victim_ids)
 
+    # Hooks for a failure model (sim_failures.py): without one, every start is placeable.
+
+    def _placeable(self, j: TraceJob, pool: str, units: int, now: float) -> bool:
+        return True
+
+    def _event(self, kind: str, jid: str, seq: int, now: float) -> None:
+        raise ValueError(f"unknown event {kind!r}")
+
     # The loop.
 
     def run(self) -> SimResult:
@@ -410,6 +422,9 @@ class _Replay:
                 _, seq, kind, jid = heapq.heappop(events)
                 if kind == "tick":  # a window or hold starts or ends: only the round below
                     self._check_holds(now)
+                    continue
+                if kind not in ("arrive", "end", "stop", "reclaim"):  # a failure model's
+                    self._event(kind, jid, seq, now)
                     continue
                 o = self.outcomes[jid]
                 if kind == "arrive":
@@ -453,6 +468,8 @@ class _Replay:
                 if capped and self._load(j.account) + gpus > self.guarantees.get(j.account, 0):
                     continue  # the ledger refuses it: the round's earlier starts reached the cap
                 units = self.model_of[s.pool].units(j.workers, j.gpus_per_worker)
+                if not self._placeable(j, s.pool, units, now):
+                    continue  # the nodes it may use are too few: it waits, as the backend holds it
                 self.free[s.pool] -= units
                 assert self.free[s.pool] >= 0, "the planner over-committed a pool"
                 borrowed = borrowing and self._load(j.account) + gpus > self.guarantees.get(j.account, 0)
