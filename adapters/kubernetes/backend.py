@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +21,7 @@ from adapters.base import (
     BackendForbidden,
     BackendUnavailable,
     Capacity,
+    Feature,
     JobNotFound,
     JobStatus,
     SubmissionRejected,
@@ -35,6 +36,7 @@ from adapters.base import (
 )
 
 from .capacity import QueueCapacity
+from .nodes import NodeCare
 from .render import (
     ANN_ATTEMPT,
     ANN_CANCELLED_AT,
@@ -63,7 +65,7 @@ MANAGED_SELECTOR = f"{LABEL_MANAGED}={MANAGED_VALUE}"
 
 
 @register
-class KubernetesBackend(Backend, WithWatch, WithOutputStream, WithJobListing):
+class KubernetesBackend(Backend, WithWatch, WithOutputStream, WithJobListing, NodeCare):
     """A Kueue ClusterQueue behind LocalQueues in per-account namespaces.
 
     Args:
@@ -81,6 +83,10 @@ class KubernetesBackend(Backend, WithWatch, WithOutputStream, WithJobListing):
         # The ClusterQueue's nodes, capacity, topology levels and fit limits (capacity.py).
         self._queue = QueueCapacity(settings=self.settings, name=self.name, connect=self._connect,
                                     errors=self._errors, raw=self._raw)
+
+    def unsupported(self) -> Mapping[Feature, str]:
+        # Node health and drain: nodes.py (NodeCare); a cordon only where the settings allow it.
+        return self.node_drain_unsupported()
 
     def config_problems(self) -> list[tuple[str, str]]:
         """(field, why) when the client configuration cannot be loaded (a kubeconfig that is

@@ -88,6 +88,14 @@ class QueueCapacity:
                 if any(all((n["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())
                        for sel in selectors)]
 
+    def pool_nodes(self, api: Any) -> list[dict]:
+        """The pool's Node objects, read now: those its ClusterQueue's flavors select
+        (queue_nodes), GPU nodes or not (node health: a node whose GPUs vanished is still the pool's)."""
+        cq = self.cluster_queue(api)
+        with self._errors("reading nodes"):
+            nodes = self._raw(api.core.list_node)["items"]
+        return self.queue_nodes(api, cq, nodes)
+
     def flavors(self, api: Any, cq: dict) -> tuple[list[dict[str, str]], tuple[tuple[str, str], ...]]:
         """(nodeLabels of each flavor of the ClusterQueue, the pool's topology levels), re-read
         at most every 30 s. The levels are those of the Topology object the first flavor with a

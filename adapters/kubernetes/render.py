@@ -39,6 +39,8 @@ RESERVED_PREFIXES = (f"{GROUP}/managed-by", f"{GROUP}/gateway-job-id", f"{GROUP}
 RESERVED_KEYS = ("job-name", "controller-uid")
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# A Node's name: a DNS subdomain (RFC 1123), at most 253 characters; matched whole (fullmatch).
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 _LEVEL_WORD = re.compile(r"^[a-z][a-z0-9-]{0,30}$")  # gateway/jobs/schemas.py TOPOLOGY_LEVEL_RE
@@ -175,6 +177,34 @@ def render_mkdir(request: SubmitRequest, settings: KubernetesSettings, uid: int 
     }
 
 
+def node_name(name: str) -> str:
+    """``name`` when it can be a Kubernetes Node's name (a DNS subdomain of at most 253
+    characters), else SubmissionRejected naming it: a name goes into a node affinity or an
+    API path only once checked."""
+    if isinstance(name, str) and len(name) <= 253 and _NODE_NAME.fullmatch(name):
+        return name
+    raise SubmissionRejected(f"not a Kubernetes node name: {str(name)[:300]!r}", backend="kubernetes")
+
+
+def add_node_exclusion(pod_spec: dict[str, Any], nodes: Iterable[str]) -> None:
+    """Keep the pods of ``pod_spec`` off ``nodes`` (``SubmitRequest.exclude_nodes``): a required
+    node affinity ``kubernetes.io/hostname NotIn [...]``, added to every term already there
+    (the terms are alternatives, so each must exclude them), else as the one term. The
+    scheduler honours it; Kueue's flavor assignment ignores a term on a key its flavors do not
+    label, so the gang is still admitted on the flavor and placed on the other nodes."""
+    names = sorted({node_name(n) for n in nodes})
+    if not names:
+        return
+    rule = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": names}
+    required = (pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(rule, values=list(names)))
+
+
 def tas_annotation(request: SubmitRequest, levels: tuple[tuple[str, str], ...]) -> dict[str, str]:
     """The pod template's Topology Aware Scheduling annotation for the request (see render_job)."""
     t = request.topology
@@ -269,6 +299,11 @@ def render_job(request: SubmitRequest, settings: KubernetesSettings,
             pod_spec["initContainers"] = [mkdir]
     if request.gpu_type:
         pod_spec["nodeSelector"] = {settings.gpu_type_label: request.gpu_type}
+    if request.exclude_nodes:
+        # Required: a retry never lands on the node that failed the last attempt, nor on one
+        # the gateway has quarantined (docs/recovery.md, "Node health"). A nodeSelector (gpu_type)
+        # still applies: a pod must satisfy both.
+        add_node_exclusion(pod_spec, request.exclude_nodes)
     spec: dict[str, Any] = {
         "suspend": True,  # Kueue unsuspends on admission; the webhooks are not relied on
         "completionMode": "Indexed",

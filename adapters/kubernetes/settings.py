@@ -52,6 +52,12 @@ class KubernetesSettings:
         cancelled_retention_s: a cancelled Job stays visible (as CANCELLED) this long.
         gpu_resource: the extended resource name of a GPU.
         gpu_type_label: node label matched against SubmitRequest.gpu_type.
+        drain_suspect_nodes: the gateway cordons a node of the pool its node-health rule finds
+            suspect (``spec.unschedulable: true`` plus the annotation ``isthmus.io/drained``
+            with the reason; running pods are left alone) and uncordons it when an admin
+            clears it, but only a node it cordoned itself (docs/kubernetes.md, "Node health").
+            Needs ``patch`` on nodes for the gateway's identity. Off: the gateway only keeps
+            its own gangs off the node (a required node affinity).
     """
 
     kubeconfig: str | None = None
@@ -75,6 +81,7 @@ class KubernetesSettings:
     cancelled_retention_s: int = 300
     gpu_resource: str = "nvidia.com/gpu"
     gpu_type_label: str = "nvidia.com/gpu.product"
+    drain_suspect_nodes: bool = False
 
     def namespace_for(self, account: str) -> str:
         return self.namespaces.get(account) or self.namespace_template.format(account=account)
@@ -146,6 +153,7 @@ class KubernetesSettings:
             "AUTOMOUNT_SERVICE_ACCOUNT_TOKEN": ("automount_service_account_token",
                                                 lambda v: v.strip().lower() in ("1", "true", "yes")),
             "SECCOMP_PROFILE": ("seccomp_profile", lambda v: None if v.strip().lower() == "none" else v.strip()),
+            "DRAIN_SUSPECT_NODES": ("drain_suspect_nodes", lambda v: v.strip().lower() in ("1", "true", "yes")),
         }
         for key, (field, conv) in simple.items():
             if values.get(ENV_PREFIX + key):
