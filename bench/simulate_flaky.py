@@ -1,0 +1,185 @@
+"""Flaky nodes in the scheduling simulator (issue #48, item 4): GPU-hours lost to node failures
+with and without the node-health rule keeping retries and gangs off the nodes that fail them.
+
+    .venv/bin/python bench/simulate_flaky.py [--jobs 12000] [--load 0.8] [--seeds 1,2,3,4,5] [--no-write]
+
+The trace and pools are bench/simulate.py's. The failure model is gateway/domain/sim_failures.py's
+(its docstring): named nodes on the Slurm (node-exclusive) pools, ``--flaky`` flaky nodes per
+such pool drawn from the seed, a gang on a flaky node failing after an exponential run time
+with mean ``--flaky-mttf-h``, on a healthy node with mean ``--healthy-mttf-days``; a failed
+attempt loses its work since its last checkpoint and is retried by the gateway's retry rule.
+Four policies replayed through the planner on the same traces and seeds:
+
+* **none**: a retry may land anywhere, flaky nodes keep getting gangs;
+* **avoidance**: a retry keeps off the nodes that failed it for 6 h (``nodehealth.avoided``);
+* **avoidance + quarantine**: also, nodes ``nodehealth.verdicts`` finds suspect (failures of
+  2 accounts within 1 h) get no gang and leave the planner's capacity until the simulated
+  admin clears them ``--clear-h`` later; cleared, a flaky node is as flaky as before;
+* **... cleared nodes repaired**: the same, the admin's clear mending a flaky node.
+
+Measures per seed, medians over the seeds; the ratio of lost GPU-hours against "none" is taken
+per seed (same trace, same run) and its median given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine, pct, write_section
+from bench.simulate import POOLS, make_trace
+from gateway.domain.sim_failures import (
+    AVOID,
+    NONE,
+    QUARANTINE,
+    FailureModel,
+    simulate_failures,
+)
+from gateway.domain.sim_result import SimResult
+
+HOUR = 3600.0
+VARIANTS = {  # label -> (policy, repair on clear)
+    "none": (NONE, False),
+    "avoidance": (AVOID, False),
+    "avoidance + quarantine": (QUARANTINE, False),
+    "avoidance + quarantine, cleared nodes repaired": (QUARANTINE, True),
+}
+
+
+def gang_waits(res: SimResult) -> list[float]:
+    """Each started gang's whole wait: to its first start, and from each failure to its retry."""
+    attempts = collections.defaultdict(list)
+    for jid, _, _, start, end, outcome in res.attempt_log:
+        attempts[jid].append((start, end, outcome))
+    out = []
+    for o in res.outcomes:
+        if o.job.workers < 2 or o.start is None:
+            continue
+        ready, wait = o.job.arrival, 0.0
+        for start, end, _ in sorted(attempts.get(o.job.id, [(o.start, o.end, "")])):
+            wait += start - ready
+            ready = end
+        out.append(wait)
+    return out
+
+
+def measure(res: SimResult, horizon: float) -> dict:
+    waits = gang_waits(res)
+    quarantined = res.quarantine_log
+    return {"lost": res.failed_gpu_hours, "lost_share": res.failed_gpu_hours * HOUR / res.used_gpu_seconds,
+            "fails": res.failed_attempts, "flaky_fails": sum(o.flaky_failures for o in res.outcomes),
+            "repeat": sum(1 for o in res.outcomes if o.flaky_failures >= 2),
+            "gave_up": sum(1 for o in res.outcomes if o.gave_up),
+            "p50": statistics.median(waits), "p99": pct(waits, 99), "util": res.utilisation,
+            "quarantines": len(quarantined), "healthy_q": sum(1 for q in quarantined if not q[4]),
+            "q_node_h": sum(min(q[3], horizon) - q[2] for q in quarantined) / HOUR}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=12_000)
+    ap.add_argument("--accounts", type=int, default=24)
+    ap.add_argument("--load", type=float, default=0.8)
+    ap.add_argument("--seeds", default="1,2,3,4,5")
+    ap.add_argument("--flaky", type=int, default=2, help="flaky nodes per Slurm pool")
+    ap.add_argument("--flaky-mttf-h", type=float, default=4.0)
+    ap.add_argument("--healthy-mttf-days", type=float, default=250.0)
+    ap.add_argument("--checkpoint-min", type=float, default=30.0, help="0: jobs never checkpoint")
+    ap.add_argument("--clear-h", type=float, default=4.0)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",")]
+    rows: dict[str, list[dict]] = {label: [] for label in VARIANTS}
+    t0 = time.monotonic()
+    days = []
+    for seed in seeds:
+        trace, shares = make_trace(a.jobs, a.load, seed, a.accounts)
+        last = trace[-1].arrival
+        days.append(last / 86400)
+        window, horizon = (0.1 * last, last), last + 7 * 86400
+        for label, (policy, repair) in VARIANTS.items():
+            m = FailureModel(policy=policy, seed=seed, flaky_per_pool=a.flaky, flaky_mttf_s=a.flaky_mttf_h * HOUR,
+                             healthy_mttf_s=a.healthy_mttf_days * 86400, clear_after_s=a.clear_h * HOUR,
+                             checkpoint_every_s=a.checkpoint_min * 60 or None, repair_on_clear=repair)
+            t = time.perf_counter()
+            res = simulate_failures(trace, POOLS, shares, m, window=window, horizon=horizon)
+            got = measure(res, horizon)
+            none = rows["none"][-1]["lost"] if label != "none" else got["lost"]
+            got["ratio"] = got["lost"] / none if none else 1.0
+            rows[label].append(got)
+            print(f"seed {seed} {label:48} {time.perf_counter() - t:5.1f} s "
+                  + " ".join(f"{k} {v:.3g}" for k, v in got.items()), flush=True)
+    elapsed = time.monotonic() - t0
+
+    def med(label: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows[label])
+
+    def h(s: float) -> str:
+        return f"{s / HOUR:.1f} h" if s >= HOUR else f"{s / 60:.0f} min"
+
+    lines = [f"| {label} | {med(label, 'lost'):,.0f} ({med(label, 'lost_share'):.2%}) | "
+             f"{med(label, 'ratio'):.2f}x | {med(label, 'fails'):.0f} ({med(label, 'flaky_fails'):.0f}) | "
+             f"{med(label, 'repeat'):.0f} | {med(label, 'gave_up'):.0f} | {h(med(label, 'p50'))} | "
+             f"{h(med(label, 'p99'))} | {med(label, 'util'):.1%} | "
+             f"{med(label, 'quarantines'):.0f} ({med(label, 'healthy_q'):.0f}) | {med(label, 'q_node_h'):,.0f} |"
+             for label in VARIANTS]
+    slurm = [p for p in POOLS if p.kind == "slurm"]
+    q, qr, av = "avoidance + quarantine", "avoidance + quarantine, cleared nodes repaired", "avoidance"
+    body = f"""## Flaky nodes in the simulator (`bench/simulate_flaky.py`, issue #48)
+
+{machine()}. bench/simulate.py's pools and trace generator: {a.jobs:,} jobs, offered load {a.load:g},
+{a.accounts} accounts, seeds {a.seeds} ({statistics.median(days):.1f} days of arrivals each; medians over
+the seeds; {elapsed:.0f} s in all). Every start is decided by `gateway/domain/planner.py`, as in the
+dispatcher; the failure model and the policies are `gateway/domain/sim_failures.py`'s.
+
+**Failure model.** The nodes of the Slurm pools ({", ".join(f"`{p.name}` {p.nodes}" for p in slurm)}
+nodes) are named; a gang takes the lowest-numbered idle nodes it may use, as Slurm's node
+order does. {a.flaky} nodes of each are **flaky**, drawn from the seed. A gang running on a
+flaky node fails after an exponential run time with mean **{a.flaky_mttf_h:g} h**; on a healthy node
+with mean **{a.healthy_mttf_days:g} days** (about the rate of unexpected interruptions large
+training runs report). A gang fails at the first of its nodes' draws, and the draws are a
+function of (seed, job, attempt, node), so the same attempt on the same node fails at the same
+time under every policy. The Kubernetes pools (which place GPUs, not nodes, and run every
+1-GPU job) never fail here. A failed attempt (`node_failure`) is charged for its run, loses
+its work since its last checkpoint ({f"every {a.checkpoint_min:g} minutes of run" if a.checkpoint_min else "none: its whole attempt"}),
+and is run again by the gateway's retry rule (`retry.verdict`, at most 3 attempts, the default),
+waiting again in its original place in line; after the third failure the job fails. The record
+of a failure names every node of the attempt (`AttemptEnd.nodes`: the backend does not always say
+which node failed), so the rule's verdicts blame the whole gang.
+
+**Policies.** **none**: a retry may land anywhere. **avoidance**: a retry takes no node that
+`nodehealth.avoided` names for it (its failures' nodes, for 6 h); when too few others are idle it
+waits, as Slurm holds a job with `--exclude`. **avoidance + quarantine**: also, after each failure
+`nodehealth.verdicts` (defaults: failures of 2 accounts within 1 h) judges its nodes; a suspect node
+gets no gang and leaves its pool's capacity for the planner until the simulated admin clears it
+**{a.clear_h:g} h** later; cleared, a flaky node is as flaky as before (the admin found nothing).
+**... cleared nodes repaired**: the admin's clear mends it.
+
+| policy | GPU-h lost to failures (share of GPU time used) | lost against none (same seed) | failed attempts (on a flaky node) | jobs failed on a flaky node more than once | jobs failed for good (3 failures) | gang wait p50 | gang wait p99 | GPU utilisation | nodes quarantined (healthy ones) | node-hours in quarantine |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
+{chr(10).join(lines)}
+
+Lost GPU-hours are the work failed attempts threw away (since their last checkpoint); the
+attempts' whole runs are charged and counted in utilisation. A gang's wait is its whole wait:
+to its first start, and from each failure to its retry's start. Avoidance alone loses
+{med(av, 'ratio'):.2f}x what no policy loses: it keeps a job off the node that failed it
+(jobs failed on a flaky node more than once: {med(av, 'repeat'):.0f} against {med('none', 'repeat'):.0f}),
+but the node stays in service and fails the next job placed there. Quarantine loses
+{med(q, 'ratio'):.2f}x, and {med(qr, 'ratio'):.2f}x when the admin's clear mends the node. Its cost: of
+the {med(q, 'quarantines'):.0f} quarantines, {med(q, 'healthy_q'):.0f} took out a healthy node, mostly one that
+shared a failed gang with a flaky one, because a failure blames every node of the gang; naming
+the failed node (the backend's DOWN node) would spare them.
+"""
+    print(body)
+    if not a.no_write:
+        write_section("simulate-flaky", body)
+
+
+if __name__ == "__main__":
+    main()
