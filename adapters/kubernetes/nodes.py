@@ -126,7 +126,10 @@ class NodeCare(WithNodeHealth, WithNodeDrain):
                 return
             patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {ANN_DRAINED: why}},
                      "spec": {"unschedulable": True}}
-            if self._patch_node(name, patch, "cordoning"):
+            done = self._patch_node(name, patch, "cordoning")
+            if done is None:
+                raise BackendError(f"no node {name} in the cluster", backend=self.name)
+            if done:
                 log.warning("cordoned node %s of ClusterQueue %s: %s", name, self.settings.cluster_queue, why)
                 return
         raise BackendUnavailable(f"node {name} kept changing while the gateway cordoned it; try again",
@@ -151,7 +154,11 @@ class NodeCare(WithNodeHealth, WithNodeDrain):
             # Strategic merge: null deletes the annotation and the field (unschedulable: false).
             patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {ANN_DRAINED: None}},
                      "spec": {"unschedulable": None}}
-            if self._patch_node(name, patch, "uncordoning"):
+            done = self._patch_node(name, patch, "uncordoning")
+            if done is None:
+                log.info("node %s is gone: nothing to uncordon", name)
+                return
+            if done:
                 log.warning("uncordoned node %s of ClusterQueue %s (the gateway had cordoned it)", name,
                             self.settings.cluster_queue)
                 return
@@ -166,14 +173,15 @@ class NodeCare(WithNodeHealth, WithNodeDrain):
         except JobNotFound:
             return None
 
-    def _patch_node(self, name: str, patch: dict, what: str) -> bool:
-        """Patch the node (strategic merge); False when its resourceVersion changed meanwhile (409)."""
+    def _patch_node(self, name: str, patch: dict, what: str) -> bool | None:
+        """Patch the node (strategic merge): True when done, False when its resourceVersion
+        changed meanwhile (409: read it again), None when it is gone."""
         api = self._connect()
         try:
             with self._errors(f"{what} node {name}", not_found=f"no node {name}"):
                 self._raw(api.core.patch_node, name, patch)
-        except JobNotFound as exc:
-            raise BackendError(f"no node {name} in the cluster", backend=self.name) from exc
+        except JobNotFound:
+            return None
         except BackendError as err:
             if isinstance(err.__cause__, api.exc) and err.__cause__.status == 409:
                 return False
