@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from adapters.base import (
+    BackendError,
+    BackendUnavailable,
     Feature,
     SubmissionRejected,
     SubmitRequest,
@@ -119,3 +121,79 @@ def test_a_bad_node_name_is_refused_before_any_api_call():
     for call in (lambda: backend.drain_node("../nodes/x", "r"), lambda: backend.resume_node("Node 1")):
         with pytest.raises(SubmissionRejected, match="not a Kubernetes node name"):
             call()
+
+
+class FakeNodes:
+    """The node calls drain_node and resume_node make, on dicts; a 409 when the patch's
+    resourceVersion is stale, as the API server's precondition."""
+
+    class ApiException(Exception):
+        def __init__(self, status: int):
+            super().__init__(status)
+            self.status, self.body, self.reason = status, None, "Conflict"
+
+    def __init__(self, nodes: dict[str, dict], *, race: int = 0):
+        self.nodes, self.patches, self.race = nodes, [], race
+        self.exc, self.core = self.ApiException, self
+
+    def read_node(self, name):
+        if name not in self.nodes:
+            raise self.ApiException(404)
+        return self.nodes[name]
+
+    def patch_node(self, name, patch):
+        node = self.nodes[name]
+        if self.race:  # someone else changes it between our read and our patch
+            self.race -= 1
+            node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 1)
+        if patch["metadata"]["resourceVersion"] != node["metadata"]["resourceVersion"]:
+            raise self.ApiException(409)
+        self.patches.append(patch)
+        ann = node["metadata"].setdefault("annotations", {})
+        for k, v in patch["metadata"].get("annotations", {}).items():
+            ann.pop(k, None) if v is None else ann.__setitem__(k, v)
+        node["spec"]["unschedulable"] = patch["spec"]["unschedulable"] or False
+        return node
+
+
+@pytest.fixture
+def fake():
+    def make(**nodes):
+        api = FakeNodes({name: {"metadata": {"name": name, "resourceVersion": "1", "annotations": ann or {}},
+                                "spec": {"unschedulable": cordoned}} for name, (cordoned, ann) in nodes.items()})
+        b = KubernetesBackend(KubernetesSettings(drain_suspect_nodes=True))
+        b._connect = lambda: api
+        b._raw = lambda fn, *args, **kw: fn(*args)
+        b._queue.cluster_queue = lambda _api: {}
+        b._queue.queue_nodes = lambda _api, _cq, nodes: [n for n in nodes if not n["metadata"]["name"].startswith("h100")]
+        return b, api
+    return make
+
+
+def test_drain_and_resume_on_a_fake_api(fake):
+    b, api = fake(n1=(False, None), admins=(True, None), h100=(False, None))
+    b.drain_node("n1", "two accounts\n failed")
+    assert api.nodes["n1"]["spec"]["unschedulable"] and api.nodes["n1"]["metadata"]["annotations"] == {
+        ANN_DRAINED: "two accounts failed"}
+    b.drain_node("n1", "two accounts failed")  # the same: no second patch
+    b.drain_node("admins", "suspect")  # someone else's cordon: not taken over
+    b.resume_node("admins")
+    assert len(api.patches) == 1 and api.nodes["admins"]["spec"]["unschedulable"]
+    with pytest.raises(BackendError, match="not one of ClusterQueue"):
+        b.drain_node("h100", "x")
+    with pytest.raises(BackendError, match="no node gone"):
+        b.drain_node("gone", "x")
+    b.resume_node("gone")  # nothing to undo
+    b.resume_node("n1")
+    assert api.nodes["n1"]["spec"]["unschedulable"] is False and api.nodes["n1"]["metadata"]["annotations"] == {}
+    assert b.drain_node("n1", "y" * 5000) is None and len(api.nodes["n1"]["metadata"]["annotations"][ANN_DRAINED]) == 1000
+
+
+def test_a_node_that_changed_meanwhile_is_read_again(fake):
+    b, api = fake(n1=(False, None))
+    api.race = 2
+    b.drain_node("n1", "suspect")
+    assert api.nodes["n1"]["spec"]["unschedulable"] and len(api.patches) == 1
+    api.race = 3
+    with pytest.raises(BackendUnavailable, match="kept changing"):
+        b.resume_node("n1")
