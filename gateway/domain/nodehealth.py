@@ -1,5 +1,5 @@
 """Which nodes are suspect, which a retry avoids, what each bad node cost: one rule, pure
-(issue #48, item 3; not wired into the dispatcher yet: docs/recovery.md, "Node health").
+(issue #48; docs/recovery.md, "Node health").
 
 The input is the registry's record of attempts that ended (each attempt's pool, nodes,
 account, end and outcome, and its charged GPU-seconds), plus the backends' own verdicts on
@@ -21,9 +21,11 @@ The rule:
   ``quiet_s``;
 * a **retry avoids** the nodes whose failure ended that job's earlier attempts, for
   ``avoid_s`` after that failure;
+* a failure is **blamed** on the nodes of the attempt that its backend had out of service
+  when the failure was seen (``failed_nodes``: a Slurm node DOWN, a Kubernetes node NotReady
+  or gone); when the backend named none, on every node of the attempt (each was part of it);
 * the GPU-hours an infrastructure failure **cost** are the failed attempt's charged
-  GPU-seconds, shared out evenly over the nodes it ran on (which of them failed the gang is
-  not always known; each was part of the loss).
+  GPU-seconds, shared out evenly over the nodes it is blamed on.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
-from gateway.domain.retry import NODE_FAILURE
+from gateway.domain.retry import EXIT_CODE, NODE_FAILURE
 
 INFRASTRUCTURE = frozenset({NODE_FAILURE})
 
@@ -50,10 +52,35 @@ class AttemptEnd:
     ended_at: datetime
     outcome: str  # retry.py's words: node_failure, preempted, exit_code, ... (or succeeded)
     charged_gpu_seconds: int = 0
+    failed_nodes: tuple[str, ...] = ()  # those its backend had out of service at the failure
 
     @property
     def infrastructure(self) -> bool:
         return self.outcome in INFRASTRUCTURE
+
+    @property
+    def blamed(self) -> tuple[str, ...]:
+        """The nodes the failure is blamed on (module docstring)."""
+        named = tuple(n for n in self.failed_nodes if n in self.nodes)
+        return named or self.nodes
+
+
+# An attempt's end in the record's words (AttemptEnd.outcome).
+SUCCEEDED, CANCELLED, TIME_LIMIT, LOST = "succeeded", "cancelled", "time_limit", "lost"
+
+
+def outcome_of(final_state: str, *, failure: str = "", exit_code: int | None = None, seen: bool = True) -> str:
+    """How a job's last attempt ended, from its final state (``succeeded``, ``failed``,
+    ``cancelled``) and what the backend said: ``failure`` (retry.py's and the adapters' word,
+    ``node_failure`` or ``time_limit``), its exit code, and whether the backend still showed
+    the job (``seen``; False: it disappeared, ``lost``)."""
+    if final_state in (SUCCEEDED, CANCELLED):
+        return final_state
+    if failure:
+        return failure
+    if not seen:
+        return LOST
+    return EXIT_CODE if exit_code else "failed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,29 +112,36 @@ class Verdict:
     accounts: tuple[str, ...]  # whose attempts they ended
     last_failure: datetime | None
     lost_gpu_seconds: float  # all its infrastructure failures ever cost (in the record given)
+    by_backend: bool = False  # suspect because its backend has it out of service (not its failures)
 
 
 def verdicts(ends: Iterable[AttemptEnd], *, now: datetime, thresholds: Thresholds = Thresholds(),
              cleared: Mapping[Node, datetime] | None = None,
-             backend_down: Mapping[Node, str] | None = None) -> dict[Node, Verdict]:
-    """Every node that appears in ``ends`` or ``backend_down``, with its verdict.
+             backend_down: Mapping[Node, str] | None = None,
+             suspected: Mapping[Node, datetime] | None = None) -> dict[Node, Verdict]:
+    """Every node that appears in ``ends``, ``backend_down`` or ``suspected``, with its verdict.
 
     ``cleared``: when an admin last cleared a node (failures before it no longer count);
-    ``backend_down``: nodes the backend itself has down or drained, with its reason.
+    ``backend_down``: nodes the backend itself has down or drained, with its reason;
+    ``suspected``: since when a node was found suspect earlier (a record kept by the caller, so
+    that a quarantine outlives the failures the caller still reads): it stays so until cleared
+    after that time, or, with ``quiet_s``, until that long passes without a failure.
     """
     cleared = cleared or {}
     backend_down = backend_down or {}
+    suspected = suspected or {}
     window = timedelta(seconds=thresholds.window_s)
     failures: dict[Node, list[AttemptEnd]] = {}
     lost: dict[Node, float] = {}
-    seen: set[Node] = set(backend_down)
+    seen: set[Node] = set(backend_down) | set(suspected)
     for end in ends:
+        blamed = end.blamed
         for node in end.nodes:
             key = (end.pool, node)
             seen.add(key)
-            if not end.infrastructure:
+            if not end.infrastructure or node not in blamed:
                 continue
-            lost[key] = lost.get(key, 0.0) + end.charged_gpu_seconds / len(end.nodes)
+            lost[key] = lost.get(key, 0.0) + end.charged_gpu_seconds / len(blamed)
             if end.ended_at > cleared.get(key, datetime.min.replace(tzinfo=end.ended_at.tzinfo)):
                 failures.setdefault(key, []).append(end)
     out: dict[Node, Verdict] = {}
@@ -115,11 +149,20 @@ def verdicts(ends: Iterable[AttemptEnd], *, now: datetime, thresholds: Threshold
         mine = sorted(failures.get(key, []), key=lambda e: e.ended_at)
         last = mine[-1].ended_at if mine else None
         suspect, reason, in_window = _standing(mine, now=now, window=window, thresholds=thresholds)
-        if key in backend_down:
-            suspect, reason = True, f"its backend has it out of service: {backend_down[key]}"
+        since = suspected.get(key)
+        if not suspect and since is not None and (key not in cleared or cleared[key] < since):
+            quiet = thresholds.quiet_s is not None and now - max(since, last or since) >= timedelta(
+                seconds=thresholds.quiet_s)
+            if not quiet:
+                suspect, reason = True, (f"quarantined since {since:%Y-%m-%d %H:%M} UTC after infrastructure failures "
+                                         "of several accounts; until an admin clears it")
+        by_backend = False
+        if key in backend_down and not suspect:
+            suspect, by_backend = True, True
+            reason = f"its backend has it out of service: {backend_down[key]}"
         out[key] = Verdict(pool=key[0], node=key[1], suspect=suspect, reason=reason, failures=len(in_window),
                            accounts=tuple(sorted({e.account for e in in_window})), last_failure=last,
-                           lost_gpu_seconds=lost.get(key, 0.0))
+                           lost_gpu_seconds=lost.get(key, 0.0), by_backend=by_backend)
     return out
 
 
@@ -153,7 +196,7 @@ def avoided(job_ends: Iterable[AttemptEnd], *, now: datetime, thresholds: Thresh
     ``avoid_s`` (Slurm ``--exclude``, a required node affinity ``NotIn`` on Kubernetes)."""
     horizon = timedelta(seconds=thresholds.avoid_s)
     return {(e.pool, node) for e in job_ends if e.infrastructure and now - e.ended_at <= horizon
-            for node in e.nodes}
+            for node in e.blamed}
 
 
 def _span(delta: timedelta) -> str:

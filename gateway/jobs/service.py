@@ -10,15 +10,17 @@ gateway/jobs/store.py.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import String, bindparam, select
 from sqlalchemy.orm import Session
 
+from gateway.domain import nodehealth
 from gateway.domain.states import JobState, check_transition
 from gateway.identity.principal import Principal
-from gateway.jobs import journal, repository
+from gateway.jobs import journal, node_record, repository
 from gateway.kit.errors import Conflict, NotFound
 from gateway.kit.timeutil import utcnow
 from gateway.models.jobs import Job, JobAttempt, JobEvent
@@ -170,9 +172,13 @@ def clear_run(job: Job) -> None:
 
 
 def end_attempt(session: Session, job: Job, *, outcome: str, started_at: datetime | None, ended_at: datetime,
-                exit_code: int | None, backend_reason: str, charged_gpu_seconds: int) -> JobAttempt:
+                exit_code: int | None, backend_reason: str, charged_gpu_seconds: int,
+                failed_nodes: Sequence[str] = ()) -> JobAttempt:
     """Record the job's current attempt as ended (a ``job_attempt`` row: pool, backend job,
-    nodes, times, why, what its run was charged) and move the job to its next attempt number."""
+    nodes, times, why, what its run was charged; and its node-health record) and move the job
+    to its next attempt number."""
+    node_record.record(session, job, number=job.attempt, outcome=outcome, ended_at=ended_at, nodes=job.nodes,
+                       failed_nodes=failed_nodes, charged_gpu_seconds=charged_gpu_seconds, reason=backend_reason)
     attempt = JobAttempt(job_id=job.id, number=job.attempt, pool=job.pool, backend_job_id=job.backend_job_id,
                          nodes=list(job.nodes) if job.nodes else None, started_at=started_at, ended_at=ended_at,
                          outcome=outcome, exit_code=exit_code, reason=backend_reason,
@@ -184,7 +190,7 @@ def end_attempt(session: Session, job: Job, *, outcome: str, started_at: datetim
 
 def retry(session: Session, job: Job, *, outcome: str, started_at: datetime | None, ended_at: datetime,
           exit_code: int | None, backend_reason: str, charged_gpu_seconds: int, actor: str, reason: str,
-          data: dict[str, Any] | None = None) -> JobAttempt:
+          data: dict[str, Any] | None = None, failed_nodes: Sequence[str] = ()) -> JobAttempt:
     """End the job's current attempt and queue the next one in the gateway (docs/recovery.md).
 
     The ended attempt becomes a ``job_attempt`` row (:func:`end_attempt`); the job goes back
@@ -193,7 +199,8 @@ def retry(session: Session, job: Job, *, outcome: str, started_at: datetime | No
     its place in line (priority, then age) and its checkpoint lineage.
     """
     attempt = end_attempt(session, job, outcome=outcome, started_at=started_at, ended_at=ended_at,
-                          exit_code=exit_code, backend_reason=backend_reason, charged_gpu_seconds=charged_gpu_seconds)
+                          exit_code=exit_code, backend_reason=backend_reason, charged_gpu_seconds=charged_gpu_seconds,
+                          failed_nodes=failed_nodes)
     job.pool = job.backend_job_id = job.nodes = job.started_at = job.exit_code = job.held_gpus = None
     job.borrowed = None
     job.dispatch_attempts, job.next_attempt_at = 0, None
@@ -208,10 +215,17 @@ def attempts_of(session: Session, job_id: str) -> list[JobAttempt]:
 
 
 def finish(session: Session, job: Job, target: JobState, *, ended_at: datetime, actor: str, reason: str,
-           exit_code: int | None = None, data: dict[str, Any] | None = None) -> None:
-    """Move to the final state ``target`` at ``ended_at``, with the exit code the job reports."""
+           exit_code: int | None = None, data: dict[str, Any] | None = None, outcome: str | None = None,
+           failed_nodes: Sequence[str] = (), charged_gpu_seconds: int = 0) -> None:
+    """Move to the final state ``target`` at ``ended_at``, with the exit code the job reports.
+
+    The last attempt, when it ran on nodes, goes on the node-health record as ``outcome``
+    (default: what ``target`` and the exit code say, nodehealth.outcome_of)."""
     if not target.final:
         raise ValueError(f"{target.value} is not a final state")
+    node_record.record(session, job, number=job.attempt, ended_at=ended_at, nodes=job.nodes,
+                       outcome=outcome or nodehealth.outcome_of(target.value, exit_code=exit_code),
+                       failed_nodes=failed_nodes, charged_gpu_seconds=charged_gpu_seconds, reason=reason)
     job.exit_code = exit_code
     job.ended_at = ended_at
     job.next_attempt_at = None

@@ -31,6 +31,7 @@ from gateway.models.ledger import (  # noqa: F401
     Reservation,
     UsageBucket,
 )
+from gateway.models.nodes import AttemptEnd, NodeStanding  # noqa: F401
 from gateway.models.pools import Pool  # noqa: F401
 from gateway.models.ui import UiSession  # noqa: F401
 from gateway.models.webhooks import WebhookCursor, WebhookDelivery, WebhookEndpoint  # noqa: F401

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gateway.domain.nodehealth import AttemptEnd, Thresholds, avoided, verdicts
+from gateway.domain.nodehealth import (
+    AttemptEnd,
+    Thresholds,
+    avoided,
+    outcome_of,
+    verdicts,
+)
 
 NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
 H = 3600
@@ -90,3 +97,46 @@ def test_a_retry_avoids_the_nodes_that_failed_its_job_for_a_while():
 def test_thresholds_refuse_nonsense(bad):
     with pytest.raises(ValueError):
         Thresholds(**bad)
+
+
+# --- blame, lasting quarantine, the record's words (issue #48, wired) ---------------------
+
+
+def test_a_failure_is_blamed_on_the_node_its_backend_had_down_not_on_the_whole_gang():
+    a = dataclasses.replace(end("team-a", "n1", "n2", "n3", gpu_s=3600), failed_nodes=("n2",))
+    b = dataclasses.replace(end("team-b", "n1", "n2", gpu_s=7200), failed_nodes=("n2",))
+    out = verdicts([a, b], now=NOW)
+    assert out[("slurm-a", "n2")].suspect and out[("slurm-a", "n2")].lost_gpu_seconds == 10800
+    assert not out[("slurm-a", "n1")].suspect and out[("slurm-a", "n1")].lost_gpu_seconds == 0
+    assert avoided([a], now=NOW) == {("slurm-a", "n2")}
+    # A named node that was not in the gang is ignored: then the whole gang shares the blame.
+    c = dataclasses.replace(end("team-a", "n1", "n3"), failed_nodes=("n9",))
+    assert c.blamed == ("n1", "n3")
+
+
+def test_a_quarantine_outlives_the_failures_read_until_an_admin_clears_it_after_it():
+    since = NOW - timedelta(days=40)
+    key = ("slurm-a", "n1")
+    v = verdicts([], now=NOW, suspected={key: since})[key]
+    assert v.suspect and "until an admin clears it" in v.reason and not v.by_backend
+    assert not verdicts([], now=NOW, suspected={key: since}, cleared={key: since + timedelta(hours=1)})[key].suspect
+    # With a quiet time, it clears itself that long after the quarantine began without a failure.
+    quiet = Thresholds(quiet_s=7 * 86400)
+    assert not verdicts([], now=NOW, suspected={key: since}, thresholds=quiet)[key].suspect
+    assert verdicts([], now=NOW, suspected={key: NOW - timedelta(days=1)}, thresholds=quiet)[key].suspect
+
+
+def test_a_backend_verdict_is_marked_as_the_backends_and_failures_come_first():
+    key = ("slurm-a", "n1")
+    v = verdicts([], now=NOW, backend_down={key: "DOWN (bad gpu)"})[key]
+    assert v.suspect and v.by_backend and "DOWN (bad gpu)" in v.reason
+    both = verdicts([end("team-a", "n1"), end("team-b", "n1")], now=NOW, backend_down={key: "DOWN"})[key]
+    assert both.suspect and not both.by_backend
+
+
+@pytest.mark.parametrize(("state", "failure", "code", "seen", "word"), [
+    ("succeeded", "", 0, True, "succeeded"), ("cancelled", "", None, True, "cancelled"),
+    ("failed", "node_failure", 1, True, "node_failure"), ("failed", "time_limit", None, True, "time_limit"),
+    ("failed", "", 3, True, "exit_code"), ("failed", "", None, False, "lost"), ("failed", "", None, True, "failed")])
+def test_how_a_last_attempt_ended_in_the_records_words(state, failure, code, seen, word):
+    assert outcome_of(state, failure=failure, exit_code=code, seen=seen) == word
