@@ -159,6 +159,10 @@ class SubmitRequest:
     # One network domain for the whole gang (a level of the pool's topology); None: the
     # backend's default packing.
     topology: TopologyRequest | None = None
+    # Nodes the gang must not land on (docs/recovery.md, "Node health"): those whose failure
+    # ended an earlier attempt of this job, and those the gateway has quarantined. Slurm
+    # ``--exclude``; Kubernetes a required node affinity ``NotIn``.
+    exclude_nodes: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -314,6 +318,8 @@ class Feature(str, enum.Enum):
     LISTING = "listing"
     RESERVATIONS = "reservations"
     PREEMPT_SIGNAL = "preempt_signal"
+    NODE_HEALTH = "node_health"
+    NODE_DRAIN = "node_drain"
 
 
 # Every reservation the gateway makes on a backend is named with this prefix and the gateway's
@@ -562,6 +568,37 @@ class WithPreemptSignal(Protocol):
         ...
 
 
+@runtime_checkable
+class WithNodeHealth(Protocol):
+    """``Feature.NODE_HEALTH``: the backend says which nodes of the pool it has out of service
+    and why (Slurm: DOWN, DRAIN, FAIL with the node's reason; Kubernetes: NotReady, cordoned,
+    a failing condition). The gateway's node-health rule counts them (docs/recovery.md)."""
+
+    @abc.abstractmethod
+    def node_problems(self) -> dict[str, str]:
+        """Node name -> the backend's reason, for every node of the pool out of service now.
+
+        Raises BackendUnavailable when the backend cannot be asked."""
+        ...
+
+
+@runtime_checkable
+class WithNodeDrain(Protocol):
+    """``Feature.NODE_DRAIN``: the gateway may take a suspect node out of service in its backend
+    (Slurm: ``state=drain reason=...``; Kubernetes: a cordon with the reason in an annotation),
+    and put back one it took out. A pool's settings allow it (``drain_suspect_nodes``)."""
+
+    @abc.abstractmethod
+    def drain_node(self, node: str, reason: str) -> None:
+        """Stop new work landing on ``node``; running work is left alone. Raises BackendError."""
+        ...
+
+    @abc.abstractmethod
+    def resume_node(self, node: str) -> None:
+        """Undo :meth:`drain_node` (only when the gateway drained it). Raises BackendError."""
+        ...
+
+
 # Each optional interface and why a backend without it cannot (words for the user; a backend's
 # own ``unsupported()`` may say it better).
 INTERFACES: Mapping[Feature, type] = MappingProxyType({
@@ -571,6 +608,8 @@ INTERFACES: Mapping[Feature, type] = MappingProxyType({
     Feature.LISTING: WithJobListing,
     Feature.RESERVATIONS: WithReservations,
     Feature.PREEMPT_SIGNAL: WithPreemptSignal,
+    Feature.NODE_HEALTH: WithNodeHealth,
+    Feature.NODE_DRAIN: WithNodeDrain,
 })
 _WHY_NOT = {
     Feature.WATCH: "this backend has no change feed",
@@ -579,6 +618,8 @@ _WHY_NOT = {
     Feature.LISTING: "listing jobs is not supported",
     Feature.RESERVATIONS: "{name} has no advance reservations of its own",
     Feature.PREEMPT_SIGNAL: "this backend has no signal before a stop",
+    Feature.NODE_HEALTH: "{name} does not say which of its nodes are out of service",
+    Feature.NODE_DRAIN: "the gateway cannot take {name}'s nodes out of service",
 }
 
 

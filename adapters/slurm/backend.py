@@ -29,13 +29,15 @@ from adapters.base import (
     SubmitResult,
     Unsupported,
     WithJobListing,
+    WithNodeDrain,
+    WithNodeHealth,
     WithOutputFiles,
     WithPreemptSignal,
     WithReservations,
     register,
     site_gpu_type,
 )
-from adapters.slurm import job_record, parse
+from adapters.slurm import job_record, parse, script
 from adapters.slurm.errors import AmbiguousSubmit
 from adapters.slurm.script import ReservationSpec, build_spec, worker_output_path
 from adapters.slurm.settings import SLURM_NAME, SlurmSettings
@@ -112,7 +114,8 @@ class TimedRead(Generic[T]):
 
 
 @register
-class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, WithPreemptSignal):
+class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, WithPreemptSignal, WithNodeHealth,
+                   WithNodeDrain):
     """A Slurm cluster (one partition) behind the gateway."""
 
     name = "slurm"
@@ -133,8 +136,38 @@ class SlurmBackend(Backend, WithOutputFiles, WithJobListing, WithReservations, W
 
     def unsupported(self) -> Mapping[Feature, str]:
         # The same on every transport: what one cannot do itself (write reservations, read the
-        # topology) goes through scontrol (_cli), and each one signals a job.
+        # topology, drain a node) goes through scontrol (_cli), and each one signals a job.
+        if not self.settings.drain_suspect_nodes:
+            return {**self.UNSUPPORTED, Feature.NODE_DRAIN: "this pool's settings do not let the gateway drain "
+                                                            "nodes (drain_suspect_nodes: false)"}
         return self.UNSUPPORTED
+
+    # ------------------------------------------------------------------ node health
+
+    # Node states that take a node out of service (docs/recovery.md, "Node health").
+    OUT_OF_SERVICE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"})
+
+    def node_problems(self) -> dict[str, str]:
+        """The partition's nodes that Slurm has down, drained or failing, with the node's reason."""
+        nodes = self._transport.nodes()
+        mine = set(parse.partition_nodes(nodes, self.settings.partition))
+        out = {}
+        for node in nodes:
+            name = str(node.get("name") or "")
+            states = parse.node_states(node)
+            if name in mine and states & self.OUT_OF_SERVICE:
+                why = str(node.get("reason") or "").strip()
+                out[name] = "+".join(sorted(states)) + (f" ({why})" if why else "")
+        return out
+
+    def drain_node(self, node: str, reason: str) -> None:
+        (name,) = script.node_names([node])
+        # One line, no quotes to confuse scontrol's own parsing (argv, never a shell).
+        self._cli().update_node(name, "DRAIN", reason=" ".join(reason.replace('"', "'").split())[:200])
+
+    def resume_node(self, node: str) -> None:
+        (name,) = script.node_names([node])
+        self._cli().update_node(name, "RESUME")
 
     def __init__(self, settings: SlurmSettings | None = None, *, transport: Transport | None = None,
                  **kwargs):

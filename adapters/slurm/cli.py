@@ -118,6 +118,8 @@ class CliTransport(Transport):
             argv.append(f"--account={spec.account}")
         if spec.reservation:
             argv.append(f"--reservation={spec.reservation}")
+        if spec.exclude:
+            argv.append(f"--exclude={','.join(spec.exclude)}")
         if spec.segment:
             argv.append(f"--segment={spec.segment}")
         if spec.switches_wait_s:
@@ -215,6 +217,14 @@ class CliTransport(Transport):
 
     def writes_reservations(self) -> bool:
         return True
+
+    def update_node(self, node: str, state: str, reason: str = "") -> None:
+        argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]
+        if reason:
+            argv.append(f"Reason={reason}")
+        proc = self._run(argv, user=self._admin_user)
+        if proc.returncode != 0:
+            raise classify(self._message(proc))
 
     def topology(self) -> str:
         """``scontrol show topology`` as printed (parse.topology_text reads it)."""

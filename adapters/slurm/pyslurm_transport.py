@@ -275,7 +275,7 @@ class PyslurmTransport(Transport):
             memory_mib_per_node=spec.memory_mib_per_node, time_limit_min=spec.time_limit_min,
             work_dir=spec.work_dir, output=spec.output, script=spec.script,
             environment=job_env, reservation=spec.reservation, segment=spec.segment,
-            switches_wait_s=spec.switches_wait_s,
+            switches_wait_s=spec.switches_wait_s, exclude=list(spec.exclude),
             switches_time=slurm_duration(spec.switches_wait_s) if spec.switches_wait_s else None)
         if not isinstance(job_id, int) or job_id <= 0:
             raise AmbiguousSubmit(f"libslurm returned job id {job_id!r}", backend="slurm")

@@ -150,6 +150,8 @@ def _submit(pyslurm, req: dict[str, Any]) -> int:
         desc.reservations = [req["reservation"]]
     if req.get("segment"):
         desc.segment_size = int(req["segment"])
+    if req.get("exclude"):
+        desc.excluded_nodes = list(req["exclude"])
     if req.get("switches_wait_s"):
         desc.switches = {"count": 1, "max_wait_time": req["switches_time"]}
     return int(desc.submit())

@@ -160,6 +160,9 @@ class RestTransport(Transport):
             job.update(required_switches=1, wait_for_switch=spec.switches_wait_s)
         if spec.segment:
             job["segment_size"] = spec.segment
+        if spec.exclude:
+            # v0.0.38: a comma-separated string; later: a list of names.
+            job["excluded_nodes"] = ",".join(spec.exclude) if v == "v0.0.38" else list(spec.exclude)
         if v == "v0.0.38":
             job.update({
                 "nodes": [spec.nodes, spec.nodes],

@@ -31,6 +31,16 @@ TASK_WRAPPER = ('t=0; trap "t=1" TERM; trap ":" USR1 USR2; "$@" & p=$!; '
                 '[ "$t" = 1 ] && exit 0; if [ "$rc" -gt 128 ]; then sleep 1; [ "$t" = 1 ] && exit 0; fi; exit "$rc"')
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOB_NAME = re.compile(r"[^A-Za-z0-9_.:-]+")
+# A Slurm node name as the gateway passes it on (--exclude, scontrol update): whole-string match.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def node_names(names) -> tuple[str, ...]:
+    """``names`` that are plain node names, sorted (anything else is refused, never passed on)."""
+    bad = [n for n in names if not NODE_NAME.fullmatch(n)]
+    if bad:
+        raise SubmissionRejected(f"not a node name: {bad[0]!r}", backend="slurm")
+    return tuple(sorted(set(names)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +69,8 @@ class JobSpec:
     # topology/tree ``--switches=1@<wait>`` (one leaf switch, waiting at most that long).
     segment: int | None = None
     switches_wait_s: int | None = None
+    # Nodes the job must not get (``--exclude``; docs/recovery.md, "Node health").
+    exclude: tuple[str, ...] = ()
 
 
 # How long a gang that requires one leaf switch lets Slurm wait for one (Slurm caps it at
@@ -218,5 +230,6 @@ def build_spec(request: SubmitRequest, *, partition: str, account: str | None,
         script=render_script(list(request.command), dict(request.env), request.workers,
                              output=worker_output_path(work_dir, request.gateway_job_id, "%t"), mounts=request.mounts),
         reservation=request.reservation or None,
+        exclude=node_names(request.exclude_nodes),
         **topology_flags(request),
     )

@@ -62,6 +62,11 @@ class SlurmSettings:
         job_environment: base environment of every job (REST ``environment``; CLI:
             the environment sbatch exports). The request's env is added in the script.
         timeout_s / connect_timeout_s: per call.
+        drain_suspect_nodes: the gateway drains a node its node-health rule finds suspect
+            (``scontrol update state=drain reason="isthmus: ..."``, as ``cli_admin_user``, who
+            must be root, SlurmUser or a Slurm operator) and resumes it when an admin clears
+            it (docs/recovery.md, "Node health"). Off: the gateway only keeps its own gangs
+            off the node (``--exclude``).
     """
 
     transport: Literal["rest", "cli", "pyslurm"] = "rest"
@@ -82,6 +87,7 @@ class SlurmSettings:
         default_factory=lambda: {"PATH": DEFAULT_PATH})
     timeout_s: float = 10.0
     connect_timeout_s: float = 3.0
+    drain_suspect_nodes: bool = False
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, why) for settings that cannot work, checked without contacting the cluster."""

@@ -91,6 +91,11 @@ class Transport(abc.ABC):
         """Delete reservation ``name``; an unknown one is silently ignored."""
         raise Unsupported(f"the {self.name} transport cannot delete reservations", backend="slurm")
 
+    def update_node(self, node: str, state: str, reason: str = "") -> None:
+        """``scontrol update nodename=<node> state=<state> [reason=<reason>]`` (drain, resume):
+        the CLI transport; the backend goes through scontrol for the others."""
+        raise Unsupported(f"the {self.name} transport cannot update nodes", backend="slurm")
+
     def topology(self) -> str:
         """``scontrol show topology``'s text (no API has it): the CLI transport only."""
         raise Unsupported(f"the {self.name} transport cannot read the topology", backend="slurm")
