@@ -21,6 +21,7 @@ from gateway.api.jobs import events_router as job_events_router
 from gateway.api.jobs import router as jobs_router
 from gateway.api.metrics import check_access as check_metrics_access
 from gateway.api.metrics import router as metrics_router
+from gateway.api.nodes import router as nodes_router
 from gateway.api.pools import admin_router as pools_admin_router
 from gateway.api.pools import reservations_router, storage_router
 from gateway.api.pools import router as pools_router
@@ -271,6 +272,7 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
     app.include_router(pools_router)
     app.include_router(pools_admin_router)
     app.include_router(reservations_router)
+    app.include_router(nodes_router)
     app.include_router(storage_router)
     app.include_router(metrics_router)
     install_api_docs(app)  # /docs and /redoc from the gateway's own assets, no CDN

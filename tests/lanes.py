@@ -271,6 +271,12 @@ def _settle_slurm(version: str) -> None:
     def run(command: str, *args: str) -> str:
         return slurm_cli.run(env, command, *args, check=False).stdout
 
+    # Nodes an earlier module left down or drained (a test's node failure, the gateway's own
+    # drain of a suspect node: docs/recovery.md "Node health") are put back in service.
+    for line in run("sinfo", "-h", "-N", "-p", env["SLURM_PARTITION"], "-o", "%N|%T|%E").splitlines():
+        node, state, reason = (line.split("|") + ["", ""])[:3]
+        if reason.startswith("isthmus") and any(w in state.lower() for w in ("down", "drain", "fail")):
+            run("scontrol", "update", f"nodename={node}", "state=resume")
     deadline = time.monotonic() + SETTLE_WAIT_S
     while True:
         jobs = run("squeue", "-h", "-o", "%i").split()

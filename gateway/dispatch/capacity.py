@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gateway.domain.routing import PoolView
 from gateway.domain.states import JobState
@@ -16,8 +17,11 @@ from gateway.pools.service import LIMITS_REFRESH_S, pool_meta, record_limits
 class Capacity:
     """Each pool's capacity snapshot, taken at most every ``capacity_ttl_s`` unless asked fresh."""
 
-    def __init__(self, *, sessions, backends: dict, settings, storage: Catalog = NO_STORAGE) -> None:
+    def __init__(self, *, sessions, backends: dict, settings, storage: Catalog = NO_STORAGE,
+                 withheld: Callable[[str], int] = lambda pool: 0) -> None:
         self.sessions = sessions
+        # Quarantined nodes a pool's backend still offers (dispatch/nodes.py): not the planner's.
+        self.withheld = withheld
         self.backends = backends
         self.settings = settings
         # The pools file's storages (docs/storage.md): what each pool provides is part of its view.
@@ -37,7 +41,8 @@ class Capacity:
             with transaction(self.sessions) as s:  # each pool's row and its jobs dispatching or queued
                 meta, depth = pool_meta(s, queued_states=(JobState.DISPATCHING.value, JobState.QUEUED.value))
             self._views = {name: pools.snapshot(name, b, depth.get(name, 0),
-                                                {**meta.get(name, {}), "storages": self.storage.provided_by(name)})
+                                                {**meta.get(name, {}), "storages": self.storage.provided_by(name)},
+                                                withheld=self.withheld(name))
                            for name, b in self.backends.items()}
             self._views_at = time.monotonic()
         return self._views

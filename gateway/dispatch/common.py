@@ -59,6 +59,7 @@ class Launch:
     preempt_grace_s: float = 0
     job_api_url: str = ""
     credentials: Any = None  # gateway.jobs.checkpoints.JobCredentials
+    nodes: Any = None  # gateway.dispatch.nodes.NodeWatch: the nodes a gang avoids
 
     def prime(self) -> None:
         """Before a transaction that builds submit requests (the credential key's first read)."""
@@ -106,6 +107,7 @@ def submit_request(job: Job, *, first_attempt: bool = False, pool: str | None = 
         # Only on the pool it was claimed for: a reservation is one backend's.
         reservation=job.backend_reservation if (pool or job.pool) == job.pool else None,
         topology=topology_request(spec.get("topology")),
+        exclude_nodes=launch.nodes.excluded(object_session(job), job, pool or job.pool or "") if launch.nodes else (),
     )
 
 

@@ -26,6 +26,7 @@ from gateway.dispatch.feeds import Deferred, OpenFeeds, Watcher
 from gateway.dispatch.health import Beats
 from gateway.dispatch.holds import NativeReservations
 from gateway.dispatch.liveness import Liveness
+from gateway.dispatch.nodes import NodeWatch
 from gateway.dispatch.preempt import Preemptor
 from gateway.dispatch.reconcile import Reconciler
 from gateway.dispatch.recovery import Recovery
@@ -58,7 +59,8 @@ class Dispatcher:
         self.liveness = Liveness(sessions.kw.get("bind"), grace_s=settings.dispatch_owner_grace_s)
         self.open_feeds = open_feeds = OpenFeeds()
         deferred = Deferred()
-        self.capacity = Capacity(**common, settings=settings, storage=storage)
+        self.capacity = Capacity(**common, settings=settings, storage=storage,
+                                 withheld=lambda pool: self.node_watch.withheld(pool))
         # What every submitted job gets besides its spec (common.Launch): storages, the
         # preemption grace period, its checkpoint credential and the gateway's URL.
         self.credentials = JobCredentials(sessions)
@@ -66,8 +68,10 @@ class Dispatcher:
             self.credentials.prime()
         except SQLAlchemyError as exc:
             log.info("job credential key not read yet (%s); the first dispatch round reads it", type(exc).__name__)
+        # Node health: the nodes each gang avoids, drains of suspect nodes (nodes.py).
+        self.node_watch = NodeWatch(**common, settings=settings, clock=clock)
         self.launch = Launch(storage=storage, preempt_grace_s=settings.preempt_grace_s,
-                             job_api_url=settings.job_api_url, credentials=self.credentials)
+                             job_api_url=settings.job_api_url, credentials=self.credentials, nodes=self.node_watch)
         self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,
                                      recent_ends=self.recent_ends, beat=lambda: self.beats.beat("reconcile"),
                                      liveness=self.liveness)
@@ -93,7 +97,7 @@ class Dispatcher:
     def settings(self, value: DispatchSettings) -> None:
         """New settings for every part at once (tests and benchmarks change them between rounds)."""
         self._settings = value
-        for part in (self.capacity, self.reconciler, self.submitter, self.claimer, self.recovery):
+        for part in (self.capacity, self.reconciler, self.submitter, self.claimer, self.recovery, self.node_watch):
             part.settings = value
         self.liveness.grace_s = value.dispatch_owner_grace_s
 
@@ -110,6 +114,10 @@ class Dispatcher:
 
     def dispatch_round(self) -> list[str]:
         return self.claimer.dispatch_round()
+
+    def nodes_round(self, *, force: bool = False) -> int:
+        """Node health: the rule applied, suspect nodes drained where allowed (nodes.py)."""
+        return self.node_watch.refresh(force=force)
 
     def reconcile_round(self, *, full: bool = True, only_cancelling: bool = False) -> int:
         return self.reconciler.reconcile_round(full=full, only_cancelling=only_cancelling)
@@ -136,6 +144,7 @@ class Dispatcher:
     def run_once(self) -> None:
         self.recover_round()
         self.sync_reservations()
+        self.nodes_round()
         self.dispatch_round()
         self.preempt_round()
         self.capacity.store_limits()
@@ -156,6 +165,7 @@ class Dispatcher:
                 self.recover_round()
                 if self.native_reservations.due():
                     self.sync_reservations()
+                self.nodes_round()
                 self.dispatch_round()
                 self.preempt_round()
                 self.capacity.store_limits()

@@ -14,10 +14,17 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from adapters.base import BackendError, BackendState, JobNotFound, JobStatus
+from adapters.base import (
+    BackendError,
+    BackendState,
+    Feature,
+    JobNotFound,
+    JobStatus,
+    features_of,
+)
 from gateway.dispatch.common import RECONCILER, log
 from gateway.dispatch.keeper import OutputKeeper
-from gateway.domain import retry
+from gateway.domain import nodehealth, retry
 from gateway.domain.states import JobState
 from gateway.domain.status import (
     Seen,
@@ -199,7 +206,8 @@ class Outcomes:
         again = retry.verdict(policy, attempt=self._failures(s, job), failure=cause, exit_code=None)
         ended = jobs.end_attempt(s, job, outcome=cause, started_at=started, ended_at=at, exit_code=None,
                                  backend_reason=f"requeued by {job.pool}: {reason}",
-                                 charged_gpu_seconds=outcome.charged_gpu_seconds)
+                                 charged_gpu_seconds=outcome.charged_gpu_seconds,
+                                 failed_nodes=self._failed_nodes(job, cause))
         jobs.clear_run(job)  # the next RUNNING records the new start
         jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
                        reason=f"requeued by {job.pool} after running {ran_s} s: {reason}; attempt {ended.number} "
@@ -263,11 +271,28 @@ class Outcomes:
                  else f"of at most {policy.max_attempts}")
         jobs.retry(s, job, outcome=cause, started_at=started, ended_at=ended, exit_code=status.exit_code,
                    backend_reason=reason, charged_gpu_seconds=charged, actor=RECONCILER,
+                   failed_nodes=self._failed_nodes(job, cause),
                    reason=f"attempt {number} on {pool} ended: {words} ({reason}); "
                           f"attempt {number + 1} {bound} waits for its turn",
                    data={"raw_state": status.raw_state, "nodes": nodes, "charged_gpu_seconds": charged, "via": via})
         self._wake()  # the dispatcher routes it again now
         return 1
+
+    def _failed_nodes(self, job: Job, cause: str) -> tuple[str, ...]:
+        """Of the nodes an attempt that a node failure ended ran on, those its backend has out of
+        service now (Feature.NODE_HEALTH): the failure's blame (gateway/domain/nodehealth.py).
+        () when the backend cannot say or names none: then every node of the attempt shares it."""
+        backend = self.backends.get(job.pool or "")
+        if cause not in nodehealth.INFRASTRUCTURE or not job.nodes or backend is None \
+                or not features_of(backend).has(Feature.NODE_HEALTH):
+            return ()
+        try:
+            problems = backend.node_problems()
+        except BackendError as exc:
+            log.warning("node states of %s unknown (%s): the failure of job %s is blamed on all its nodes",
+                        job.pool, exc.message, job.id)
+            return ()
+        return tuple(n for n in job.nodes if n in problems)
 
     def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:
         """The start of the current run: never before the job's last requeue.
@@ -310,7 +335,16 @@ class Outcomes:
             data.update(raw_state=status.raw_state, nodes=list(status.nodes))
         if job.borrowed:  # only borrowed attempts are ever preempted: close one still open
             preemption.close(s, job.id, job.attempt, at=ended)
-        jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data)
+        outcome = nodehealth.outcome_of(target.value, failure=status.failure if status is not None else "",
+                                        exit_code=exit_code, seen=status is not None)
+        failed, charged = (), 0
+        if outcome in nodehealth.INFRASTRUCTURE and job.nodes:
+            # What the failure cost goes on the nodes' record (docs/recovery.md, "Node health").
+            failed = self._failed_nodes(job, outcome)
+            charged = ledger_rules.charged_gpu_seconds(s, job_id=job.id) - sum(
+                a.charged_gpu_seconds for a in jobs.attempts_of(s, job.id))
+        jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data,
+                    outcome=outcome, failed_nodes=failed, charged_gpu_seconds=charged)
         if job.pool:
             self.recent_ends.append((job.pool, job.workers, job.held_gpus or job.total_gpus, time.monotonic()))
         self.output.forget(job.id)

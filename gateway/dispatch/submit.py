@@ -95,10 +95,13 @@ class Submitter:
             return
         self.faults.after_submit()  # crash window 2 (tests only: dispatch/faults.py)
         how = "adopted existing" if result.adopted else "submitted as"
+        avoiding = (f"; avoiding node(s) {', '.join(request.exclude_nodes)} (docs/recovery.md, \"Node health\")"
+                    if request.exclude_nodes else "")
         with transaction(self.sessions) as s:
             final = jobs.record_submission(s, job_id=job_id, backend_job_id=result.backend_job_id, actor=ACTOR,
-                                           reason=f"{how} {pool} job {result.backend_job_id}",
-                                           data={"backend_job_id": result.backend_job_id, "adopted": result.adopted})
+                                           reason=f"{how} {pool} job {result.backend_job_id}{avoiding}",
+                                           data={"backend_job_id": result.backend_job_id, "adopted": result.adopted,
+                                                 "excluded_nodes": list(request.exclude_nodes)})
         if final:
             # Cancelled while the submission was in flight: do not leave it running.
             try:

@@ -72,6 +72,15 @@ class Settings(BaseSettings):
     # Attempts in all (the first included) of a job whose spec has no `retry`, on
     # infrastructure failures only (a node failed under it); 1 = never retried (docs/recovery.md).
     retry_max_attempts: int = Field(default=3, ge=1, le=10)
+    # Node health (docs/recovery.md, "Node health"): a node is suspect (quarantined) once
+    # infrastructure failures on it ended attempts of node_health_min_accounts accounts within
+    # node_health_window_s (s); a retry avoids the nodes that failed its job for
+    # node_health_avoid_s (s); node_health_quiet_s > 0: a suspect node clears itself after that
+    # long (s) without a failure (0: only an admin clears it).
+    node_health_window_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    node_health_min_accounts: int = Field(default=2, ge=1, le=1000)
+    node_health_avoid_s: float = Field(default=6 * 3600.0, ge=0, le=30 * 86400)
+    node_health_quiet_s: float = Field(default=0.0, ge=0, le=365 * 86400)
     # Reclaim (docs/recovery.md): a borrowed job is never chosen to stop before it has run this
     # long (s) in its attempt; a chosen one gets this long (s) between its signal and its stop;
     # at most this many are chosen per pool in any 60 s.
@@ -359,6 +368,10 @@ class DispatchSettings(_Group):
     reconcile_resync_s: float
     held_job_fail_after_s: float
     retry_max_attempts: int
+    node_health_window_s: float
+    node_health_min_accounts: int
+    node_health_avoid_s: float
+    node_health_quiet_s: float
     preempt_min_runtime_s: float
     preempt_grace_s: float
     preempt_max_per_pool_per_minute: int

@@ -53,13 +53,24 @@ def require_known(session, pool: str, field: str, *, or_auto: bool = False) -> s
     return pool
 
 
-def snapshot(name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None) -> PoolView:
+def snapshot(name: str, backend: Backend, queue_depth: int = 0, meta: Mapping | None = None, *,
+             withheld: int = 0) -> PoolView:
     """Ask the pool's adapter for its capacity now, and see it as a round does
-    (``PoolView.of_capacity``): the one place a capacity is asked for a view."""
+    (``PoolView.of_capacity``): the one place a capacity is asked for a view.
+
+    ``withheld``: quarantined nodes the backend still offers (docs/recovery.md, "Node health"):
+    taken from the idle ones (which of them is idle is not known here: a conservative count)."""
     try:
         cap, error = backend.capacity(), ""
     except BackendError as exc:
         cap, error = None, exc.message
+    if cap is not None and withheld:
+        cap = dataclasses.replace(cap, pools=tuple(
+            dataclasses.replace(p, idle_nodes=max(0, p.idle_nodes - withheld),
+                                free_gpus=max(0, p.free_gpus - withheld * p.gpus_per_node) if p.gpus_per_node
+                                else p.free_gpus,
+                                detail=p.detail + f"; {withheld} quarantined node(s) withheld")
+            for p in cap.pools))
     return PoolView.of_capacity(name, features_of(backend), cap, error=error, queue_depth=queue_depth, meta=meta)
 
 

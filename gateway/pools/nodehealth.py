@@ -1,0 +1,187 @@
+"""Node health, read and acted on (issue #48, docs/recovery.md "Node health").
+
+The rule is gateway/domain/nodehealth.py; the record is ``attempt_end`` (written with each
+attempt's end: gateway/jobs/node_record.py). This module reads the record for the rule, keeps
+``node_standing`` (its one writer: a node found suspect, drained by the gateway, cleared by an
+admin) and says what a gang must avoid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from adapters.base import BackendError, Feature, features_of
+from gateway.domain import nodehealth
+from gateway.domain.nodehealth import Node, Thresholds, Verdict
+from gateway.kit.db import transaction
+from gateway.kit.errors import NotFound
+from gateway.kit.timeutil import as_utc
+from gateway.models.nodes import AttemptEnd, NodeStanding
+
+# Failures older than this are not read: a node found suspect stays so through its
+# ``node_standing`` row (until cleared), not through old failures.
+RECORD_HORIZON = timedelta(days=30)
+GATEWAY_REASON = "isthmus:"  # how the gateway's own drains and cordons are worded
+
+
+def thresholds_of(settings) -> Thresholds:
+    """The rule's settings (``ISTHMUS_NODE_HEALTH_*``)."""
+    return Thresholds(window_s=settings.node_health_window_s, min_accounts=settings.node_health_min_accounts,
+                      avoid_s=settings.node_health_avoid_s, quiet_s=settings.node_health_quiet_s or None)
+
+
+def as_end(row: AttemptEnd) -> nodehealth.AttemptEnd:
+    """A record row as the rule takes it."""
+    return nodehealth.AttemptEnd(job_id=row.job_id, account=row.account_name, pool=row.pool,
+                                 nodes=tuple(row.nodes or ()), ended_at=as_utc(row.ended_at), outcome=row.outcome,
+                                 charged_gpu_seconds=int(row.charged_gpu_seconds or 0),
+                                 failed_nodes=tuple(row.failed_nodes or ()))
+
+
+def failures(session: Session, *, now: datetime) -> list[nodehealth.AttemptEnd]:
+    """Every infrastructure failure on record within RECORD_HORIZON, oldest first."""
+    rows = session.scalars(select(AttemptEnd).where(AttemptEnd.outcome.in_(nodehealth.INFRASTRUCTURE),
+                                                    AttemptEnd.ended_at >= now - RECORD_HORIZON)
+                           .order_by(AttemptEnd.ended_at))
+    return [as_end(r) for r in rows]
+
+
+def standings(session: Session) -> dict[Node, NodeStanding]:
+    return {(r.pool, r.node): r for r in session.scalars(select(NodeStanding))}
+
+
+def health(session: Session, *, now: datetime, thresholds: Thresholds,
+           backend_down: Mapping[Node, str] | None = None) -> dict[Node, Verdict]:
+    """Every node's verdict now: the rule over the record, the admins' clears, the earlier
+    quarantines (``suspect_since``) and what the backends say (``backend_down``, less the
+    nodes the gateway itself took out of service)."""
+    rows = standings(session)
+    cleared = {k: as_utc(r.cleared_at) for k, r in rows.items() if r.cleared_at is not None}
+    suspected = {k: as_utc(r.suspect_since) for k, r in rows.items() if r.suspect_since is not None}
+    ours = {k for k, r in rows.items() if r.drained_at is not None}
+    down = {k: why for k, why in (backend_down or {}).items() if k not in ours and GATEWAY_REASON not in why}
+    return nodehealth.verdicts(failures(session, now=now), now=now, thresholds=thresholds, cleared=cleared,
+                               backend_down=down, suspected=suspected)
+
+
+def note(session: Session, verdicts: Mapping[Node, Verdict], *, now: datetime) -> list[Verdict]:
+    """Keep each node's standing in step with its verdict; returns the nodes newly found suspect
+    by their failures (a backend's own verdict is the backend's: it is not kept)."""
+    rows = standings(session)
+    newly = []
+    for key, v in verdicts.items():
+        row = rows.get(key)
+        if v.suspect and not v.by_backend:
+            if row is None:
+                row = NodeStanding(pool=key[0], node=key[1], cleared_by="", reason="", drain_error="")
+                session.add(row)
+            if row.suspect_since is None:
+                row.suspect_since, row.reason = now, v.reason
+                newly.append(v)
+        elif row is not None and row.suspect_since is not None and not v.suspect:
+            row.suspect_since = None  # cleared itself (quiet time)
+            row.reason = v.reason
+    return newly
+
+
+def mark_drained(session: Session, pool: str, node: str, *, at: datetime | None, error: str = "") -> None:
+    """The gateway drained (``at``) or could not drain (``error``) the node in its backend."""
+    row = session.get(NodeStanding, (pool, node))
+    if row is None:
+        row = NodeStanding(pool=pool, node=node, cleared_by="", reason="", drain_error="")
+        session.add(row)
+    row.drained_at, row.drain_error = at, error[:1000]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cleared:
+    pool: str
+    node: str
+    drained_by_gateway: bool  # the caller resumes it in its backend
+
+
+def clear(session: Session, pool: str, node: str, *, by: str, now: datetime) -> Cleared:
+    """An admin clears a node: failures before now no longer count, its quarantine ends."""
+    row = session.get(NodeStanding, (pool, node), with_for_update=True)
+    known = row is not None or session.scalar(select(AttemptEnd.id).where(AttemptEnd.pool == pool).limit(1))
+    if not known:
+        raise NotFound(f"no node {node!r} of pool {pool!r} on the node-health record")
+    if row is None:
+        row = NodeStanding(pool=pool, node=node, cleared_by="", reason="", drain_error="")
+        session.add(row)
+    drained = row.drained_at is not None
+    row.cleared_at, row.cleared_by, row.suspect_since = now, by, None
+    row.reason, row.drained_at, row.drain_error = f"cleared by {by}", None, ""
+    return Cleared(pool, node, drained)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    """A node as admins see it: its verdict and what was done about it."""
+
+    verdict: Verdict
+    drained_at: datetime | None
+    drain_error: str
+    cleared_at: datetime | None
+    cleared_by: str
+    suspect_since: datetime | None
+
+
+def listing(session: Session, *, now: datetime, thresholds: Thresholds, pool: str | None = None,
+            backend_down: Mapping[Node, str] | None = None) -> list[NodeView]:
+    """Every node on the record (of ``pool``), suspect ones first, then by GPU-hours lost."""
+    verdicts = health(session, now=now, thresholds=thresholds, backend_down=backend_down)
+    rows = standings(session)
+    out = []
+    for key, v in verdicts.items():
+        if pool is not None and key[0] != pool:
+            continue
+        r = rows.get(key)
+        out.append(NodeView(v, as_utc(r.drained_at) if r else None, r.drain_error if r else "",
+                            as_utc(r.cleared_at) if r else None, r.cleared_by if r else "",
+                            as_utc(r.suspect_since) if r else None))
+    return sorted(out, key=lambda n: (not n.verdict.suspect, -n.verdict.lost_gpu_seconds, n.verdict.pool,
+                                      n.verdict.node))
+
+
+def clear_and_resume(sessions, backends: Mapping, pool: str, node: str, *, by: str, now: datetime) -> None:
+    """:func:`clear` committed, then the node resumed in its backend when the gateway had
+    drained it there (a failed resume is kept on its standing, for the admins to see)."""
+    with transaction(sessions) as s:
+        done = clear(s, pool, node, by=by, now=now)
+    backend = backends.get(pool)
+    if not done.drained_by_gateway or backend is None or not features_of(backend).has(Feature.NODE_DRAIN):
+        return
+    try:
+        backend.resume_node(node)
+    except BackendError as exc:
+        with transaction(sessions) as s:
+            mark_drained(s, pool, node, at=now, error=f"resume failed: {exc.message}")
+
+
+def quarantined(verdicts: Mapping[Node, Verdict]) -> dict[str, dict[str, str]]:
+    """pool -> {node: why} of every suspect node: no gang is placed on them."""
+    out: dict[str, dict[str, str]] = {}
+    for (pool, node), v in verdicts.items():
+        if v.suspect:
+            out.setdefault(pool, {})[node] = v.reason
+    return out
+
+
+def avoided_by(session: Session, job_id: str, *, now: datetime, thresholds: Thresholds) -> set[Node]:
+    """The nodes a retry of ``job_id`` avoids (the rule's ``avoided`` over its own failures)."""
+    if thresholds.avoid_s <= 0:
+        return set()
+    rows = session.scalars(select(AttemptEnd).where(AttemptEnd.job_id == job_id,
+                                                    AttemptEnd.outcome.in_(nodehealth.INFRASTRUCTURE),
+                                                    AttemptEnd.ended_at >= now - timedelta(seconds=thresholds.avoid_s)))
+    return nodehealth.avoided([as_end(r) for r in rows], now=now, thresholds=thresholds)
+
+
+def lost_gpu_hours(ends: Iterable[nodehealth.AttemptEnd]) -> float:
+    return sum(e.charged_gpu_seconds for e in ends if e.infrastructure) / 3600.0
