@@ -23,7 +23,7 @@ from gateway.kit.db import get_session
 from gateway.kit.errors import NotFound, problem_responses
 from gateway.kit.timeutil import utcnow
 from gateway.models.pools import Pool
-from gateway.pools import reservations, service, windows
+from gateway.pools import nodehealth, reservations, service, windows
 from gateway.pools.schemas import (
     AdminPoolOut,
     DomainOut,
@@ -61,6 +61,7 @@ def list_pools(request: Request, principal: CurrentPrincipal,
     if health:
         for w in windows.shown(session, {name: h.view for name, h in health.items()}, now=now):
             shown.setdefault(w.pool, []).append(_window_out(w, now, health[w.pool].view.total_nodes))
+    quarantined = nodehealth.quarantined_now(session)
     items = []
     for name, h in health.items():
         v = h.view
@@ -70,7 +71,8 @@ def list_pools(request: Request, principal: CurrentPrincipal,
                              free_gpus=v.free_gpus, gpus_per_node=v.gpus_per_node, windows=shown.get(name, []),
                              topology=[DomainOut(level=d.level, name=d.name, nodes=list(d.nodes),
                                                  idle_nodes=d.idle_nodes)
-                                       for p in (v.capacity.pools if v.capacity else ()) for d in p.topology]))
+                                       for p in (v.capacity.pools if v.capacity else ()) for d in p.topology],
+                             quarantined_nodes=quarantined.get(name, [])))
     return PoolList(items=items, note="" if items else service.NO_POOL)
 
 

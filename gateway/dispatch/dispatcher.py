@@ -69,7 +69,8 @@ class Dispatcher:
         except SQLAlchemyError as exc:
             log.info("job credential key not read yet (%s); the first dispatch round reads it", type(exc).__name__)
         # Node health: the nodes each gang avoids, drains of suspect nodes (nodes.py).
-        self.node_watch = NodeWatch(**common, settings=settings, clock=clock)
+        self.node_watch = NodeWatch(**common, settings=settings, clock=clock,
+                                    views=lambda: self.capacity.latest_views())
         self.launch = Launch(storage=storage, preempt_grace_s=settings.preempt_grace_s,
                              job_api_url=settings.job_api_url, credentials=self.credentials, nodes=self.node_watch)
         self.reconciler = Reconciler(**common, settings=settings, clock=clock, stop=self._stop, open_feeds=open_feeds,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy.orm import Session
@@ -26,8 +27,10 @@ from gateway.pools import nodehealth
 class NodeWatch:
     REFRESH_S = 5.0
 
-    def __init__(self, *, sessions, backends: dict, settings, clock) -> None:
+    def __init__(self, *, sessions, backends: dict, settings, clock,
+                 views: Callable[[], dict] = dict) -> None:
         self.sessions = sessions
+        self.views = views  # the last capacity snapshot (PoolView by pool): how many nodes a pool has
         self.backends = backends
         self.settings = settings
         self.clock = clock
@@ -97,10 +100,31 @@ class NodeWatch:
 
     def excluded(self, session: Session, job: Job, pool: str) -> tuple[str, ...]:
         """The nodes of ``pool`` this job's gang must not land on: the pool's quarantined nodes
-        and, from its second attempt on, those whose failure ended its earlier attempts."""
-        out = set(self._quarantined.get(pool, {}))
-        if (job.attempt or 1) > 1:
-            avoided = nodehealth.avoided_by(session, job.id, now=self.clock(),
-                                            thresholds=nodehealth.thresholds_of(self.settings))
-            out |= {node for p, node in avoided if p == pool}
-        return tuple(sorted(out))
+        and, from its second attempt on, those whose failure ended its earlier attempts.
+
+        The planner already keeps a gang that needs a quarantined node waiting (the node is out
+        of the pool's capacity). A retry's avoidance is a preference: it is dropped when the pool
+        would have too few nodes left for the gang, which would then never run there (Slurm
+        refuses such a job outright)."""
+        quarantined = set(self._quarantined.get(pool, {}))
+        if (job.attempt or 1) <= 1:
+            return tuple(sorted(quarantined))
+        avoided = {node for p, node in nodehealth.avoided_by(session, job.id, now=self.clock(),
+                                                             thresholds=nodehealth.thresholds_of(self.settings))
+                   if p == pool} - quarantined
+        if avoided and len(quarantined | avoided) > self._spare_nodes(job, pool):
+            log.info("job %s: not avoiding %s on %s: the gang needs the pool's other nodes", job.id,
+                     ", ".join(sorted(avoided)), pool, extra={"job_id": job.id})
+            avoided = set()
+        return tuple(sorted(quarantined | avoided))
+
+    def _spare_nodes(self, job: Job, pool: str) -> int:
+        """How many of the pool's nodes its gang can do without (unknown pool size: none)."""
+        view = self.views().get(pool)
+        total = getattr(view, "total_nodes", 0) or 0
+        per_node = getattr(view, "gpus_per_node", 0) or 0
+        if not total:
+            return 0
+        needs = job.workers if getattr(view, "node_exclusive", True) or not per_node else \
+            -(-(job.held_gpus or job.total_gpus) // per_node)
+        return max(0, total - needs)

@@ -207,7 +207,7 @@ class Outcomes:
         ended = jobs.end_attempt(s, job, outcome=cause, started_at=started, ended_at=at, exit_code=None,
                                  backend_reason=f"requeued by {job.pool}: {reason}",
                                  charged_gpu_seconds=outcome.charged_gpu_seconds,
-                                 failed_nodes=self._failed_nodes(job, cause))
+                                 failed_nodes=self._failed_nodes(job, cause, status))
         jobs.clear_run(job)  # the next RUNNING records the new start
         jobs.set_state(s, job, JobState.REQUEUED, actor=RECONCILER,
                        reason=f"requeued by {job.pool} after running {ran_s} s: {reason}; attempt {ended.number} "
@@ -271,28 +271,30 @@ class Outcomes:
                  else f"of at most {policy.max_attempts}")
         jobs.retry(s, job, outcome=cause, started_at=started, ended_at=ended, exit_code=status.exit_code,
                    backend_reason=reason, charged_gpu_seconds=charged, actor=RECONCILER,
-                   failed_nodes=self._failed_nodes(job, cause),
+                   failed_nodes=self._failed_nodes(job, cause, status),
                    reason=f"attempt {number} on {pool} ended: {words} ({reason}); "
                           f"attempt {number + 1} {bound} waits for its turn",
                    data={"raw_state": status.raw_state, "nodes": nodes, "charged_gpu_seconds": charged, "via": via})
         self._wake()  # the dispatcher routes it again now
         return 1
 
-    def _failed_nodes(self, job: Job, cause: str) -> tuple[str, ...]:
-        """Of the nodes an attempt that a node failure ended ran on, those its backend has out of
-        service now (Feature.NODE_HEALTH): the failure's blame (gateway/domain/nodehealth.py).
-        () when the backend cannot say or names none: then every node of the attempt shares it."""
+    def _failed_nodes(self, job: Job, cause: str, status: JobStatus | None) -> tuple[str, ...]:
+        """Of the nodes an attempt that a node failure ended ran on, the ones to blame
+        (gateway/domain/nodehealth.py): those its backend has out of service now
+        (Feature.NODE_HEALTH). () when it names none: then every node shares the blame. (The
+        node list of Slurm's ended job is no guide: it is not the gang's less the failed node.)"""
+        if cause not in nodehealth.INFRASTRUCTURE or not job.nodes:
+            return ()
+        blamed: set[str] = set()
         backend = self.backends.get(job.pool or "")
-        if cause not in nodehealth.INFRASTRUCTURE or not job.nodes or backend is None \
-                or not features_of(backend).has(Feature.NODE_HEALTH):
-            return ()
-        try:
-            problems = backend.node_problems()
-        except BackendError as exc:
-            log.warning("node states of %s unknown (%s): the failure of job %s is blamed on all its nodes",
-                        job.pool, exc.message, job.id)
-            return ()
-        return tuple(n for n in job.nodes if n in problems)
+        if backend is not None and features_of(backend).has(Feature.NODE_HEALTH):
+            try:
+                problems = backend.node_problems()
+            except BackendError as exc:
+                log.warning("node states of %s unknown (%s) at the failure of job %s", job.pool, exc.message, job.id)
+                problems = {}
+            blamed |= {n for n in job.nodes if n in problems}
+        return tuple(n for n in job.nodes if n in blamed)
 
     def _run_start(self, s: Session, job: Job, started: datetime | None, *, final: bool = False) -> datetime | None:
         """The start of the current run: never before the job's last requeue.
@@ -340,7 +342,7 @@ class Outcomes:
         failed, charged = (), 0
         if outcome in nodehealth.INFRASTRUCTURE and job.nodes:
             # What the failure cost goes on the nodes' record (docs/recovery.md, "Node health").
-            failed = self._failed_nodes(job, outcome)
+            failed = self._failed_nodes(job, outcome, status)
             charged = ledger_rules.charged_gpu_seconds(s, job_id=job.id) - sum(
                 a.charged_gpu_seconds for a in jobs.attempts_of(s, job.id))
         jobs.finish(s, job, target, ended_at=ended, actor=RECONCILER, reason=reason, exit_code=exit_code, data=data,

@@ -34,6 +34,7 @@ from gateway.kit.timeutil import utcnow
 from gateway.ledger.decayed import Ledger
 from gateway.models.jobs import Job
 from gateway.models.ledger import LedgerEntry, Reservation, UsageBucket
+from gateway.pools import nodehealth
 
 FINAL = {JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value}
 # Queue wait (submitted -> every worker running), seconds.
@@ -86,6 +87,7 @@ class RegistryCollector(Collector):
             fams += self._jobs(s)
             fams.append(self._queue_wait(s))
             fams += self._ledger(s, now)
+            fams += self._nodes(s, now)
         fams += self._capacity()
         return fams
 
@@ -161,6 +163,19 @@ class RegistryCollector(Collector):
         for kind, n in s.execute(select(LedgerEntry.kind, func.count()).group_by(LedgerEntry.kind)):
             entries.add_metric([kind], n)
         return [factor, in_use, charged, entries]
+
+    def _nodes(self, s: Session, now: datetime) -> list:
+        """Node health (docs/recovery.md): the quarantined nodes, and what each node's failures cost."""
+        held = GaugeMetricFamily("isthmus_node_quarantined", "1 for each node the gateway holds quarantined "
+                                 "(no gang is placed on it until an admin clears it).", labels=["pool", "node"])
+        for pool, names in nodehealth.quarantined_now(s).items():
+            for node in names:
+                held.add_metric([pool, node], 1)
+        lost = GaugeMetricFamily("isthmus_node_lost_gpu_hours", "GPU-hours of the failed attempts blamed on the "
+                                 "node, last 30 days.", labels=["pool", "node"])
+        for (pool, node), gpu_s in sorted(nodehealth.lost_by_node(s, now=now).items()):
+            lost.add_metric([pool, node], round(gpu_s / 3600.0, 4))
+        return [held, lost]
 
     def _capacity(self) -> list:
         if self.pools is None:

@@ -9,7 +9,7 @@ admin) and says what a gang must avoid.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -164,6 +164,23 @@ def clear_and_resume(sessions, backends: Mapping, pool: str, node: str, *, by: s
             mark_drained(s, pool, node, at=now, error=f"resume failed: {exc.message}")
 
 
+def quarantined_now(session: Session) -> dict[str, list[str]]:
+    """pool -> the nodes the gateway holds quarantined for their failures (its standing, as the
+    last dispatch round left it): what any user's pool list shows, without the reasons (they
+    name accounts; admins read them at /v1/admin/nodes)."""
+    out: dict[str, list[str]] = {}
+    for row in session.scalars(select(NodeStanding).where(NodeStanding.suspect_since.is_not(None))
+                               .order_by(NodeStanding.pool, NodeStanding.node)):
+        out.setdefault(row.pool, []).append(row.node)
+    return out
+
+
+def lost_by_node(session: Session, *, now: datetime) -> dict[Node, float]:
+    """GPU-seconds each node's blamed failures cost within RECORD_HORIZON (metrics)."""
+    return {k: v.lost_gpu_seconds for k, v in nodehealth.verdicts(failures(session, now=now), now=now).items()
+            if v.lost_gpu_seconds > 0}
+
+
 def quarantined(verdicts: Mapping[Node, Verdict]) -> dict[str, dict[str, str]]:
     """pool -> {node: why} of every suspect node: no gang is placed on them."""
     out: dict[str, dict[str, str]] = {}
@@ -182,6 +199,3 @@ def avoided_by(session: Session, job_id: str, *, now: datetime, thresholds: Thre
                                                     AttemptEnd.ended_at >= now - timedelta(seconds=thresholds.avoid_s)))
     return nodehealth.avoided([as_end(r) for r in rows], now=now, thresholds=thresholds)
 
-
-def lost_gpu_hours(ends: Iterable[nodehealth.AttemptEnd]) -> float:
-    return sum(e.charged_gpu_seconds for e in ends if e.infrastructure) / 3600.0

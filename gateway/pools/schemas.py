@@ -38,6 +38,9 @@ class PoolOut(BaseModel):
                                      "have not ended, the gateway's and the backend's own (docs/planning.md)")
     topology: list[DomainOut] = Field(default_factory=list, description="its network domains at the last probe, "
                                       "every level; a job's `topology` names a level (docs/planning.md)")
+    quarantined_nodes: list[str] = Field(default_factory=list, description="nodes the gateway places no gang on: "
+                                         "their infrastructure failures ended jobs of several accounts, until an "
+                                         "admin clears them (docs/recovery.md, \"Node health\")")
 
 
 class DomainOut(BaseModel):

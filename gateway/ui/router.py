@@ -35,6 +35,7 @@ from gateway.kit.streams import HeldStreamingResponse
 from gateway.kit.timeutil import utcnow
 from gateway.ledger import reading as ledger_reading
 from gateway.models.specs import checkpoint_dir_of, spec_of
+from gateway.pools import nodehealth
 from gateway.pools import reservations as advance
 from gateway.pools import service as pools
 from gateway.pools import windows as pool_windows
@@ -261,6 +262,11 @@ def _admin_page(request: Request, days: int = 30):
         held = [{"id": h.id, "words": hold_words(h), "shortfall": shortfall(h, views.get(h.pool)), "by": h.by,
                  "native_note": h.native_note}
                 for h in advance.planned(session, now=utcnow())]
+        nodes = [{"pool": n.verdict.pool, "node": n.verdict.node, "suspect": n.verdict.suspect,
+                  "reason": n.verdict.reason, "lost_h": round(n.verdict.lost_gpu_seconds / 3600, 2),
+                  "drained": n.drained_at is not None, "drain_error": n.drain_error}
+                 for n in nodehealth.listing(session, now=utcnow(),
+                                             thresholds=nodehealth.thresholds_of(request.app.state.settings))]
         quotas = []
         for name in sorted(effective):
             eff = effective[name]
@@ -277,7 +283,7 @@ def _admin_page(request: Request, days: int = 30):
         "since": since, "days": days, "pools": pools_seen, "accounts": accounts_seen,
         "matrix": {f"{a}\x1f{p}": round(v, 2) for (a, p), v in matrix.items()},
         "chart": plots.stacked_bars(accounts_seen, pools_seen, matrix), "quotas": quotas, "windows": windows, "held": held,
-        "pool_names": pool_names}, principal=principal)
+        "pool_names": pool_names, "nodes": nodes}, principal=principal)
 
 
 def _admin_only(request: Request, form: dict[str, str]) -> Principal:
@@ -315,6 +321,18 @@ def delete_window(request: Request, pool: str, window_id: str, form: dict[str, s
     with transaction(request.app.state.sessionmaker) as session:
         pool_windows.remove(session, pool, window_id)
     return RedirectResponse(str(request.url_for("ui_admin")) + "#windows", status_code=303)
+
+
+@router.post("/admin/nodes/{pool}/{node}/clear", name="ui_clear_node")
+def clear_node(request: Request, pool: str, node: str, form: dict[str, str] = Depends(posted_form)):
+    """The admin page's Clear button: the same as POST /v1/admin/nodes/{pool}/{node}/clear."""
+    principal = _admin_only(request, form)
+    nodehealth.clear_and_resume(request.app.state.sessionmaker, request.app.state.backends, pool, node,
+                                by=principal.subject, now=utcnow())
+    dispatcher = getattr(request.app.state, "dispatcher", None)
+    if dispatcher is not None:
+        dispatcher.node_watch.invalidate()
+    return RedirectResponse(str(request.url_for("ui_admin")) + "#nodes", status_code=303)
 
 
 def _h(seconds) -> float | None:

@@ -21,6 +21,8 @@ from tests.dispatch.conftest import (
     slurm_env,
     wired_gateway,
 )
+from tests.ui.test_pages import SECRET as UI_SECRET
+from tests.ui.test_pages import page_as
 
 pytestmark = [pytest.mark.slurm("25.11"), pytest.mark.postgres]
 
@@ -32,7 +34,8 @@ TEST_REASON = "isthmus-test-node-failure"
 def gw(dev_key_path, request):
     slurm_cluster = slurm_env(request.node.get_closest_marker("slurm").args[0])
     options = {**slurm_backend_options(slurm_cluster), "drain_suspect_nodes": True}
-    with postgres_database(migrated=True) as url, wired_gateway(url, dev_key_path, {"slurm": options}) as gw:
+    with postgres_database(migrated=True) as url, wired_gateway(url, dev_key_path, {"slurm": options},
+                                                                          ui_session_secret=UI_SECRET) as gw:
         gw.admin = gw.headers("root", admin=True)
         gw.env = slurm_cluster
         try:
@@ -87,6 +90,8 @@ def fail_node_under(gw, job_id: str, node: str) -> None:
     would after a repair (the cluster's ReturnToService would, too)."""
     attempt = get(gw, job_id)["attempt"]
     slurm_cli.run(gw.env, "scontrol", "update", f"nodename={node}", "state=down", f"reason={TEST_REASON}")
+    # Out of service until repaired: the cluster's ReturnToService would take it back at once.
+    slurm_cli.run(gw.env, "scontrol", "update", f"nodename={node}", "state=drain", f"reason={TEST_REASON}")
     drive_until(gw, lambda: (j := get(gw, job_id))["attempt"] > attempt or j["state"] in FINAL, timeout_s=120)
     slurm_cli.run(gw.env, "scontrol", "update", f"nodename={node}", "state=resume", check=False)
 
@@ -136,6 +141,12 @@ def test_a_node_that_fails_two_accounts_is_drained_and_avoided_until_an_admin_cl
     nodes = record(gw, suspect="true")
     assert list(nodes) == [bad], nodes
     assert nodes[bad]["accounts"] == ["team-a", "team-b"] and nodes[bad]["drained_at"], nodes[bad]
+    # Every user sees it on the pool's page (without the reason, which names accounts); Prometheus too.
+    pools = gw.client.get("/v1/pools", headers=gw.headers("alice", ("team-a",))).json()["items"]
+    assert next(p for p in pools if p["name"] == "slurm")["quarantined_nodes"] == [bad], pools
+    assert f'isthmus_node_quarantined{{node="{bad}",pool="slurm"}} 1.0' in gw.client.get("/metrics").text
+    html = page_as(gw, gw.admin, "/ui/admin")
+    assert f"/ui/admin/nodes/slurm/{bad}/clear" in html and "suspect: " in html, html
     # No gang is placed on it: the next one is told to avoid it.
     third = submit(gw, "team-a", workers=1, command=["sleep", "1"])
     done = drive_until(gw, lambda: job_state(gw, third, *FINAL), timeout_s=90)
@@ -146,6 +157,8 @@ def test_a_node_that_fails_two_accounts_is_drained_and_avoided_until_an_admin_cl
     assert r.status_code == 200, r.text
     assert not r.json()["suspect"] and r.json()["cleared_by"].endswith("root"), r.json()
     assert "DRAIN" not in node_line(gw.env, bad), node_line(gw.env, bad)
+    pools = gw.client.get("/v1/pools", headers=gw.headers("alice", ("team-a",))).json()["items"]
+    assert next(p for p in pools if p["name"] == "slurm")["quarantined_nodes"] == [], pools
     fourth = submit(gw, "team-b", workers=4, command=["sleep", "1"])
     done = drive_until(gw, lambda: job_state(gw, fourth, *FINAL), timeout_s=90)
     assert done["state"] == "succeeded" and bad in done["nodes"], done
