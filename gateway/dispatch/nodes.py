@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from adapters.base import BackendError, Feature, features_of
@@ -26,6 +27,7 @@ from gateway.pools import nodehealth
 
 class NodeWatch:
     REFRESH_S = 5.0
+    DRAIN_RETRY_S = 30.0
 
     def __init__(self, *, sessions, backends: dict, settings, clock,
                  views: Callable[[], dict] = dict) -> None:
@@ -40,6 +42,7 @@ class NodeWatch:
         self._withheld: dict[str, set[str]] = {}  # pool -> quarantined nodes its backend still offers
         self.verdicts: dict[Node, Verdict] = {}
         self.down: dict[Node, str] = {}  # what the backends said at the last look
+        self._tried: dict[Node, float] = {}  # a drain that failed: when (monotonic), to try again later
 
     def invalidate(self) -> None:
         self._at = -1e9
@@ -69,9 +72,21 @@ class NodeWatch:
                     log.info("node states of %s unknown this round: %s", pool, exc.message)
             now = self.clock()
             thresholds = nodehealth.thresholds_of(self.settings)
-            with transaction(self.sessions) as s:
-                verdicts = nodehealth.health(s, now=now, thresholds=thresholds, backend_down=down)
-                newly = nodehealth.note(s, verdicts, now=now)
+            for last in (False, True):
+                try:
+                    with transaction(self.sessions) as s:
+                        verdicts = nodehealth.health(s, now=now, thresholds=thresholds, backend_down=down)
+                        newly = nodehealth.note(s, verdicts, now=now)
+                        # A drain that failed (a node gone for a while, the API unreachable) is tried again.
+                        again = [verdicts[k] for k in nodehealth.undrained(s)
+                                 if k in verdicts and verdicts[k].suspect and not verdicts[k].by_backend
+                                 and time.monotonic() - self._tried.get(k, -1e9) > self.DRAIN_RETRY_S]
+                    break
+                except IntegrityError:
+                    # Another dispatch worker wrote the node's standing first: read it again (it
+                    # found the node suspect, and drains it; this one then does not).
+                    if last:
+                        raise
             self.verdicts, self.down = verdicts, down
             self._quarantined = nodehealth.quarantined(verdicts)
             self._withheld = {pool: {n for n in nodes if (pool, n) not in down}
@@ -80,6 +95,8 @@ class NodeWatch:
         for v in newly:
             log.warning("node %s of pool %s is suspect: %s", v.node, v.pool, v.reason,
                         extra={"pool": v.pool, "node": v.node})
+            self._drain(v, now)
+        for v in again:
             self._drain(v, now)
         return len(newly)
 
@@ -91,6 +108,7 @@ class NodeWatch:
         try:
             backend.drain_node(v.node, f"{nodehealth.GATEWAY_REASON} {v.reason}")
         except BackendError as exc:
+            self._tried[(v.pool, v.node)] = time.monotonic()
             log.warning("could not drain node %s of pool %s: %s", v.node, v.pool, exc.message)
             with transaction(self.sessions) as s:
                 nodehealth.mark_drained(s, v.pool, v.node, at=None, error=exc.message)

@@ -98,6 +98,14 @@ def mark_drained(session: Session, pool: str, node: str, *, at: datetime | None,
     row.drained_at, row.drain_error = at, error[:1000]
 
 
+def undrained(session: Session) -> list[Node]:
+    """Suspect nodes a drain was tried on and failed (``drain_error`` set, not drained)."""
+    rows = session.scalars(select(NodeStanding).where(NodeStanding.suspect_since.is_not(None),
+                                                      NodeStanding.drained_at.is_(None),
+                                                      NodeStanding.drain_error != ""))
+    return [(r.pool, r.node) for r in rows]
+
+
 @dataclasses.dataclass(frozen=True)
 class Cleared:
     pool: str
