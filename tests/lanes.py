@@ -313,6 +313,13 @@ def _settle_kube() -> None:
                     held.append(cq["metadata"]["name"])
             return held
 
+        # Nodes an earlier module left cordoned by the gateway (docs/recovery.md, "Node health").
+        core = client.CoreV1Api(api)
+        for node in core.list_node().items:
+            if "isthmus.io/drained" in (node.metadata.annotations or {}):
+                with contextlib.suppress(client.exceptions.ApiException):
+                    core.patch_node(node.metadata.name, {"metadata": {"annotations": {"isthmus.io/drained": None}},
+                                                         "spec": {"unschedulable": None}})
         namespaces = [n for n in env.get("ISTHMUS_KUBE_NAMESPACES", "").split(",") if n]
         started = time.monotonic()
         deleted = False
