@@ -19,17 +19,20 @@ The failure model (:class:`FailureModel`), pure and seeded:
   ``max_attempts`` attempts, the gateway's default 3); it waits again in its original place
   in line and resumes from its checkpoint. When the rule gives up, the job ends failed;
 * the record of a failure is the registry's: an ``AttemptEnd`` naming every node of the
-  attempt (the backend does not always say which one failed).
+  attempt and, in ``failed_nodes``, the node whose failure ended it, as the gateway records
+  the node its backend had out of service at the failure (Slurm's DOWN node): the rule
+  (``AttemptEnd.blamed``) blames that node alone. ``blame_gang``: the backend named no node
+  (a Kubernetes node deleted with its pods), so the rule blames every node of the gang.
 
 Policies (``policy``):
 
 * ``none``: a retry may land anywhere; flaky nodes keep getting gangs;
-* ``avoid``: a start of a job takes no node that ``nodehealth.avoided`` names for it (its own
-  failures' nodes, for ``avoid_s``); when too few others are idle it waits, as Slurm holds a
-  job with ``--exclude`` pending. A round runs when each avoidance ends;
+* ``avoid``: a start of a job takes no node that ``nodehealth.avoided`` names for it (the
+  nodes its own failures are blamed on, for ``avoid_s``); when too few others are idle it
+  waits, as Slurm holds a job with ``--exclude`` pending. A round runs when each avoidance ends;
 * ``quarantine``: ``avoid``, and after each failure ``nodehealth.verdicts`` (the
-  ``thresholds``; default: infrastructure failures of 2 accounts within 1 h) judges its
-  nodes; a suspect node is quarantined: no gang is placed on it and it leaves its pool's
+  ``thresholds``; default: infrastructure failures of 2 accounts within 1 h) judges the nodes
+  it is blamed on; a suspect node is quarantined: no gang is placed on it and it leaves its pool's
   capacity for the planner, until the simulated admin clears it ``clear_after_s`` later
   (``cleared``: its earlier failures no longer count). ``repair_on_clear``: clearing mends a
   flaky node (default: it comes back as it was, the admin found nothing to replace).
@@ -72,6 +75,7 @@ class FailureModel:
     clear_after_s: float = 4 * 3600.0  # from quarantine to the admin's clear
     repair_on_clear: bool = False
     flaky_nodes: tuple[Node, ...] | None = None  # (pool, node name): instead of the seeded draw
+    blame_gang: bool = False  # the backend does not say which node failed: the whole gang is blamed
 
     def __post_init__(self) -> None:
         if self.policy not in FAILURE_POLICIES:
@@ -112,6 +116,7 @@ class _FailingReplay(_Replay):
         self.quarantined: dict[Node, float] = {}  # node -> since
         self.cleared: dict[Node, datetime] = {}
         self.attempt_log: list[tuple[str, str, tuple[str, ...], float, float, str]] = []
+        self.failure_log: list[tuple[str, str, str, float]] = []
         self.quarantine_log: list[tuple[str, str, float, float, bool]] = []
 
     # Which nodes a start takes, and when its attempt fails.
@@ -186,10 +191,11 @@ class _FailingReplay(_Replay):
         self.failing.add(jid)
         self._release(jid, now)
         self.failing.discard(jid)
+        self.failure_log.append((jid, pool, cause[1], now))
         end = AttemptEnd(jid, j.account, pool, tuple(node_name(i) for i in nodes), at(now), NODE_FAILURE,
-                         int(charged))
+                         int(charged), failed_nodes=() if self.fm.blame_gang else (cause[1],))
         self.ends[jid].append(end)
-        for n in end.nodes:
+        for n in end.blamed:  # a node's verdict only counts the failures blamed on it
             self.by_node[(pool, n)].append(end)
         if self.fm.policy != NONE:
             self._push(now + self.fm.thresholds.avoid_s + 1.0, "tick", "")  # a round once the avoidance ended
@@ -205,8 +211,8 @@ class _FailingReplay(_Replay):
         queue.insert(i, j)
 
     def _judge(self, end: AttemptEnd, now: float) -> None:
-        """The rule's verdict on the failed attempt's nodes (only theirs can have changed)."""
-        keys = [(end.pool, n) for n in end.nodes if (end.pool, n) not in self.quarantined]
+        """The rule's verdict on the nodes the failure is blamed on (only theirs can have changed)."""
+        keys = [(end.pool, n) for n in end.blamed if (end.pool, n) not in self.quarantined]
         ends = list({id(e): e for key in keys for e in self.by_node[key]}.values())
         judged = verdicts(ends, now=at(now), thresholds=self.fm.thresholds, cleared=self.cleared)
         for key in keys:
@@ -243,6 +249,7 @@ class _FailingReplay(_Replay):
         res = super().run()
         end = self.horizon if self.horizon is not None else math.inf
         res.attempt_log = self.attempt_log
+        res.failure_log = self.failure_log
         res.quarantine_log = self.quarantine_log + [(p, n, since, end, (p, n) in self.flaky)
                                                     for (p, n), since in sorted(self.quarantined.items())]
         res.flaky_nodes = self.flaky_at_start

@@ -57,8 +57,10 @@ class SimResult:
     topology_violations: int = 0
     # With a failure model (sim_failures.py): every attempt on named nodes (job id, pool, nodes,
     # start, end, "node_failure" or "ended"), every quarantine (pool, node, from, to: the
-    # horizon when still in it, flaky then or not), and the flaky nodes at the start.
+    # horizon when still in it, flaky then or not), every failure (job id, pool, the node whose
+    # failure ended the attempt, at), and the flaky nodes at the start.
     attempt_log: list[tuple[str, str, tuple[str, ...], float, float, str]] = dataclasses.field(default_factory=list)
+    failure_log: list[tuple[str, str, str, float]] = dataclasses.field(default_factory=list)
     quarantine_log: list[tuple[str, str, float, float, bool]] = dataclasses.field(default_factory=list)
     flaky_nodes: tuple[tuple[str, str], ...] = ()
 

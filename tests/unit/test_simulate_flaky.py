@@ -77,22 +77,36 @@ def test_without_avoidance_a_retry_lands_on_the_flaky_node_until_the_rule_gives_
     assert o.failures == o.flaky_failures == 3 and o.gave_up  # max_attempts 3, the gateway's default
 
 
-def test_with_avoidance_a_retry_never_lands_on_a_node_that_failed_it_within_avoid_s():
+def returns(res, m) -> tuple[int, int]:
+    """(retries started within avoid_s on the node whose failure ended the job's attempt, on a
+    node of that failed gang that did not fail)."""
+    failed = {(jid, at): node for jid, _, node, at in res.failure_log}
+    on_failed = on_mate = 0
+    for jid, _, nodes, _, end, outcome_ in res.attempt_log:
+        if outcome_ != "node_failure":
+            continue
+        node = failed[(jid, end)]
+        later = [e for e in res.attempt_log if e[0] == jid and end <= e[3] <= end + m.thresholds.avoid_s]
+        on_failed += sum(1 for e in later if node in e[2])
+        on_mate += sum(1 for e in later if set(e[2]) & (set(nodes) - {node}))
+    return on_failed, on_mate
+
+
+def test_with_avoidance_a_retry_never_lands_on_the_node_that_failed_it_within_avoid_s():
     m = model(AVOID, flaky_mttf_s=600.0, healthy_mttf_s=4 * HOUR, seed=5)
-    trace = stream(n=16, every=900.0) + [job("gang", 1000.0, "team-b", workers=2)]
+    trace = stream(n=16, every=900.0) + [job(f"gang{i}", 1000.0 + i * 3000, "team-b", workers=3) for i in range(4)]
     trace.sort(key=lambda j: (j.arrival, j.id))
-    for policy, must_hold in ((AVOID, True), (NONE, False)):
-        res = simulate_failures(trace, SLURM, SHARES, dataclasses.replace(m, policy=policy))
-        back = 0
-        for jid, _, nodes, _, end, outcome_ in res.attempt_log:
-            if outcome_ != "node_failure":
-                continue
-            later = [e for e in res.attempt_log if e[0] == jid and end <= e[3] <= end + m.thresholds.avoid_s]
-            back += sum(1 for e in later if set(e[2]) & set(nodes))
-        assert (back == 0) is must_hold  # without avoidance the retry does land on them
-        assert res.failed_attempts > 0
+    res = simulate_failures(trace, SLURM, SHARES, dataclasses.replace(m, policy=NONE))
+    assert returns(res, m)[0] > 0  # without avoidance the retry does land on it
     res = simulate_failures(trace, SLURM, SHARES, m)
+    assert res.failed_attempts > 0 and len(res.failure_log) == res.failed_attempts
+    on_failed, on_mate = returns(res, m)
+    assert on_failed == 0
+    assert on_mate > 0  # only the failed node is blamed: its gang-mates stay usable for the retry
     assert all(o.end is not None for o in res.outcomes)
+    # The backend naming no node: the whole failed gang is avoided, as before.
+    gang = simulate_failures(trace, SLURM, SHARES, dataclasses.replace(m, blame_gang=True))
+    assert gang.failed_attempts > 0 and returns(gang, m) == (0, 0)
 
 
 def test_avoidance_holds_a_retry_that_only_its_failed_node_would_fit():
@@ -163,3 +177,40 @@ def test_unsupported_combinations_are_refused():
         simulate_failures(stream(2), [SimPool("s", "slurm", 4, 8, blocks=(2, 2))], SHARES, model(NONE))
     with pytest.raises(ValueError):
         simulate_failures(stream(2), SLURM, SHARES, model(NONE), policy="borrow", guarantees={"team-a": 8})
+
+
+def test_a_quarantine_blames_the_failed_node_not_its_gang_mates():
+    # a (2 nodes: n000 n001) fails on n000; b, of another account, arrives when its retry runs.
+    # Blaming the failed node, a's retry avoids n000 only (n001 n002) and b gets n000 n003: n000
+    # alone failed two accounts' gangs. Blaming the gang, a's retry avoids n000 and n001
+    # (n002 n003), b gets n000 n001 and fails: healthy n001 is quarantined with n000.
+    trace = [job("a", 0.0, "team-a", workers=2), job("b", 600.0, "team-b", workers=2)]
+    m = model(QUARANTINE)
+    res = simulate_failures(trace, SLURM, SHARES, m)
+    assert [(q[0], q[1], q[4]) for q in res.quarantine_log] == [("slurm", "n000", True)]
+    assert {n for _, _, n, _ in res.failure_log} == {"n000"}
+    gang = simulate_failures(trace, SLURM, SHARES, dataclasses.replace(m, blame_gang=True))
+    assert sorted((q[1], q[4]) for q in gang.quarantine_log) == [("n000", True), ("n001", False)]
+    assert {n for _, _, n, _ in gang.failure_log} == {"n000"}  # n001 never failed
+
+
+def test_blaming_the_failed_node_never_quarantines_a_node_that_did_not_fail():
+    # Two flaky nodes, healthy nodes failing too, gangs of 1-4 nodes of two accounts: every
+    # quarantine is of a node whose own failures ended two accounts' attempts between its last
+    # clear and it.
+    trace = [job(f"j{i}", i * 700.0, ("team-a", "team-b")[i % 2], workers=1 + i % 4 if i % 3 else 1)
+             for i in range(60)]
+    m = model(QUARANTINE, flaky_nodes=(("slurm", "n000"), ("slurm", "n002")), flaky_mttf_s=1800.0,
+              healthy_mttf_s=6 * HOUR, clear_after_s=2 * HOUR, max_attempts=5, seed=7)
+    account = {j.id: j.account for j in trace}
+    for blame_gang in (False, True):
+        res = simulate_failures(trace, SLURM, SHARES, dataclasses.replace(m, blame_gang=blame_gang))
+        assert res.quarantine_log
+        wrong, cleared = 0, {}
+        for pool, node, since, until, _ in sorted(res.quarantine_log, key=lambda q: q[2]):
+            after = cleared.get((pool, node), -1.0)
+            failed = {account[jid] for jid, p, n, at in res.failure_log
+                      if (p, n) == (pool, node) and after < at <= since}
+            wrong += len(failed) < m.thresholds.min_accounts
+            cleared[(pool, node)] = until
+        assert (wrong == 0) is not blame_gang  # blaming the gang, some quarantined node had not failed
