@@ -17,9 +17,11 @@ import json
 import math
 import re
 from collections.abc import Iterable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from gateway.domain.prices import DEFAULT, MAX_PRICE, PriceList, parse_price
 from gateway.domain.storage import (
     MODES,
     PROVIDERS,
@@ -41,7 +43,9 @@ from gateway.pools.adapters import (
 POOL_STATES = ("active", "draining", "disabled")
 POOL_KINDS = tuple(sorted(ADAPTER_MODULES))
 MAX_COST = 1000.0
-_FILE_KEYS = ("name", "kind", "gpu_types", "weight", "cost", "state", "settings")
+_FILE_KEYS = ("name", "kind", "gpu_types", "weight", "cost", "state", "prices", "settings")
+_TOP_KEYS = ("pools", "storage", "currency")
+_CURRENCY = re.compile(r"[A-Z]{3}")  # an ISO 4217 code: plain text in every spreadsheet
 _GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
@@ -54,6 +58,8 @@ class PoolConfig:
     weight: float = 1.0
     cost: float = 1.0
     state: str = "active"
+    # Price per GPU-hour by GPU type (lower case) or "default" (docs/pools.md, "Prices").
+    prices: tuple[tuple[str, Decimal], ...] = ()
     source: str = ""  # where it was configured (ISTHMUS_POOLS_FILE <path> / ISTHMUS_BACKENDS), for errors
 
     def public(self) -> dict[str, Any]:
@@ -102,7 +108,32 @@ def _pool(source: str, name: Any, kind: Any, options: Any, extra: dict[str, Any]
         gpu_types=tuple(sorted({normalise_gpu_type(t) for t in gpu_types})),
         weight=_number(source, name, "weight", extra.get("weight"), default=1.0),
         cost=_number(source, name, "cost", extra.get("cost"), default=1.0, high=MAX_COST), state=state,
-        source=source)
+        prices=_prices(source, name, extra.get("prices")), source=source)
+
+
+def _prices(source: str, pool: str, value: Any) -> tuple[tuple[str, Decimal], ...]:
+    """A pool's ``prices:`` mapping (GPU type or ``default`` -> price per GPU-hour), as Decimals."""
+    from gateway.domain.shapes import normalise_gpu_type
+
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise BackendConfigError(f"{_where(source, pool, 'prices')}: must be a mapping of GPU type (or default) to "
+                                 f"a price per GPU-hour, e.g. {{h100: 2.50, default: 1.20}} (got {value!r})")
+    out: dict[str, Decimal] = {}
+    for gpu_type, price in value.items():
+        if not isinstance(gpu_type, str) or not (gpu_type == DEFAULT or _GPU_TYPE.fullmatch(gpu_type)):
+            raise BackendConfigError(f"{_where(source, pool, 'prices')}: {gpu_type!r} is not a GPU type name "
+                                     f"or {DEFAULT}")
+        key = DEFAULT if gpu_type == DEFAULT else normalise_gpu_type(gpu_type)
+        d = parse_price(price)
+        if d is None:
+            raise BackendConfigError(f"{_where(source, pool, f'prices.{gpu_type}')}: must be a price per GPU-hour, "
+                                     f"a number from 0 to {MAX_PRICE} with at most 6 decimals (got {price!r})")
+        if key in out:
+            raise BackendConfigError(f"{_where(source, pool, f'prices.{gpu_type}')}: priced twice")
+        out[key] = d
+    return tuple(sorted(out.items()))
 
 
 def from_backends_json(config_json: str) -> list[PoolConfig]:
@@ -145,9 +176,9 @@ def _read(path: str | Path) -> tuple[str, dict]:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise BackendConfigError(f"{source}: not valid YAML{at}") from None
-    if not isinstance(doc, dict) or set(doc) - {"pools", "storage"} or not isinstance(doc.get("pools", []), list):
+    if not isinstance(doc, dict) or set(doc) - set(_TOP_KEYS) or not isinstance(doc.get("pools", []), list):
         raise BackendConfigError(f"{source}: must be a mapping with the keys pools (a list of pools) and, "
-                                 "optionally, storage (a list of storages, docs/storage.md)")
+                                 "optionally, storage (a list of storages, docs/storage.md) and currency")
     return source, doc
 
 
@@ -180,6 +211,22 @@ def load(settings: Any) -> list[PoolConfig]:
         raise BackendConfigError("both ISTHMUS_POOLS_FILE and ISTHMUS_BACKENDS are set: keep one (the pools file; "
                                  "docs/pools.md shows how an ISTHMUS_BACKENDS entry becomes a pool)")
     return from_file(pools_file) if pools_file else from_backends_json(backends)
+
+
+def load_prices(settings: Any, pools: list[PoolConfig]) -> PriceList:
+    """The pools' prices per GPU-hour and the site's currency (docs/pools.md, "Prices"); none
+    with ISTHMUS_BACKENDS. Raises BackendConfigError (one line)."""
+    currency = ""
+    pools_file = getattr(settings, "pools_file", "") or ""
+    if pools_file:
+        source, doc = _read(pools_file)
+        currency = doc.get("currency")
+        if currency is None:
+            currency = ""
+        elif not isinstance(currency, str) or not _CURRENCY.fullmatch(currency):
+            raise BackendConfigError(f"{source}: field 'currency': an ISO 4217 code such as EUR or USD "
+                                     f"(got {currency!r})")
+    return PriceList(currency=currency, pools={p.name: dict(p.prices) for p in pools if p.prices})
 
 
 def load_storage(settings: Any, pools: list[PoolConfig]) -> Catalog:
