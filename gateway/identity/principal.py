@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from gateway.audit.service import Who
+
 
 @dataclasses.dataclass(frozen=True)
 class Principal:
@@ -18,6 +20,11 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return "admin" in self.roles
+
+    @property
+    def who(self) -> Who:
+        """The caller as the audit log records it (subject and POSIX user)."""
+        return Who(subject=self.subject, username=self.username)
 
     def may_use(self, account: str) -> bool:
         return self.is_admin or account in self.accounts

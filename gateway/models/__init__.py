@@ -11,6 +11,7 @@ from gateway.models.accounts import (  # noqa: F401
     AccountPoolQuota,
     AccountQuota,
 )
+from gateway.models.audit import AuditRecord  # noqa: F401
 from gateway.models.flows import JobDependency, JobSet  # noqa: F401
 from gateway.models.identity import MembershipSeen  # noqa: F401
 from gateway.models.jobs import (  # noqa: F401

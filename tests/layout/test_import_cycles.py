@@ -153,6 +153,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("gateway", "kit"),  # engine, errors, settings, names, time: what everything builds on
     ("domain", "cli_login"),  # the pure decision core; the CLI's login (client side)
     ("models", "cli_client"),  # every table and the reader of a job's stored spec; the CLI's HTTP client
+    ("audit",),  # the audit log's one writer: every privileged change below the HTTP layer records through it
     ("identity", "pools", "cli_user"),  # who calls; pools as data and their health; the CLI's user commands
     ("accounts",),  # the account tree, members, quotas
     ("ledger",),  # reservations, charges, budgets, fair share (reads the tree and the pools)
