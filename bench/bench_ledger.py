@@ -23,6 +23,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, insert, text
 
 from bench.common import fresh_database
+from gateway.audit.service import Who
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import service as ledger
@@ -158,15 +159,15 @@ def bench_reserve(url: str, repeats: int) -> dict:
         wipe(url)
         engine = make_engine(url)
         with transaction(make_sessionmaker(engine)) as s:
-            lifecycle.create(s, name="org", parent_name=None, shares=1)
-            accounts.set_quota(s, name="org", values={"max_gpus": 10**6, "budget_gpu_seconds": 10**14}, actor="b")
-            lifecycle.create(s, name="hot", parent_name="org", shares=1)
-            accounts.set_quota(s, name="hot", values={"max_gpus": 10**6, "max_queued_jobs": 10**6}, actor="b")
+            lifecycle.create(s, name="org", parent_name=None, shares=1, by=Who.system("bench"))
+            accounts.set_quota(s, name="org", values={"max_gpus": 10**6, "budget_gpu_seconds": 10**14}, by=Who.system("bench"))
+            lifecycle.create(s, name="hot", parent_name="org", shares=1, by=Who.system("bench"))
+            accounts.set_quota(s, name="hot", values={"max_gpus": 10**6, "max_queued_jobs": 10**6}, by=Who.system("bench"))
             for i in range(8):
-                lifecycle.create(s, name=f"org{i}", parent_name=None, shares=1)
-                lifecycle.create(s, name=f"cold{i}", parent_name=f"org{i}", shares=1)
+                lifecycle.create(s, name=f"org{i}", parent_name=None, shares=1, by=Who.system("bench"))
+                lifecycle.create(s, name=f"cold{i}", parent_name=f"org{i}", shares=1, by=Who.system("bench"))
                 accounts.set_quota(s, name=f"cold{i}", values={"max_gpus": 10**6, "budget_gpu_seconds": 10**14},
-                                   actor="b")
+                                   by=Who.system("bench"))
         engine.dispose()
         hot = _jobs(url, ["hot"], 3000)["hot"]
         res["hot_1"].append(_reserve_rate(url, [hot[:1000]], 1))

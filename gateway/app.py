@@ -364,6 +364,7 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
 
     from gateway.accounts.service import exists
     from gateway.admin import lifecycle
+    from gateway.audit.service import Who
 
     names = [n.strip() for n in settings.dev_accounts.split(",") if n.strip()]
     for attempt in (1, 2):
@@ -372,7 +373,7 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
                 for name in names:
                     if not exists(session, name):
                         lifecycle.create(session, name=name, parent_name=None, shares=1,
-                                         description="dev-mode demo account")
+                                         description="dev-mode demo account", by=Who.system("dev-seed"))
             return
         except IntegrityError:
             # Another worker process of `serve --workers N` seeded them between our read and

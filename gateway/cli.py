@@ -277,8 +277,11 @@ def account() -> None:
 @click.option("--parent", default=None, help="parent account (quotas and budgets are inherited from it)")
 @click.option("--shares", default=1, show_default=True, type=int, help="fair-share shares among its siblings")
 def account_create(name: str, parent: str | None, shares: int) -> None:
+    import getpass
+
     from gateway.accounts.service import exists
     from gateway.admin import lifecycle
+    from gateway.audit.service import Who
     from gateway.kit.db import make_engine, make_sessionmaker, transaction
     from gateway.kit.errors import GatewayError
 
@@ -289,7 +292,8 @@ def account_create(name: str, parent: str | None, shares: int) -> None:
             if exists(session, name):
                 click.echo(f"account {name} exists")
                 return
-            lifecycle.create(session, name=name, parent_name=parent, shares=shares)
+            lifecycle.create(session, name=name, parent_name=parent, shares=shares,
+                             by=Who(subject="system:cli", username=getpass.getuser()))
             click.echo(f"created account {name}")
     except GatewayError as exc:  # a bad name, an unknown parent, a tree too deep: the API's words
         raise click.ClickException(str(exc)) from None

@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session
 
 from gateway.accounts.tree import MAX_DEPTH, up_cte
 from gateway.accounts.tree import descendants as _descendants
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain.tree import walk_up
 from gateway.kit.db import compiled_read
 from gateway.kit.errors import Conflict, Invalid, NotFound
@@ -181,11 +183,28 @@ def _check_name(name: str, field: str) -> None:
         raise Invalid(field, f"must match {ACCOUNT_NAME_RE}")
 
 
-def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str) -> AccountQuota:
+def quota_of(session: Session, name: str) -> dict[str, Any] | None:
+    """An account's own quotas (limits, guarantees, budget, per-pool values) as plain values,
+    None when it has none set: what the audit log records before and after a change."""
+    q = session.get(AccountQuota, name)
+    per_pool = {r.pool: {"max_gpus": r.max_gpus, "guaranteed_gpus": r.guaranteed_gpus}
+                for r in session.scalars(select(AccountPoolQuota).where(AccountPoolQuota.account_name == name)
+                                         .order_by(AccountPoolQuota.pool))}
+    if q is None and not per_pool:
+        return None
+    own = {f: getattr(q, f) for f in QUOTA_FIELDS} if q is not None else dict.fromkeys(QUOTA_FIELDS)
+    own.update(budget_period=q.budget_period if q else None, budget_window_days=q.budget_window_days if q else None,
+               per_pool=per_pool)
+    return own
+
+
+def set_quota(session: Session, *, name: str, values: dict[str, Any], by: Who) -> AccountQuota:
     """Set (or with None, unset) limits. Fields absent from ``values`` are left alone."""
     from gateway.pools.service import require_known
 
+    actor = by.subject
     get_or_raise(session, name=name)
+    before = quota_of(session, name)
     values = dict(values)
     for field, column in PER_POOL:
         per_pool = values.pop(field, None) or {}
@@ -233,28 +252,37 @@ def set_quota(session: Session, *, name: str, values: dict[str, Any], actor: str
     q.updated_at = utcnow()
     q.updated_by = actor
     session.flush()
+    audit.record(session, by=by, action="account.quota.set", target_kind="account", target_name=name,
+                 account=name, before=before, after=quota_of(session, name))
     return q
 
 
-def set_member(session: Session, *, name: str, username: str, role: str) -> AccountMember:
+def set_member(session: Session, *, name: str, username: str, role: str, by: Who) -> AccountMember:
+    """Record ``username`` as a member or coordinator of ``name`` (or change their role)."""
     get_or_raise(session, name=name)
     m = session.get(AccountMember, (name, username))
+    before = None if m is None else {"username": username, "role": m.role}
     if m is None:
         m = AccountMember(account_name=name, username=username, role=role, created_at=utcnow())
         session.add(m)
     else:
         m.role = role
     session.flush()
+    audit.record(session, by=by, action="account.member.set", target_kind="member", target_name=username,
+                 account=name, before=before, after={"username": username, "role": role})
     return m
 
 
-def remove_member(session: Session, *, name: str, username: str) -> None:
+def remove_member(session: Session, *, name: str, username: str, by: Who) -> None:
     get_or_raise(session, name=name)
     m = session.get(AccountMember, (name, username))
     if m is None:
         raise NotFound(f"{username!r} is not a recorded member of {name!r}")
+    before = {"username": username, "role": m.role}
     session.delete(m)
     session.flush()
+    audit.record(session, by=by, action="account.member.remove", target_kind="member", target_name=username,
+                 account=name, before=before, after=None)
 
 
 def members(session: Session, name: str) -> list[AccountMember]:

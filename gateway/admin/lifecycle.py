@@ -23,6 +23,8 @@ from gateway.accounts.service import (
     load_tree,
 )
 from gateway.accounts.tree import MAX_DEPTH
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain.states import FINAL_STATES
 from gateway.kit.errors import Conflict, Invalid
 from gateway.kit.timeutil import utcnow
@@ -33,7 +35,13 @@ from gateway.models.jobs import Job
 from gateway.pools import reservations
 
 
-def create(session: Session, *, name: str, parent_name: str | None, shares: int, description: str = "",
+def _shown(acc: Account) -> dict[str, Any]:
+    """An account's own fields as the audit log records them."""
+    return {"name": acc.name, "parent": acc.parent_name, "shares": acc.shares, "description": acc.description or "",
+            "priority_class": acc.priority_class}
+
+
+def create(session: Session, *, name: str, parent_name: str | None, shares: int, by: Who, description: str = "",
            priority_class: str | None = None) -> Account:
     _check_name(name, "body.name")
     if session.get(Account, name) is not None:
@@ -47,11 +55,14 @@ def create(session: Session, *, name: str, parent_name: str | None, shares: int,
     session.add(acc)
     session.flush()
     ledger_chains.open_account(session, name)
+    audit.record(session, by=by, action="account.create", target_kind="account", target_name=name, account=name,
+                 before=None, after=_shown(acc))
     return acc
 
 
-def update(session: Session, *, name: str, changes: dict[str, Any], actor: str) -> Account:
+def update(session: Session, *, name: str, changes: dict[str, Any], by: Who) -> Account:
     acc = get_or_raise(session, name=name)
+    before = _shown(acc)
     if "shares" in changes and changes["shares"] is not None:
         acc.shares = changes["shares"]
     if "description" in changes and changes["description"] is not None:
@@ -69,8 +80,11 @@ def update(session: Session, *, name: str, changes: dict[str, Any], actor: str) 
                 depth = len(chain(session, new_parent)) + _height(tree, name)
                 if depth > MAX_DEPTH:
                     raise Invalid("body.parent", f"the tree may be at most {MAX_DEPTH} levels deep")
-            move_subtree(session, account=name, new_parent=new_parent, actor=actor)
+            move_subtree(session, account=name, new_parent=new_parent, actor=by.subject)
     session.flush()
+    if _shown(acc) != before:
+        audit.record(session, by=by, action="account.update", target_kind="account", target_name=name,
+                     account=name, before=before, after=_shown(acc))
     return acc
 
 
@@ -83,7 +97,7 @@ def _height(tree: dict[str, Account], name: str) -> int:
     return h(name)
 
 
-def delete(session: Session, *, name: str) -> None:
+def delete(session: Session, *, name: str, by: Who) -> None:
     acc = get_or_raise(session, name=name)
     kids = session.scalar(select(func.count()).select_from(Account).where(Account.parent_name == name))
     if kids:
@@ -97,7 +111,11 @@ def delete(session: Session, *, name: str) -> None:
         raise Conflict(f"account {name!r} has {history} job(s) in its history; set its shares and quotas "
                        "to 0 instead of deleting it")
     ledger_chains.close_account(session, name)  # refuses while it holds reservations
-    reservations.remove_for_account(session, name)
+    before = {**_shown(acc), "quota": accounts.quota_of(session, name),
+              "members": {m.username: m.role for m in accounts.members(session, name)}}
+    reservations.remove_for_account(session, name, by=by)
     accounts.forget(session, name)
     session.delete(acc)
     session.flush()
+    audit.record(session, by=by, action="account.delete", target_kind="account", target_name=name, account=name,
+                 before=before, after=None)

@@ -104,10 +104,10 @@ def _member_out(m: AccountMember) -> MemberOut:
 def create_account(request: Request, response: Response, body: AccountCreate,
                    principal: Principal = Depends(require_admin),
                    session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
-    lifecycle.create(session, name=body.name, parent_name=body.parent, shares=body.shares,
+    lifecycle.create(session, name=body.name, parent_name=body.parent, shares=body.shares, by=principal.who,
                     description=body.description, priority_class=body.priority_class)
     if body.quota is not None:
-        accounts.set_quota(session, name=body.name, values=_quota_values(body.quota), actor=principal.subject)
+        accounts.set_quota(session, name=body.name, values=_quota_values(body.quota), by=principal.who)
     response.headers["Location"] = f"/v1/admin/accounts/{body.name}"
     return _admin_account(session, body.name, _ledger(request))
 
@@ -133,7 +133,7 @@ def update_account(name: AccountName, request: Request, body: AccountUpdate,
                    principal: Principal = Depends(require_admin),
                    session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
     lifecycle.update(session, name=name, changes=body.model_dump(include=body.model_fields_set),
-                    actor=principal.subject)
+                    by=principal.who)
     return _admin_account(session, name, _ledger(request))
 
 
@@ -141,8 +141,9 @@ def update_account(name: AccountName, request: Request, body: AccountUpdate,
                description="Refused (409) while the account has child accounts, active jobs, held reservations "
                            "or any job history. Its ledger entries are kept.",
                responses=problem_responses(401, 403, 404, 409, 422))
-def delete_account(name: AccountName, session: Session = Depends(get_session, scope="function")) -> Response:
-    lifecycle.delete(session, name=name)
+def delete_account(name: AccountName, principal: Principal = Depends(require_admin),
+                   session: Session = Depends(get_session, scope="function")) -> Response:
+    lifecycle.delete(session, name=name, by=principal.who)
     return Response(status_code=204)
 
 
@@ -153,7 +154,7 @@ def delete_account(name: AccountName, session: Session = Depends(get_session, sc
             responses=problem_responses(401, 403, 404, 422))
 def set_quota(name: AccountName, request: Request, body: QuotaIn, principal: Principal = Depends(require_admin),
               session: Session = Depends(get_session, scope="function")) -> AdminAccountOut:
-    accounts.set_quota(session, name=name, values=_quota_values(body), actor=principal.subject)
+    accounts.set_quota(session, name=name, values=_quota_values(body), by=principal.who)
     return _admin_account(session, name, _ledger(request))
 
 
@@ -170,18 +171,21 @@ def list_members(name: AccountName, session: Session = Depends(get_session, scop
                         "groups; see docs/ledger.md.",
             responses=problem_responses(401, 403, 404, 422))
 def set_member(name: AccountName, username: UserName, body: Annotated[MemberIn, Body()] = MemberIn(),  # noqa: B008 - read, never changed
+               principal: Principal = Depends(require_admin),
                session: Session = Depends(get_session, scope="function")) -> MemberOut:
     import re
 
     if not re.fullmatch(USER, username):
         raise Invalid("path.username", "must be a POSIX user name")
-    return _member_out(accounts.set_member(session, name=name, username=username, role=body.role.value))
+    return _member_out(accounts.set_member(session, name=name, username=username, role=body.role.value,
+                                           by=principal.who))
 
 
 @router.delete("/accounts/{name}/members/{username}", status_code=204, operation_id="removeAccountMember",
                summary="Remove a member", responses=problem_responses(401, 403, 404, 422))
-def remove_member(name: AccountName, username: UserName, session: Session = Depends(get_session, scope="function")) -> Response:
-    accounts.remove_member(session, name=name, username=username)
+def remove_member(name: AccountName, username: UserName, principal: Principal = Depends(require_admin),
+                  session: Session = Depends(get_session, scope="function")) -> Response:
+    accounts.remove_member(session, name=name, username=username, by=principal.who)
     return Response(status_code=204)
 
 
@@ -218,7 +222,7 @@ def _entry_out(e) -> LedgerEntryOut:
 def create_adjustment(body: AdjustmentIn, principal: Principal = Depends(require_admin),
                       session: Session = Depends(get_session, scope="function")) -> LedgerEntryOut:
     e = ledger.adjust(session, account=body.account, kind=body.kind, gpu_seconds=round(body.gpu_hours * 3600),
-                      actor=principal.subject, reason=body.reason, job_id=body.job_id,
+                      by=principal.who, reason=body.reason, job_id=body.job_id,
                       pool=body.pool)
     return _entry_out(e)
 
@@ -371,6 +375,7 @@ def list_weights(session: Session = Depends(get_session, scope="function")) -> l
                         "lower case, as jobs record them. Applies to reservations made from now on.",
             responses=problem_responses(401, 403, 422))
 def set_weight(pool: Annotated[str, Path(pattern=POOL_NAME_PATTERN, max_length=63)], gpu_type: Annotated[str, "gpu type"], body: BillingWeightIn,
+               principal: Principal = Depends(require_admin),
                session: Session = Depends(get_session, scope="function")) -> BillingWeightOut:
     import re
 
@@ -378,7 +383,7 @@ def set_weight(pool: Annotated[str, Path(pattern=POOL_NAME_PATTERN, max_length=6
         raise Invalid("path.gpu_type", "a GPU type like h100, or * for the pool default")
     require_known(session, pool, "path.pool")
     gpu_type = normalise_gpu_type(gpu_type)  # the form jobs are recorded in
-    w = repository.set_billing_weight(session, pool=pool, gpu_type=gpu_type, weight=body.weight)
+    w = repository.set_billing_weight(session, pool=pool, gpu_type=gpu_type, weight=body.weight, by=principal.who)
     return BillingWeightOut(pool=pool, gpu_type=gpu_type, weight=w.weight)
 
 

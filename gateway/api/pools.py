@@ -128,7 +128,7 @@ def list_admin_pools(session: Session = Depends(get_session, scope="function")) 
 def update_pool(name: PoolName, body: PoolPatch, request: Request, principal: Principal = Depends(require_admin),
                 session: Session = Depends(get_session, scope="function")) -> AdminPoolOut:
     p = service.update(session, name=name, state=body.state.value if body.state is not None else None,
-                       weight=body.weight, by=principal.subject, now=utcnow())
+                       weight=body.weight, by=principal.who, now=utcnow())
     dispatcher = getattr(request.app.state, "dispatcher", None)
     if dispatcher is not None:
         dispatcher.capacity.invalidate()  # the next round reads the new state
@@ -170,7 +170,7 @@ def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends
                   session: Session = Depends(get_session, scope="function")) -> WindowOut:
     now = utcnow()
     row = windows.create(session, name, starts_at=body.start, ends_at=body.end, reason=body.reason,
-                         nodes=body.nodes, by=principal.subject, now=now)
+                         nodes=body.nodes, by=principal.who, now=now)
     return _window_out(windows.planned_of(row.id, row.pool, row.starts_at, row.ends_at, row.nodes, row.reason), now)
 
 
@@ -179,9 +179,9 @@ def create_window(name: PoolName, body: WindowIn, principal: Principal = Depends
                      description="Only a window made through the gateway; a backend's own reservation is deleted "
                                  "in the backend (e.g. `scontrol delete ReservationName=...`).",
                      responses=problem_responses(401, 403, 404))
-def delete_window(name: PoolName, window_id: WindowId,
+def delete_window(name: PoolName, window_id: WindowId, principal: Principal = Depends(require_admin),
                   session: Session = Depends(get_session, scope="function")) -> Response:
-    windows.remove(session, name, window_id)
+    windows.remove(session, name, window_id, by=principal.who)
     return Response(status_code=204)
 
 
@@ -220,7 +220,7 @@ def create_reservation(body: ReservationIn, request: Request, principal: Princip
                                      account=body.account,
                                      pool=body.pool, gpu_type=body.gpu_type, gpus=body.gpus, nodes=body.nodes,
                                      starts_at=body.start, ends_at=body.end, reason=body.reason,
-                                     by=principal.subject, now=now)
+                                     by=principal.who, now=now)
     return _reservation_out(reservations.planned_of(row), views, now)
 
 
@@ -243,8 +243,8 @@ def _native_sync(request: Request) -> Callable[[str], None] | None:
                             summary="Delete an advance reservation",
                             description="Its capacity is open to everyone from the next dispatch round; jobs "
                                         "running in it go on.", responses=problem_responses(401, 403, 404))
-def delete_reservation(reservation_id: WindowId, request: Request,
+def delete_reservation(reservation_id: WindowId, request: Request, principal: Principal = Depends(require_admin),
                        session: Session = Depends(get_session, scope="function")) -> Response:
     reservations.remove_synced(session, reservation_id,  # its backend one goes too
-                               sync=_native_sync(request))
+                               sync=_native_sync(request), by=principal.who)
     return Response(status_code=204)

@@ -68,7 +68,7 @@ def _one(session: Session, account: str | None, endpoint_id: int) -> WebhookOut:
 def _patch(session: Session, account: str | None, endpoint_id: int, body: WebhookUpdate, caller: Principal
            ) -> WebhookOut:
     ep = service.get_or_raise(session, account=account, endpoint_id=endpoint_id, for_update=True)
-    service.update_(session, endpoint=ep, enabled=body.enabled, description=body.description, caller=caller.subject)
+    service.update_(session, endpoint=ep, enabled=body.enabled, description=body.description, by=caller.who)
     return endpoint_out(ep, service.pending_counts(session, [ep.id]).get(ep.id, 0))
 
 
@@ -90,7 +90,7 @@ def create_webhook(account: AccountName, body: WebhookIn, request: Request, sess
                    principal: Principal = Depends(get_principal)) -> WebhookCreated:
     _account_or_404(session, principal, account)
     ep = service.create(session, account=account, url=body.url, description=body.description,
-                        created_by=principal.subject, allow=_allow(request),
+                        by=principal.who, allow=_allow(request),
                         max_per_account=request.app.state.settings.webhook_max_endpoints_per_account)
     return endpoint_out(ep, secret=True)
 
@@ -128,7 +128,7 @@ def delete_webhook(account: AccountName, endpoint_id: EndpointId, session: Sessi
                    principal: Principal = Depends(get_principal)) -> Response:
     ep = service.get_or_raise(session, account=_account_or_404(session, principal, account),
                               endpoint_id=endpoint_id, for_update=True)
-    service.delete(session, endpoint=ep)
+    service.delete(session, endpoint=ep, by=principal.who)
     return Response(status_code=204)
 
 
@@ -148,7 +148,7 @@ def list_deliveries(account: AccountName, endpoint_id: EndpointId, session: Sess
 def admin_create_webhook(body: WebhookIn, request: Request, session: Session_,
                          principal: Principal = Depends(get_principal)) -> WebhookCreated:
     ep = service.create(session, account=None, url=body.url, description=body.description,
-                        created_by=principal.subject, allow=_allow(request), max_per_account=0)
+                        by=principal.who, allow=_allow(request), max_per_account=0)
     return endpoint_out(ep, secret=True)
 
 
@@ -174,9 +174,10 @@ def admin_update_webhook(endpoint_id: EndpointId, body: WebhookUpdate, session: 
 
 @admin_router.delete("/{endpoint_id}", status_code=204, operation_id="adminDeleteWebhook",
                      summary="Delete an admin webhook endpoint", responses=problem_responses(401, 403, 404, 422))
-def admin_delete_webhook(endpoint_id: EndpointId, session: Session_) -> Response:
+def admin_delete_webhook(endpoint_id: EndpointId, session: Session_,
+                         principal: Principal = Depends(get_principal)) -> Response:
     service.delete(session, endpoint=service.get_or_raise(session, account=None, endpoint_id=endpoint_id,
-                                                           for_update=True))
+                                                           for_update=True), by=principal.who)
     return Response(status_code=204)
 
 

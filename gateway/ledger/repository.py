@@ -9,6 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.accounts.tree import subtree_names
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.kit.timeutil import utcnow
 from gateway.models.ledger import GpuBillingWeight, LedgerEntry, UsageBucket
 
@@ -63,12 +65,15 @@ def billing_weights(session: Session) -> list[GpuBillingWeight]:
     return list(session.scalars(select(GpuBillingWeight).order_by(GpuBillingWeight.pool, GpuBillingWeight.gpu_type)))
 
 
-def set_billing_weight(session: Session, *, pool: str, gpu_type: str, weight: float) -> GpuBillingWeight:
+def set_billing_weight(session: Session, *, pool: str, gpu_type: str, weight: float, by: Who) -> GpuBillingWeight:
     """Create or change one weight (``gpu_type`` already normalised; ``*`` is the pool's default)."""
     w = session.get(GpuBillingWeight, (pool, gpu_type))
+    before = None if w is None else {"weight": w.weight}
     if w is None:
         w = GpuBillingWeight(pool=pool, gpu_type=gpu_type, weight=weight, updated_at=utcnow())
         session.add(w)
     w.weight, w.updated_at = weight, utcnow()
     session.flush()
+    audit.record(session, by=by, action="pool.billing_weight.set", target_kind="pool", target_name=f"{pool}/{gpu_type}",
+                 before=before, after={"weight": weight})
     return w

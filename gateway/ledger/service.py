@@ -28,6 +28,8 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from gateway.accounts import service as accounts
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain import quota
 from gateway.domain.fairshare import decay
 from gateway.domain.quota import committed_for
@@ -297,7 +299,7 @@ def release(session: Session, *, job: Any, actor: str, reason: str) -> None:
     session.flush()
 
 
-def adjust(session: Session, *, account: str, kind: str, gpu_seconds: int, actor: str, reason: str,
+def adjust(session: Session, *, account: str, kind: str, gpu_seconds: int, by: Who, reason: str,
            job_id: str | None = None, pool: str | None = None, now: datetime | None = None) -> LedgerEntry:
     """An admin credit (gives budget back), debit (takes budget) or refund of a job's usage.
 
@@ -329,10 +331,14 @@ def adjust(session: Session, *, account: str, kind: str, gpu_seconds: int, actor
         pool = pool or r.pool
     signed = gpu_seconds if kind == "debit" else -gpu_seconds
     e = booking.entry(session, at=now, account_name=account, kind=kind, job_id=job_id, pool=pool, gpus=0,
-               committed_gpu_seconds=0, gpu_seconds=signed, billing_weight=1.0, actor=actor, reason=reason.strip())
+               committed_gpu_seconds=0, gpu_seconds=signed, billing_weight=1.0, actor=by.subject,
+               reason=reason.strip())
     _apply(balances, names, now, charged_gpu_seconds=signed)
     _add_bucket(session, account, now.date(), pool or "", signed, adjustment=signed)
     session.flush()
+    audit.record(session, by=by, action="ledger.adjust", target_kind="ledger_entry", target_name=str(e.id),
+                 account=account, before=None, after={"kind": kind, "gpu_seconds": signed, "job_id": job_id,
+                                                      "pool": pool, "reason": reason.strip()})
     return e
 
 

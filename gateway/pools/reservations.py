@@ -14,6 +14,8 @@ from datetime import datetime
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain.routing import PoolView
 from gateway.domain.windows import PlannedHold, hold_need
 from gateway.kit import signals
@@ -53,7 +55,7 @@ def choose_pool(session: Session, views: Mapping[str, PoolView], *, gpu_type: st
 
 def create(session: Session, views: Mapping[str, PoolView], *, account: str, pool: str | None,
            gpu_type: str | None, gpus: int | None, nodes: int | None, starts_at: datetime, ends_at: datetime,
-           reason: str, by: str, now: datetime) -> AdvanceReservation:
+           reason: str, by: Who, now: datetime) -> AdvanceReservation:
     """A new advance reservation; :class:`Invalid` names the field, and nothing is written."""
     if (gpus is None) == (nodes is None):
         raise Invalid("body.gpus", "give exactly one of gpus and nodes")
@@ -71,28 +73,48 @@ def create(session: Session, views: Mapping[str, PoolView], *, account: str, poo
     elif session.get(Pool, pool) is None:
         raise NotFound(f"no pool {pool!r} (GET /v1/admin/pools lists them)")
     row = AdvanceReservation(id=new_id(), pool=pool, account=account, gpus=gpus, nodes=nodes, starts_at=starts_at,
-                             ends_at=ends_at, reason=reason, created_by=by, created_at=now)
+                             ends_at=ends_at, reason=reason, created_by=by.subject, created_at=now)
     session.add(row)
     session.flush()
+    audit.record(session, by=by, action="reservation.create", target_kind="reservation", target_name=row.id,
+                 account=account, before=None, after=_shown(row), now=now)
     # Every process's dispatcher makes the backend's own at the commit (kit/signals.py).
     signals.notify(session, signals.RESERVATIONS, pool)
     return row
 
 
-def remove(session: Session, reservation_id: str) -> str:
+def _shown(row: AdvanceReservation) -> dict:
+    """A reservation as the audit log records it."""
+    return {"pool": row.pool, "account": row.account, "gpus": row.gpus, "nodes": row.nodes, "start": row.starts_at,
+            "end": row.ends_at, "reason": row.reason}
+
+
+def remove(session: Session, reservation_id: str, *, by: Who) -> str:
     """Delete it; returns its pool."""
+    row = session.get(AdvanceReservation, reservation_id)
+    if row is None:
+        raise NotFound(f"no advance reservation {reservation_id!r}")
+    before, account = _shown(row), row.account
     pool = session.scalar(delete(AdvanceReservation).where(AdvanceReservation.id == reservation_id)
-                          .returning(AdvanceReservation.pool))
+                          .returning(AdvanceReservation.pool).execution_options(synchronize_session="fetch"))
     if pool is None:
         raise NotFound(f"no advance reservation {reservation_id!r}")
+    audit.record(session, by=by, action="reservation.remove", target_kind="reservation", target_name=reservation_id,
+                 account=account, before=before, after=None)
     signals.notify(session, signals.RESERVATIONS, pool)
     return pool
 
 
-def remove_for_account(session: Session, account: str) -> None:
+def remove_for_account(session: Session, account: str, *, by: Who) -> None:
     """Delete every advance reservation of an account being deleted (gateway/admin/lifecycle.py)."""
+    held = list(session.scalars(select(AdvanceReservation).where(AdvanceReservation.account == account)
+                                .order_by(AdvanceReservation.id)))
+    shown = {r.id: _shown(r) for r in held}
     pools = set(session.scalars(delete(AdvanceReservation).where(AdvanceReservation.account == account)
                                 .returning(AdvanceReservation.pool).execution_options(synchronize_session="fetch")))
+    for reservation_id, before in shown.items():
+        audit.record(session, by=by, action="reservation.remove", target_kind="reservation",
+                     target_name=reservation_id, account=account, before=before, after=None)
     for pool in sorted(pools):
         signals.notify(session, signals.RESERVATIONS, pool)
 
@@ -119,9 +141,9 @@ def create_synced(session: Session, views: Mapping[str, PoolView], *, sync: Call
     return row
 
 
-def remove_synced(session: Session, reservation_id: str, *, sync: Callable[[str], None] | None) -> None:
+def remove_synced(session: Session, reservation_id: str, *, sync: Callable[[str], None] | None, by: Who) -> None:
     """:func:`remove`, committed, then the backend's own reservation deleted by ``sync``."""
-    pool = remove(session, reservation_id)
+    pool = remove(session, reservation_id, by=by)
     session.commit()
     if sync is not None:
         sync(pool)

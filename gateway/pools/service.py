@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 
 from adapters.base import Backend, BackendError, features_of
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain.routing import PoolView
 from gateway.kit import signals
 
@@ -125,11 +127,13 @@ def reconcile(session, pools, *, now=None) -> list[str]:
             raise BackendConfigError(f"pools configuration: {what} but is no longer configured; put it back (state: "
                                      "draining lets its jobs finish) or cancel them first")
     notes = []
+    before = {name: _shown(row) for name, row in rows.items()}
     for p in pools:
         row = rows.get(p.name)
         if row is None:
-            session.add(Pool(name=p.name, kind=p.kind, gpu_types=list(p.gpu_types), weight=p.weight, cost=p.cost,
-                             state=p.state, configured=True))
+            rows[p.name] = Pool(name=p.name, kind=p.kind, gpu_types=list(p.gpu_types), weight=p.weight, cost=p.cost,
+                                state=p.state, configured=True)
+            session.add(rows[p.name])
             notes.append(f"pool {p.name}: added ({p.kind})")
             continue
         if row.kind != p.kind:
@@ -145,7 +149,17 @@ def reconcile(session, pools, *, now=None) -> list[str]:
         rows[name].configured = False
         notes.append(f"pool {name}: no longer configured (no active jobs); kept for history")
     session.flush()
+    for name, row in sorted(rows.items()):  # what the pools file changed, recorded as the system's
+        if before.get(name) != _shown(row):
+            audit.record(session, by=Who.system("pools-file"), action="pool.reconcile", target_kind="pool",
+                         target_name=name, before=before.get(name), after=_shown(row))
     return notes
+
+
+def _shown(row) -> dict:
+    """A pool row as the audit log records it."""
+    return {"kind": row.kind, "state": row.state, "weight": row.weight, "cost": row.cost,
+            "gpu_types": list(row.gpu_types or []), "configured": row.configured}
 
 
 def reconcile_at_startup(sessionmaker, pools) -> list[str]:
@@ -236,7 +250,7 @@ def get(session, name: str):
     return session.get(Pool, name)
 
 
-def update(session, *, name: str, state: str | None, weight: float | None, by: str, now):
+def update(session, *, name: str, state: str | None, weight: float | None, by: Who, now):
     """An administrator's change to a pool's state or routing weight (None leaves it as it
     is), recorded with who made it; wins over the pools file on later start-ups (``reconcile``
     keeps a ``state_by`` / ``weight_by``). Raises NotFound for a pool the gateway never knew."""
@@ -245,12 +259,15 @@ def update(session, *, name: str, state: str | None, weight: float | None, by: s
     row = get(session, name)
     if row is None:
         raise NotFound(f"no pool {name!r} (GET /v1/admin/pools lists them)")
+    before = {"state": row.state, "weight": row.weight}
     if state is not None:
-        row.state, row.state_by = state, by
+        row.state, row.state_by = state, by.subject
     if weight is not None:
-        row.weight, row.weight_by = weight, by
+        row.weight, row.weight_by = weight, by.subject
     row.updated_at = now
     session.flush()
+    audit.record(session, by=by, action="pool.update", target_kind="pool", target_name=name, before=before,
+                 after={"state": row.state, "weight": row.weight}, now=now)
     signals.notify(session, signals.POOL, name)  # every process's snapshot and dispatcher, at the commit
     return row
 

@@ -15,6 +15,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import Integer, String, cast, delete, literal, null, select, union_all
 from sqlalchemy.orm import Session
 
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain.routing import PoolView
 from gateway.domain.windows import FAR, PlannedHold, PlannedWindow, from_backend
 from gateway.kit import signals
@@ -59,26 +61,38 @@ def check(*, starts_at: datetime, ends_at: datetime, reason: str, nodes: Iterabl
 
 
 def create(session: Session, pool: str, *, starts_at: datetime, ends_at: datetime, reason: str,
-           nodes: Iterable[str], by: str, now: datetime) -> PoolWindow:
+           nodes: Iterable[str], by: Who, now: datetime) -> PoolWindow:
     """A new window on ``pool`` (which must be one the gateway knows)."""
     if session.get(Pool, pool) is None:
         raise NotFound(f"no pool {pool!r} (GET /v1/admin/pools lists them)")
     starts_at, ends_at, reason, nodes = check(starts_at=starts_at, ends_at=ends_at, reason=reason,
                                               nodes=nodes, now=now)
     row = PoolWindow(id=new_id(), pool=pool, starts_at=starts_at, ends_at=ends_at, reason=reason,
-                     nodes=nodes, created_by=by, created_at=now)
+                     nodes=nodes, created_by=by.subject, created_at=now)
     session.add(row)
     session.flush()
+    audit.record(session, by=by, action="pool.window.create", target_kind="window", target_name=row.id,
+                 before=None, after=_shown(row), now=now)
     signals.notify(session, signals.POOL, pool)  # every process's snapshot and dispatcher, at the commit
     return row
 
 
-def remove(session: Session, pool: str, window_id: str) -> None:
+def _shown(row: PoolWindow) -> dict:
+    """A window as the audit log records it."""
+    return {"pool": row.pool, "start": row.starts_at, "end": row.ends_at, "reason": row.reason,
+            "nodes": list(row.nodes or [])}
+
+
+def remove(session: Session, pool: str, window_id: str, *, by: Who) -> None:
     """Delete a gateway window; a backend's own is deleted in the backend (scontrol)."""
+    row = session.get(PoolWindow, window_id)
+    before = _shown(row) if row is not None and row.pool == pool else None
     done = session.execute(delete(PoolWindow).where(PoolWindow.pool == pool, PoolWindow.id == window_id))
     if not done.rowcount:
         raise NotFound(f"pool {pool!r} has no window {window_id!r} made through the gateway "
                        "(a backend's own reservation is deleted in the backend)")
+    audit.record(session, by=by, action="pool.window.remove", target_kind="window", target_name=window_id,
+                 before=before, after=None)
     signals.notify(session, signals.POOL, pool)
 
 

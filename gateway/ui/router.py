@@ -311,15 +311,15 @@ def add_window(request: Request, form: dict[str, str] = Depends(posted_form)):
     with transaction(request.app.state.sessionmaker) as session:
         pool_windows.create(session, form.get("pool", ""), starts_at=_utc_field(form, "start"),
                             ends_at=_utc_field(form, "end"), reason=form.get("reason", ""), nodes=nodes,
-                            by=principal.subject, now=utcnow())
+                            by=principal.who, now=utcnow())
     return RedirectResponse(str(request.url_for("ui_admin")) + "#windows", status_code=303)
 
 
 @router.post("/admin/windows/{pool}/{window_id}/delete", name="ui_delete_window")
 def delete_window(request: Request, pool: str, window_id: str, form: dict[str, str] = Depends(posted_form)):
-    _admin_only(request, form)
+    principal = _admin_only(request, form)
     with transaction(request.app.state.sessionmaker) as session:
-        pool_windows.remove(session, pool, window_id)
+        pool_windows.remove(session, pool, window_id, by=principal.who)
     return RedirectResponse(str(request.url_for("ui_admin")) + "#windows", status_code=303)
 
 

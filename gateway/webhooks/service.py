@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.kit.errors import Invalid, LimitExceeded, NotFound
 from gateway.kit.timeutil import as_utc, utcnow
 from gateway.models.accounts import Account
@@ -41,7 +43,17 @@ def check_url(url: str, allow: Allowlist, *, field: str = "body.url") -> None:
         raise Invalid(field, str(exc)) from None
 
 
-def create(session: Session, *, account: str | None, url: str, description: str, created_by: str,
+def shown(endpoint: WebhookEndpoint) -> dict:
+    """An endpoint as the audit log records it: never its secret, and its URL without user
+    information, query or fragment (where a receiver's own token may be)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint.url)
+    return {"url": f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}",
+            "description": endpoint.description, "enabled": endpoint.enabled, "account": endpoint.account_name}
+
+
+def create(session: Session, *, account: str | None, url: str, description: str, by: Who,
            allow: Allowlist, max_per_account: int) -> WebhookEndpoint:
     """Raises:
         Invalid: the URL is refused (naming ``body.url``).
@@ -59,10 +71,12 @@ def create(session: Session, *, account: str | None, url: str, description: str,
                                 "delete one first")
     now = utcnow()
     endpoint = WebhookEndpoint(account_name=account, url=url, description=description, secret=new_secret(),
-                               created_by=created_by, held_by=created_by, created_at=now, events_from_at=now,
+                               created_by=by.subject, held_by=by.subject, created_at=now, events_from_at=now,
                                enabled=True, consecutive_failures=0, last_error="", disabled_reason="")
     session.add(endpoint)
     session.flush()
+    audit.record(session, by=by, action="webhook.create", target_kind="webhook", target_name=str(endpoint.id),
+                 account=account, before=None, after=shown(endpoint), now=now)
     return endpoint
 
 
@@ -82,8 +96,10 @@ def get_or_raise(session: Session, *, account: str | None, endpoint_id: int, for
 
 
 def update_(session: Session, *, endpoint: WebhookEndpoint, enabled: bool | None, description: str | None,
-            caller: str) -> None:
-    """Re-enabling makes ``caller`` (who holds the account: the routes' tenancy) its holder."""
+            by: Who) -> None:
+    """Re-enabling makes ``by`` (who holds the account: the routes' tenancy) its holder."""
+    caller = by.subject
+    before = shown(endpoint)
     if description is not None:
         endpoint.description = description
     if enabled is True and not endpoint.enabled:
@@ -105,12 +121,18 @@ def update_(session: Session, *, endpoint: WebhookEndpoint, enabled: bool | None
         endpoint.disabled_at = utcnow()
         endpoint.disabled_reason = "disabled through the API"
     session.flush()
+    if shown(endpoint) != before:
+        audit.record(session, by=by, action="webhook.update", target_kind="webhook", target_name=str(endpoint.id),
+                     account=endpoint.account_name, before=before, after=shown(endpoint))
 
 
-def delete(session: Session, *, endpoint: WebhookEndpoint) -> None:
+def delete(session: Session, *, endpoint: WebhookEndpoint, by: Who) -> None:
+    before, endpoint_id, account = shown(endpoint), endpoint.id, endpoint.account_name
     session.execute(WebhookDelivery.__table__.delete().where(WebhookDelivery.endpoint_id == endpoint.id))
     session.delete(endpoint)
     session.flush()
+    audit.record(session, by=by, action="webhook.delete", target_kind="webhook", target_name=str(endpoint_id),
+                 account=account, before=before, after=None)
 
 
 def pending_counts(session: Session, endpoint_ids: list[int]) -> dict[int, int]:

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from adapters.slurm.backend import SlurmBackend
 from adapters.slurm.settings import SlurmSettings
 from adapters.standin import StandInPool
+from gateway.audit.service import Who
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from tests.conftest import postgres_database
 from tests.dispatch.test_round_cost import setup_accounts
@@ -119,7 +120,7 @@ def test_two_workers_write_one_waiting_event_per_job_until_the_situation_changes
         from gateway.pools import service as pools
 
         with transaction(a.sessions) as s:
-            pools.update(s, name="busy", state="draining", weight=None, by="admin:test", now=utcnow())
+            pools.update(s, name="busy", state="draining", weight=None, by=Who("admin:test"), now=utcnow())
         for _ in range(6):
             b.dispatch_round()
             a.dispatch_round()

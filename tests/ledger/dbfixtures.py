@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from gateway.audit.service import Who
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 
 TABLES = ["ledger_entry", "ledger_reservation", "usage_bucket", "fairshare_usage", "gpu_billing_weight",
@@ -82,9 +83,9 @@ def add_account(session, name, parent=None, shares=1, **quota):
     from gateway.accounts import service as accounts
     from gateway.admin import lifecycle
 
-    lifecycle.create(session, name=name, parent_name=parent, shares=shares)
+    lifecycle.create(session, name=name, parent_name=parent, shares=shares, by=Who.system("test"))
     if quota:
-        accounts.set_quota(session, name=name, values=quota, actor="test")
+        accounts.set_quota(session, name=name, values=quota, by=Who.system("test"))
 
 
 def add_job(session, account, gpus=8, time_limit_s=3600, pool="slurm", username="alice", gpu_type=None,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from gateway.accounts.tree import subtree_names
+from gateway.audit.service import Who
 from gateway.kit.db import transaction
 from gateway.kit.errors import Conflict, QuotaExceeded
 from gateway.ledger import reading as ledger_reading
@@ -104,7 +105,7 @@ def test_random_sequences_keep_the_ledger_consistent(factory, ops):
                     else:
                         ledger.release(s, job=job, actor="prop", reason="cancelled while queued")
                 elif o[0] in ("credit", "debit"):
-                    ledger.adjust(s, account=names[o[1]], kind=o[0], gpu_seconds=o[2], actor="admin",
+                    ledger.adjust(s, account=names[o[1]], kind=o[0], gpu_seconds=o[2], by=Who("admin"),
                                   reason="property test", now=now)
         except Conflict:
             pass  # start/release of a job without (or past) its reservation: refused, nothing written

@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
+from gateway.audit.service import Who
 from gateway.kit.errors import Invalid
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import requeues as ledger_requeues
@@ -63,7 +64,7 @@ def test_requeued_job_pays_each_run_segment_not_the_queue_time_between(factory):
         assert ledger_reading.last_requeue_at(s, job_id=job.id) is None  # finished
         assert ledger_reading.verify(s) == []
         # an admin can refund the whole usage (both segments), not only the last one
-        ledger.adjust(s, account="team", kind="refund", gpu_seconds=8 * 1800, actor="admin", reason="bad node",
+        ledger.adjust(s, account="team", kind="refund", gpu_seconds=8 * 1800, by=Who("admin"), reason="bad node",
                       job_id=job.id)
         assert ledger_reading.verify(s) == []
 
@@ -83,7 +84,7 @@ def test_requeued_then_cancelled_before_rerun_keeps_the_first_segment_only(facto
         assert ledger_reading.verify(s) == []
         # the refund limit is what was charged: one GPU-second more is refused
         with pytest.raises(Invalid, match="charged 360 GPU-seconds"):
-            ledger.adjust(s, account="org", kind="refund", gpu_seconds=4 * 90 + 1, actor="admin", reason="x",
+            ledger.adjust(s, account="org", kind="refund", gpu_seconds=4 * 90 + 1, by=Who("admin"), reason="x",
                           job_id=job.id)
 
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
+from gateway.audit.service import Who
 from gateway.kit.errors import Conflict, QuotaExceeded
 from gateway.ledger import reading as ledger_reading
 from gateway.ledger import rules as ledger_rules
@@ -134,11 +135,11 @@ def test_admin_adjustments_move_the_budget(factory):
         j2 = add_job(s, "org", gpus=1, time_limit_s=600)
         assert not ledger_rules.admission_check(s, job=j2, pool="slurm", now=T0)[0]
         with pytest.raises(Invalid):
-            ledger.adjust(s, account="org", kind="refund", gpu_seconds=7200, job_id=j.id, actor="root", reason="x")
-        ledger.adjust(s, account="org", kind="refund", gpu_seconds=600, job_id=j.id, actor="root",
+            ledger.adjust(s, account="org", kind="refund", gpu_seconds=7200, job_id=j.id, by=Who("root"), reason="x")
+        ledger.adjust(s, account="org", kind="refund", gpu_seconds=600, job_id=j.id, by=Who("root"),
                       reason="node failure", now=T0 + timedelta(hours=2))
         assert ledger_rules.admission_check(s, job=j2, pool="slurm", now=T0 + timedelta(hours=2))[0]
-        ledger.adjust(s, account="org", kind="debit", gpu_seconds=100, actor="root", reason="manual",
+        ledger.adjust(s, account="org", kind="debit", gpu_seconds=100, by=Who("root"), reason="manual",
                       now=T0 + timedelta(hours=2))
         assert not ledger_rules.admission_check(s, job=j2, pool="slurm", now=T0 + timedelta(hours=2))[0]
         assert ledger_reading.verify(s) == []

@@ -291,6 +291,7 @@ def test_two_dispatchers_syncing_one_pool_at_once_make_its_reservation_once_with
     import threading
 
     from adapters.base import BackendError
+    from gateway.audit.service import Who
     from gateway.kit.db import transaction
     from gateway.pools import reservations
 
@@ -304,7 +305,7 @@ def test_two_dispatchers_syncing_one_pool_at_once_make_its_reservation_once_with
         with transaction(a.app.state.sessionmaker) as s:  # the registry's row, made in no backend yet
             held = reservations.create(s, views, account="team-a", pool="slurm-22", gpu_type=None, gpus=None,
                                        nodes=1, starts_at=now - timedelta(minutes=1),
-                                       ends_at=now + timedelta(minutes=20), reason="two syncs", by="root", now=now)
+                                       ends_at=now + timedelta(minutes=20), reason="two syncs", by=Who("root"), now=now)
             held_id = held.id
         name = f"{GATEWAY_RESERVATION_PREFIX}{held_id}"
         refusals: list[str] = []
