@@ -15,6 +15,8 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.api.accounts import router as accounts_router
 from gateway.api.admin import router as admin_router
+from gateway.api.audit import account_router as account_audit_router
+from gateway.api.audit import admin_router as admin_audit_router
 from gateway.api.flows import router as job_sets_router
 from gateway.api.identity import router as identity_router
 from gateway.api.jobs import events_router as job_events_router
@@ -268,6 +270,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
     app.include_router(job_events_router)
     app.include_router(accounts_router)
     app.include_router(admin_router)
+    app.include_router(admin_audit_router)
+    app.include_router(account_audit_router)
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(pools_admin_router)

@@ -231,6 +231,10 @@ class Settings(BaseSettings):
     # Extra CA certificates (PEM file) trusted for receivers, besides the system's roots.
     webhook_ca_file: str = ""
 
+    # The audit log keeps records this many days (0: forever); older ones go when
+    # `isthmus admin audit prune` runs (docs/ledger.md, "Audit log").
+    audit_retention_days: int = Field(default=400, ge=0, le=36500)
+
     @field_validator("database_url")
     @classmethod
     def _driver(cls, url: str) -> str:
@@ -337,6 +341,7 @@ class CoreSettings(_Group):
     log_format: Literal["json", "text"]
     access_log: bool
     log_repeat_window_s: float
+    audit_retention_days: int
     is_sqlite: bool
 
     DERIVED = ("is_sqlite",)
