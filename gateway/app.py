@@ -15,8 +15,6 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.api.accounts import router as accounts_router
 from gateway.api.admin import router as admin_router
-from gateway.api.audit import account_router as account_audit_router
-from gateway.api.audit import admin_router as admin_audit_router
 from gateway.api.flows import router as job_sets_router
 from gateway.api.identity import router as identity_router
 from gateway.api.jobs import events_router as job_events_router
@@ -27,6 +25,7 @@ from gateway.api.nodes import router as nodes_router
 from gateway.api.pools import admin_router as pools_admin_router
 from gateway.api.pools import reservations_router, storage_router
 from gateway.api.pools import router as pools_router
+from gateway.api.statements import router as statements_router
 from gateway.api.webhooks import account_router as webhooks_router
 from gateway.api.webhooks import admin_router as admin_webhooks_router
 from gateway.dispatch import Dispatcher
@@ -56,7 +55,7 @@ from gateway.ledger.decayed import Ledger
 from gateway.pools import service as pools
 from gateway.pools.config import build as build_pools
 from gateway.pools.config import load as load_pools
-from gateway.pools.config import load_storage
+from gateway.pools.config import load_prices, load_storage
 from gateway.pools.service import reconcile_at_startup as reconcile_pools
 from gateway.pools.service import storage_at_startup
 from gateway.ui.apidocs import install as install_api_docs
@@ -197,6 +196,7 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
             log.info("%s", note)
         app.state.pools = {p.name: p for p in pool_configs}
         app.state.storage = load_storage(settings, pool_configs)  # docs/storage.md
+        app.state.prices = load_prices(settings, pool_configs)  # statements (docs/ledger.md)
         app.state.backends = build_pools(pool_configs)
         try:
             for note in storage_at_startup(app.state.sessionmaker, app.state.storage, app.state.backends):
@@ -269,9 +269,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
     app.include_router(job_sets_router)
     app.include_router(job_events_router)
     app.include_router(accounts_router)
+    app.include_router(statements_router)
     app.include_router(admin_router)
-    app.include_router(admin_audit_router)
-    app.include_router(account_audit_router)
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(pools_admin_router)
@@ -368,7 +367,6 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
 
     from gateway.accounts.service import exists
     from gateway.admin import lifecycle
-    from gateway.audit.service import Who
 
     names = [n.strip() for n in settings.dev_accounts.split(",") if n.strip()]
     for attempt in (1, 2):
@@ -377,7 +375,7 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
                 for name in names:
                     if not exists(session, name):
                         lifecycle.create(session, name=name, parent_name=None, shares=1,
-                                         description="dev-mode demo account", by=Who.system("dev-seed"))
+                                         description="dev-mode demo account")
             return
         except IntegrityError:
             # Another worker process of `serve --workers N` seeded them between our read and
