@@ -15,6 +15,8 @@ from sqlalchemy import text
 from gateway import __version__
 from gateway.api.accounts import router as accounts_router
 from gateway.api.admin import router as admin_router
+from gateway.api.audit import account_router as account_audit_router
+from gateway.api.audit import admin_router as admin_audit_router
 from gateway.api.flows import router as job_sets_router
 from gateway.api.identity import router as identity_router
 from gateway.api.jobs import events_router as job_events_router
@@ -271,6 +273,8 @@ def create_app(settings: Settings | None = None, *, freeze_at_start: bool = Fals
     app.include_router(accounts_router)
     app.include_router(statements_router)
     app.include_router(admin_router)
+    app.include_router(admin_audit_router)
+    app.include_router(account_audit_router)
     app.include_router(identity_router)
     app.include_router(pools_router)
     app.include_router(pools_admin_router)
@@ -367,6 +371,7 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
 
     from gateway.accounts.service import exists
     from gateway.admin import lifecycle
+    from gateway.audit.service import Who
 
     names = [n.strip() for n in settings.dev_accounts.split(",") if n.strip()]
     for attempt in (1, 2):
@@ -375,7 +380,7 @@ def _seed_dev_accounts(app: FastAPI, settings: Settings) -> None:
                 for name in names:
                     if not exists(session, name):
                         lifecycle.create(session, name=name, parent_name=None, shares=1,
-                                         description="dev-mode demo account")
+                                         description="dev-mode demo account", by=Who.system("dev-seed"))
             return
         except IntegrityError:
             # Another worker process of `serve --workers N` seeded them between our read and
