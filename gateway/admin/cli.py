@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from gateway.admin import cli_audit, cli_ledger, cli_pools
+from gateway.admin import cli_audit, cli_ledger, cli_pools, cli_statement
 from gateway.cli_client import Client, _emit, _table, client_options, fmt
 
 ACCOUNT_COLUMNS = [("name", "ACCOUNT"), ("parent", "PARENT"), ("shares", "SHARES"), ("gpus", "GPUS"),
@@ -182,5 +182,6 @@ def members_remove(account, username, url, token, as_json) -> None:
 
 # The ledger's commands and the pools' live in their own modules, one reason to change each.
 for _command in (*cli_ledger.ADJUSTMENTS, cli_ledger.ledger_cmd, cli_ledger.usage, cli_ledger.fairshare,
-                 cli_ledger.weight, cli_pools.pool, cli_pools.reservation, cli_audit.audit):
+                 cli_ledger.weight, cli_pools.pool, cli_pools.reservation, cli_audit.audit,
+                 cli_statement.statement):
     admin.add_command(_command)

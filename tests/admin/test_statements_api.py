@@ -105,3 +105,27 @@ def test_who_may_read_which_statement(api):
 def test_bad_input_names_the_field(api, query, field):
     _problem(api.get(f"/v1/accounts/team-a/statement?{query}", headers=api.admin), 422, field)
     _problem(api.get(f"/v1/accounts/team-a/statement.csv?{query}", headers=api.admin), 422, field)
+
+
+def test_the_cli_prints_the_statement_and_its_csv(api, monkeypatch):
+    from click.testing import CliRunner
+
+    from gateway.admin import cli as admin_cli
+    from gateway.admin import cli_statement
+
+    def through_the_app(self, url, token):  # the CLI's HTTP client, pointed at this app
+        self.http = api
+        api.headers.update(api.headers_of("carol"))
+
+    monkeypatch.setattr(cli_statement.Client, "__init__", through_the_app)
+    run = CliRunner().invoke
+    out = run(admin_cli.admin, ["statement", "team-a", "--since", "2026-11-01", "--until", "2026-12-01", "--children"])
+    assert out.exit_code == 0, out.output
+    assert "team-a-ml" in out.output and "total: 14.0000 GPU-h (50400 GPU-s), cost 26.70 EUR" in out.output
+    out = run(admin_cli.admin, ["statement", "team-a", "--since", "2026-11-01", "--until", "2026-12-01", "--csv"])
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(io.StringIO(out.output, newline="")))
+    assert [(r["kind"], r["gpu_seconds"], r["cost"]) for r in rows] == [("usage", "28800", "19.20"),
+                                                                        ("total", "28800", "19.20")]
+    out = run(admin_cli.admin, ["statement", "team-b", "--since", "2026-11-01"])
+    assert out.exit_code != 0 and "404" in out.output
