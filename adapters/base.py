@@ -267,6 +267,8 @@ class PoolCapacity:
     windows: tuple[Window, ...] = ()
     # The pool's network domains, every level (); () where the backend declares none.
     topology: tuple[TopologyDomain, ...] = ()
+    # The pool's nodes by name (those its backend lists now); () where unknown.
+    nodes: tuple[str, ...] = ()
 
 
 def site_gpu_type(requested: str | None, known: Iterable[str]) -> str | None:

@@ -234,6 +234,7 @@ class QueueCapacity:
         pool = PoolCapacity(
             pool=cq_name, total_nodes=len(gpu_nodes), idle_nodes=idle, total_gpus=total, free_gpus=free,
             gpus_per_node=per_node, gpu_types=self.gpu_types or (), topology=topology,
+            nodes=tuple(sorted(gpu_nodes)),
             detail=f"ClusterQueue {cq_name}: {int(reserved)}/{int(nominal)} {g} reserved; "
                    f"{len(gpu_nodes)} GPU nodes, {idle} idle",
         )

@@ -146,9 +146,10 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[st
         gpus, types = node_gpus(node)
         idle = node_idle(node, reserved=reserved, held=held)
         for part in node.get("partitions") or []:
-            p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0,
+            p = pools.setdefault(part, {"total_nodes": 0, "idle_nodes": 0, "total_gpus": 0, "names": [],
                                         "free_gpus": 0, "per_node": set(), "types": set(), "mem": 0, "cpus": 0})
             p["total_nodes"] += 1
+            p["names"].append(str(node.get("name") or ""))
             p["total_gpus"] += gpus
             p["per_node"].add(gpus)
             p["types"].update(types)
@@ -167,6 +168,7 @@ def pool_capacity(nodes: Iterable[Mapping[str, Any]], *, reserved: Collection[st
             detail=f"{p['idle_nodes']}/{p['total_nodes']} nodes idle (exclusive allocation: "
                    f"a node with any job is not free)",
             memory_mib_per_node=int(p["mem"]), cpus_per_node=int(p["cpus"]),
+            nodes=tuple(sorted(n for n in p["names"] if n)),
         ))
     return out
 

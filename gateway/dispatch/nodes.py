@@ -130,19 +130,23 @@ class NodeWatch:
         avoided = {node for p, node in nodehealth.avoided_by(session, job.id, now=self.clock(),
                                                              thresholds=nodehealth.thresholds_of(self.settings))
                    if p == pool} - quarantined
-        if avoided and len(quarantined | avoided) > self._spare_nodes(job, pool):
+        spare, present = self._room(job, pool)
+        if avoided and len({n for n in quarantined | avoided if present is None or n in present}) > spare:
             log.info("job %s: not avoiding %s on %s: the gang needs the pool's other nodes", job.id,
                      ", ".join(sorted(avoided)), pool, extra={"job_id": job.id})
             avoided = set()
         return tuple(sorted(quarantined | avoided))
 
-    def _spare_nodes(self, job: Job, pool: str) -> int:
-        """How many of the pool's nodes its gang can do without (unknown pool size: none)."""
+    def _room(self, job: Job, pool: str) -> tuple[int, set[str] | None]:
+        """(How many of the pool's nodes its gang can do without, the pool's nodes by name or None
+        when unknown), from the last capacity snapshot. An unknown pool size: none to spare."""
         view = self.views().get(pool)
         total = getattr(view, "total_nodes", 0) or 0
         per_node = getattr(view, "gpus_per_node", 0) or 0
+        capacity = getattr(view, "capacity", None)
+        names = {n for p in (capacity.pools if capacity is not None else ()) for n in p.nodes} or None
         if not total:
-            return 0
+            return 0, names
         needs = job.workers if getattr(view, "node_exclusive", True) or not per_node else \
             -(-(job.held_gpus or job.total_gpus) // per_node)
-        return max(0, total - needs)
+        return max(0, total - needs), names
