@@ -8,6 +8,7 @@ import threading
 
 from sqlalchemy import func, select
 
+from gateway.audit.service import Who
 from gateway.kit.db import make_engine, make_sessionmaker, transaction
 from gateway.kit.errors import QuotaExceeded
 from gateway.ledger import chains as ledger_chains
@@ -165,7 +166,7 @@ def test_reparenting_while_reserving_keeps_every_subtree_total_right(pg_url):
             while not stop.is_set():
                 try:
                     with transaction(factory) as s:
-                        accounts.update(s, name="mid", changes={"parent": target}, actor="test:admin")
+                        accounts.update(s, name="mid", changes={"parent": target}, by=Who("test:admin"))
                     moves.append(target)
                     target = "org-a" if target == "org-b" else "org-b"
                 except BaseException as exc:  # noqa: BLE001

@@ -158,8 +158,8 @@ def test_reparent_moves_running_totals(factory):
         ledger.reserve(s, job=j, pool="slurm", actor="t", now=T0)
     with in_tx(factory) as s:
         with pytest.raises(Invalid, match="cycle"):
-            accounts.update(s, name="team", changes={"parent": "sub"}, actor="root")
-        accounts.update(s, name="team", changes={"parent": "org-b"}, actor="root")
+            accounts.update(s, name="team", changes={"parent": "sub"}, by=Who("root"))
+        accounts.update(s, name="team", changes={"parent": "org-b"}, by=Who("root"))
     with in_tx(factory) as s:
         assert ledger_reading.get_balance(s, "org-a").reserved_gpus == 0
         assert ledger_reading.get_balance(s, "org-b").reserved_gpus == 4
