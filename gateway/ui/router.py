@@ -39,7 +39,7 @@ from gateway.pools import nodehealth
 from gateway.pools import reservations as advance
 from gateway.pools import service as pools
 from gateway.pools import windows as pool_windows
-from gateway.ui import login, plots
+from gateway.ui import login, plots, statement
 from gateway.ui.auth import (
     LoginRequired,
     check_csrf,
@@ -359,6 +359,7 @@ def install(app: FastAPI) -> None:
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
     app.include_router(login.router)
     app.include_router(router)
+    app.include_router(statement.router)  # an account's statement (docs/ledger.md)
     html_error_pages(app)
 
     @app.exception_handler(LoginRequired)
