@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import random
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
@@ -25,6 +26,7 @@ from gateway.kit.timeutil import as_utc, utcnow
 from gateway.models.accounts import Account
 from gateway.models.identity import ADMIN_ROLE, ANY_ACCOUNT, MembershipSeen
 from gateway.models.jobs import Job, JobEvent
+from gateway.models.nodes import NodeStanding
 from gateway.models.webhooks import WebhookCursor, WebhookDelivery, WebhookEndpoint
 from gateway.webhooks.address import Allowlist, Refused, resolve
 from gateway.webhooks.send import new_secret
@@ -161,6 +163,64 @@ def payload(event: JobEvent, job: Job) -> str:
                  "pool": job.pool, "from_state": event.from_state, "to_state": event.to_state,
                  "reason": event.reason or "", "at": at},
     }, separators=(",", ":"), sort_keys=True)
+
+
+NODE_QUARANTINED = "node.quarantined"
+NODE_CURSOR = "node_standing"  # how far the node notices have read (suspect_since, epoch microseconds)
+
+
+def fan_out_nodes(session: Session) -> int:
+    """Every node the dispatcher newly quarantined (``node_standing.suspect_since``, docs/recovery.md
+    "Node health") becomes a ``node.quarantined`` delivery to every admin endpoint; returns how many.
+    The same outbox rule as job events: the cursor row is locked, and moves past what was queued."""
+    cursor = session.execute(select(WebhookCursor).where(WebhookCursor.name == NODE_CURSOR).with_for_update()
+                             ).scalar_one_or_none()
+    if cursor is None:  # from the start: an endpoint gets no notice older than itself anyway
+        cursor = WebhookCursor(name=NODE_CURSOR, last_event_id=0, updated_at=utcnow())
+        session.add(cursor)
+        session.flush()
+    since = _EPOCH + timedelta(microseconds=cursor.last_event_id)
+    rows = list(session.scalars(select(NodeStanding).where(NodeStanding.suspect_since > since)
+                                .order_by(NodeStanding.suspect_since)))
+    if not rows:
+        return 0
+    endpoints = list(session.scalars(select(WebhookEndpoint).where(WebhookEndpoint.account_name.is_(None),
+                                                                   WebhookEndpoint.suspended_at.is_(None))))
+    ids = {(r.pool, r.node): _notice_id(r) for r in rows}
+    seen = set(session.execute(select(WebhookDelivery.endpoint_id, WebhookDelivery.event_id)
+                               .where(WebhookDelivery.event_id.in_(list(ids.values())))).tuples())
+    written = 0
+    for row in rows:
+        at = as_utc(row.suspect_since)
+        event_id = ids[(row.pool, row.node)]
+        stamp = at.isoformat().replace("+00:00", "Z")
+        body = json.dumps({"type": NODE_QUARANTINED, "timestamp": stamp,
+                           "data": {"pool": row.pool, "node": row.node, "reason": row.reason, "at": stamp}},
+                          separators=(",", ":"), sort_keys=True)
+        for ep in endpoints:
+            if as_utc(ep.events_from_at or ep.created_at) > at or (ep.id, event_id) in seen:
+                continue
+            session.add(WebhookDelivery(endpoint_id=ep.id, event_id=event_id, msg_id=f"msg_n{-event_id}",
+                                        event_type=NODE_QUARANTINED, job_id="", payload=body, status=PENDING,
+                                        attempts=0, created_at=utcnow(), next_attempt_at=utcnow(), last_error=""))
+            written += 1
+    cursor.last_event_id = max(cursor.last_event_id, max(_micros(as_utc(r.suspect_since)) for r in rows))
+    cursor.updated_at = utcnow()
+    session.flush()
+    return written
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _notice_id(row: NodeStanding) -> int:
+    """A quarantine's delivery event id: negative (job events are positive), the same each time."""
+    key = f"{row.pool}/{row.node}/{_micros(row.suspect_since)}"
+    return -(int.from_bytes(hashlib.sha256(key.encode()).digest()[:7], "big") or 1)
+
+
+def _micros(at: datetime) -> int:
+    return (as_utc(at) - _EPOCH) // timedelta(microseconds=1)
 
 
 def fan_out(session: Session, *, settle_s: float, unseen_s: float, limit: int = 1000) -> int:

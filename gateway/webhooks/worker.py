@@ -82,6 +82,7 @@ class WebhookWorker:
             with transaction(self.sessions) as session:
                 service.fan_out(session, settle_s=self.settings.webhook_settle_s,
                                 unseen_s=self.settings.webhook_holder_unseen_s)
+                service.fan_out_nodes(session)
         except (IntegrityError, DBAPIError) as exc:  # another worker won a race; next round
             log.info("webhook fan-out skipped this round: %s", type(exc).__name__)
 

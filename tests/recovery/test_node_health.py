@@ -8,10 +8,12 @@ gateway with its reason, no gang is placed on it, and an admin's clear resumes i
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
+from gateway.webhooks.worker import WebhookWorker
 from tests import slurm_cli
 from tests.conftest import postgres_database
 from tests.dispatch.conftest import (
@@ -23,6 +25,7 @@ from tests.dispatch.conftest import (
 )
 from tests.ui.test_pages import SECRET as UI_SECRET
 from tests.ui.test_pages import page_as
+from tests.webhooks.conftest import ALLOWLIST, pki, receiver, verify  # noqa: F401  (pki, receiver: fixtures)
 
 pytestmark = [pytest.mark.slurm("25.11"), pytest.mark.postgres]
 
@@ -122,7 +125,14 @@ def test_the_retry_after_a_node_failure_avoids_that_node_even_when_it_is_back(gw
     assert not gw.app.state.dispatcher.node_watch.quarantined("slurm")
 
 
-def test_a_node_that_fails_two_accounts_is_drained_and_avoided_until_an_admin_clears_it(gw):
+def test_a_node_that_fails_two_accounts_is_drained_and_avoided_until_an_admin_clears_it(gw, pki, receiver):
+    # Admins hear of a quarantine through their webhook (signed like every delivery).
+    gw.app.state.settings = gw.app.state.settings.model_copy(update={"webhook_allowlist": ALLOWLIST})
+    r = gw.client.post("/v1/admin/webhooks", json={"url": receiver.url}, headers=gw.admin)
+    assert r.status_code == 201, r.text
+    secret = r.json()["secret"]
+    hooks = WebhookWorker(sessions=gw.app.state.sessionmaker, settings=gw.app.state.settings.model_copy(update={
+        "webhook_ca_file": str(pki.ca_file), "webhook_timeout_s": 5.0}).webhooks)
     everything = {"workers": 4, "command": ["sleep", "300"], "retry": {"max_attempts": 1}}
     first = submit(gw, "team-a", **everything)
     running = drive_until(gw, lambda: job_state(gw, first, "running"), timeout_s=90)
@@ -140,6 +150,12 @@ def test_a_node_that_fails_two_accounts_is_drained_and_avoided_until_an_admin_cl
     assert "Reason=isthmus:" in line and "team-a" in line and "team-b" in line, line
     nodes = record(gw, suspect="true")
     assert list(nodes) == [bad], nodes
+    hooks.run_once()
+    got = receiver.wait_for(lambda rs: any(json.loads(x.body)["type"] == "node.quarantined" for x in rs), timeout=30)
+    notice = next(x for x in got if json.loads(x.body)["type"] == "node.quarantined")
+    assert verify(secret, notice.headers, notice.body), notice.headers
+    data = json.loads(notice.body)["data"]
+    assert data["node"] == bad and "team-b" in data["reason"], data
     assert nodes[bad]["accounts"] == ["team-a", "team-b"] and nodes[bad]["drained_at"], nodes[bad]
     # Every user sees it on the pool's page (without the reason, which names accounts); Prometheus too.
     pools = gw.client.get("/v1/pools", headers=gw.headers("alice", ("team-a",))).json()["items"]
