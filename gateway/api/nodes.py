@@ -78,7 +78,7 @@ def list_nodes(request: Request, pool: Annotated[str | None, Query(pattern=POOL_
 def clear_node(pool: PoolName, node: NodeName, request: Request, principal: Principal = Depends(require_admin)) -> NodeOut:
     db = request.app.state.db
     now = utcnow()
-    nodehealth.clear_and_resume(db.sessions, request.app.state.backends, pool, node, by=principal.subject, now=now)
+    nodehealth.clear_and_resume(db.sessions, request.app.state.backends, pool, node, by=principal.who, now=now)
     dispatcher = getattr(request.app.state, "dispatcher", None)
     if dispatcher is not None:
         dispatcher.node_watch.invalidate()

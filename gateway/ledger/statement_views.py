@@ -24,7 +24,7 @@ def money(d: Decimal | None) -> str | None:
     return None if d is None else format(d, "f")
 
 
-class AttemptOut(BaseModel):
+class StatementAttemptOut(BaseModel):
     job_id: str
     attempt: int | None = Field(description="The job's attempt number (docs/recovery.md); null if the job is gone.")
     gpu_seconds: int
@@ -43,7 +43,7 @@ class LineOut(BaseModel):
     gpu_hours: float
     price_per_gpu_hour: str | None = Field(description="From the pools file; null: no price for this pool and GPU type.")
     cost: str | None = Field(description="gpu_seconds x price / 3600, rounded half up to the cent (a decimal string).")
-    attempts: list[AttemptOut] | None = Field(None, description="With detail=attempts: the jobs' attempts behind the line.")
+    attempts: list[StatementAttemptOut] | None = Field(None, description="With detail=attempts: the jobs' attempts behind the line.")
 
 
 class SubtotalOut(BaseModel):
@@ -87,7 +87,7 @@ def to_out(s: Statement) -> StatementOut:
                      gpu_seconds=x.gpu_seconds, gpu_hours=_h(x.gpu_seconds), price_per_gpu_hour=money(x.price),
                      cost=money(x.cost),
                      attempts=None if x.attempts is None else [
-                         AttemptOut(job_id=a.job_id, attempt=a.attempt, gpu_seconds=a.gpu_seconds,
+                         StatementAttemptOut(job_id=a.job_id, attempt=a.attempt, gpu_seconds=a.gpu_seconds,
                                     gpu_hours=_h(a.gpu_seconds)) for a in x.attempts])
              for x in s.lines]
     b = s.budget

@@ -16,6 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from adapters.base import BackendError, Feature, features_of
+from gateway.audit import service as audit
+from gateway.audit.service import Who
 from gateway.domain import nodehealth
 from gateway.domain.nodehealth import Node, Thresholds, Verdict
 from gateway.kit.db import transaction
@@ -95,7 +97,11 @@ def mark_drained(session: Session, pool: str, node: str, *, at: datetime | None,
     if row is None:
         row = NodeStanding(pool=pool, node=node, cleared_by="", reason="", drain_error="")
         session.add(row)
+    before = {"drained_at": row.drained_at, "drain_error": row.drain_error}
     row.drained_at, row.drain_error = at, error[:1000]
+    if at is not None:  # a change made in the backend: on the audit log (docs/ledger.md)
+        audit.record(session, by=Who.system("node-health"), action="pool.node.drain", target_kind="node",
+                     target_name=f"{pool}/{node}", before=before, after={"drained_at": at, "reason": row.reason})
 
 
 def undrained(session: Session) -> list[Node]:
@@ -113,7 +119,7 @@ class Cleared:
     drained_by_gateway: bool  # the caller resumes it in its backend
 
 
-def clear(session: Session, pool: str, node: str, *, by: str, now: datetime) -> Cleared:
+def clear(session: Session, pool: str, node: str, *, by: Who, now: datetime) -> Cleared:
     """An admin clears a node: failures before now no longer count, its quarantine ends."""
     row = session.get(NodeStanding, (pool, node), with_for_update=True)
     known = row is not None or session.scalar(select(AttemptEnd.id).where(AttemptEnd.pool == pool).limit(1))
@@ -123,8 +129,11 @@ def clear(session: Session, pool: str, node: str, *, by: str, now: datetime) -> 
         row = NodeStanding(pool=pool, node=node, cleared_by="", reason="", drain_error="")
         session.add(row)
     drained = row.drained_at is not None
-    row.cleared_at, row.cleared_by, row.suspect_since = now, by, None
-    row.reason, row.drained_at, row.drain_error = f"cleared by {by}", None, ""
+    before = {"suspect_since": row.suspect_since, "reason": row.reason, "drained_at": row.drained_at}
+    row.cleared_at, row.cleared_by, row.suspect_since = now, by.subject[:255], None
+    row.reason, row.drained_at, row.drain_error = f"cleared by {by.subject}", None, ""
+    audit.record(session, by=by, action="pool.node.clear", target_kind="node", target_name=f"{pool}/{node}",
+                 before=before, after={"cleared_at": now, "resumed_in_backend": drained})
     return Cleared(pool, node, drained)
 
 
@@ -157,7 +166,7 @@ def listing(session: Session, *, now: datetime, thresholds: Thresholds, pool: st
                                       n.verdict.node))
 
 
-def clear_and_resume(sessions, backends: Mapping, pool: str, node: str, *, by: str, now: datetime) -> None:
+def clear_and_resume(sessions, backends: Mapping, pool: str, node: str, *, by: Who, now: datetime) -> None:
     """:func:`clear` committed, then the node resumed in its backend when the gateway had
     drained it there (a failed resume is kept on its standing, for the admins to see)."""
     with transaction(sessions) as s:

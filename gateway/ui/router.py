@@ -328,7 +328,7 @@ def clear_node(request: Request, pool: str, node: str, form: dict[str, str] = De
     """The admin page's Clear button: the same as POST /v1/admin/nodes/{pool}/{node}/clear."""
     principal = _admin_only(request, form)
     nodehealth.clear_and_resume(request.app.state.sessionmaker, request.app.state.backends, pool, node,
-                                by=principal.subject, now=utcnow())
+                                by=principal.who, now=utcnow())
     dispatcher = getattr(request.app.state, "dispatcher", None)
     if dispatcher is not None:
         dispatcher.node_watch.invalidate()

@@ -175,6 +175,12 @@ def test_a_node_that_fails_two_accounts_is_drained_and_avoided_until_an_admin_cl
     assert "DRAIN" not in node_line(gw.env, bad), node_line(gw.env, bad)
     pools = gw.client.get("/v1/pools", headers=gw.headers("alice", ("team-a",))).json()["items"]
     assert next(p for p in pools if p["name"] == "slurm")["quarantined_nodes"] == [], pools
+    # The drain and the clear are on the audit log, with who did them.
+    r = gw.client.get("/v1/admin/audit", params={"action": "pool.node.*"}, headers=gw.admin)
+    assert r.status_code == 200, r.text
+    done_by = {(x["action"], x["target_name"], x["subject"]) for x in r.json()["items"]}
+    assert ("pool.node.drain", f"slurm/{bad}", "system:node-health") in done_by, done_by
+    assert any(a == "pool.node.clear" and t == f"slurm/{bad}" and who.endswith("root") for a, t, who in done_by), done_by
     fourth = submit(gw, "team-b", workers=4, command=["sleep", "1"])
     done = drive_until(gw, lambda: job_state(gw, fourth, *FINAL), timeout_s=90)
     assert done["state"] == "succeeded" and bad in done["nodes"], done
