@@ -40,7 +40,6 @@ class NodeWatch:
         self._at = -1e9
         self._quarantined: dict[str, dict[str, str]] = {}  # pool -> node -> why
         self._withheld: dict[str, set[str]] = {}  # pool -> quarantined nodes its backend still offers
-        self.verdicts: dict[Node, Verdict] = {}
         self.down: dict[Node, str] = {}  # what the backends said at the last look
         self._tried: dict[Node, float] = {}  # a drain that failed: when (monotonic), to try again later
 
@@ -87,7 +86,7 @@ class NodeWatch:
                     # found the node suspect, and drains it; this one then does not).
                     if last:
                         raise
-            self.verdicts, self.down = verdicts, down
+            self.down = down
             self._quarantined = nodehealth.quarantined(verdicts)
             self._withheld = {pool: {n for n in nodes if (pool, n) not in down}
                               for pool, nodes in self._quarantined.items()}
